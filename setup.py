@@ -1,0 +1,36 @@
+"""fastrl: a single-node, high-throughput asynchronous RL trainer."""
+from setuptools import setup
+
+setup(
+    name="fastrl",
+    version="0.1.0",
+    description="High-throughput asynchronous RL trainer: shared-memory rollouts, "
+    "central inference batching, V-trace learner",
+    python_requires=">=3.10",
+    # kernels/ is a top-level folder of the repo but is installed as fastrl.kernels so that we
+    # never install a top-level module called `kernels` (another PyPI package owns that name).
+    packages=["fastrl", "fastrl.envs", "fastrl.kernels", "fastrl.profiles"],
+    package_dir={"fastrl": "fastrl", "fastrl.kernels": "kernels", "fastrl.profiles": "profiles"},
+    package_data={"fastrl.profiles": ["*.toml"]},
+    install_requires=[
+        "numpy>=2.0",
+        "numba>=0.60",
+        "gymnasium>=1.0",
+        "envpool>=1.2",
+        # A range, not a pin: GPU users keep the CUDA build they already have.
+        "torch>=2.1",
+        "psutil>=5.9",
+        "tomli>=2.0; python_version<'3.11'",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "atari": ["ale-py>=0.9"],
+        "tb": ["tensorboard>=2.10"],
+    },
+    entry_points={
+        "console_scripts": [
+            "fastrl-train=fastrl.cli:train_main",
+            "fastrl-eval=fastrl.cli:eval_main",
+        ]
+    },
+)
