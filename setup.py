@@ -24,7 +24,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7"],
-        "atari": ["ale-py>=0.9"],
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
         "tb": ["tensorboard>=2.10"],
     },
     entry_points={

@@ -1,0 +1,162 @@
+"""Env backends behind one interface (`VecEnv`, see base.py), chosen by `make_vec_env`.
+
+  backend     env_id                                   class
+  envpool     an envpool task id ("CartPole-v1")        EnvpoolSplits (sync) / EnvpoolAsync
+  gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
+                                                        are preprocessed like envpool (atari.py)
+  factory     "module:callable" returning a gym.Env     GymnasiumSplits
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
+
+BACKENDS = ("auto", "envpool", "gymnasium", "factory")
+
+__all__ = ["BACKENDS", "Batch", "SplitVecEnv", "VecEnv", "make_vec_env", "resolve_backend"]
+
+
+def make_vec_env(
+    env_id: str,
+    num_envs: int,
+    batch_size: int,
+    seed: int,
+    backend: str = "auto",
+    async_mode: bool = False,
+    num_threads: int = 0,
+    thread_affinity: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+) -> VecEnv:
+    """Make one group of `num_envs` envs, returned `batch_size` at a time by `recv()`.
+
+    Args:
+        env_id: envpool task id, gymnasium id, or "module:callable" factory.
+        num_envs: envs in the group; a multiple of `batch_size`.
+        batch_size: envs per `recv()`.
+        seed: env i of the group is seeded `seed + i`; give groups seeds `num_envs` apart.
+        backend: "auto" picks envpool, then gymnasium, then factory (see `resolve_backend`).
+        async_mode: envpool only: one pool returning whichever `batch_size` envs finish first;
+            otherwise `num_envs // batch_size` sync splits. Ignored (sync) for gymnasium/factory.
+        num_threads: envpool threads per pool (0 = envpool's default). Ignored for gymnasium.
+        thread_affinity: envpool only: pin threads to cores from core 0.
+        env_kwargs: passed to `envpool.make`, `gymnasium.make` or the factory; for gymnasium
+            Atari ids, envpool's Atari config keys are understood too (atari.py).
+    """
+    if batch_size < 1 or num_envs < 1 or num_envs % batch_size:
+        raise ValueError(
+            f"num_envs ({num_envs}) must be a positive multiple of batch_size ({batch_size})"
+        )
+    env_kwargs = dict(env_kwargs or {})
+    backend = resolve_backend(env_id, backend)
+    if backend == "envpool":
+        from fastrl.envs.envpool_backend import make_envpool_vec_env
+
+        env = make_envpool_vec_env(
+            env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
+        )
+    else:
+        from fastrl.envs.gym_backend import GymnasiumSplits
+
+        env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
+        env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
+    _check_spaces(env, env_id)
+    return env
+
+
+def resolve_backend(env_id: str, backend: str = "auto") -> str:
+    """The backend that serves `env_id`: "envpool", "gymnasium" or "factory".
+
+    "auto" tries, in order: an envpool task id, a registered gymnasium id, "module:callable".
+    Raises ValueError (one line, with close matches) when nothing serves `env_id`.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend != "auto":
+        if backend == "factory":
+            _import_factory(env_id)
+        elif env_id not in _registered_ids(backend):
+            raise ValueError(_unknown_id_message(env_id, f"not a {backend} id"))
+        return backend
+    for candidate in ("envpool", "gymnasium"):
+        if env_id in _registered_ids(candidate):
+            return candidate
+    if ":" in env_id:
+        _import_factory(env_id)
+        return "factory"
+    raise ValueError(_unknown_id_message(env_id, "not an envpool or gymnasium id"))
+
+
+def _registered_ids(backend: str) -> Mapping[str, Any]:
+    if backend == "envpool":
+        from envpool.registration import registry
+
+        return registry.specs
+    try:
+        import ale_py  # noqa: F401  (registers the ALE ids with gymnasium)
+    except ImportError:
+        pass
+    return gymnasium.registry
+
+
+def _unknown_id_message(env_id: str, reason: str) -> str:
+    candidates = [*_registered_ids("envpool"), *_registered_ids("gymnasium")]
+    matches = difflib.get_close_matches(env_id, list(dict.fromkeys(candidates)), n=5)
+    hint = f" Did you mean: {', '.join(matches)}?" if matches else ""
+    return (
+        f"Unknown env id {env_id!r}: {reason}.{hint} For your own env pass a factory as "
+        f"'package.module:callable' (a callable returning a gymnasium.Env)."
+    )
+
+
+def _import_factory(env_id: str) -> Callable[..., gymnasium.Env]:
+    module_name, _, attr = env_id.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(
+            _unknown_id_message(env_id, f"cannot import factory 'module:callable' ({exc})")
+        ) from exc
+    if not callable(factory):
+        raise ValueError(f"Env factory {env_id!r} is not callable")
+    return factory
+
+
+def _gymnasium_env_fn(
+    env_id: str, backend: str, env_kwargs: dict[str, Any]
+) -> tuple[Callable[[], gymnasium.Env], int]:
+    """(a zero-argument env constructor, emulator frames per step) for the gymnasium backends."""
+    if backend == "factory":
+        factory = _import_factory(env_id)
+
+        def make_checked() -> gymnasium.Env:
+            env = factory(**env_kwargs)
+            if not isinstance(env, gymnasium.Env):
+                raise TypeError(f"Env factory {env_id!r} returned {type(env).__name__}, "
+                                "not a gymnasium.Env")
+            return env
+
+        return make_checked, 1
+    from fastrl.envs import atari
+
+    if atari.is_atari_id(env_id):
+        config, _ = atari.atari_config(env_kwargs)
+        return (lambda: atari.make_atari_env(env_id, **env_kwargs)), config["frame_skip"]
+    return (lambda: gymnasium.make(env_id, **env_kwargs)), 1
+
+
+def _check_spaces(env: VecEnv, env_id: str) -> None:
+    obs_ok = isinstance(env.observation_space, gymnasium.spaces.Box)
+    act_ok = isinstance(env.action_space, (gymnasium.spaces.Discrete, gymnasium.spaces.Box))
+    if not (obs_ok and act_ok):
+        env.close()
+        raise ValueError(
+            f"{env_id!r} has observation space {env.observation_space} and action space "
+            f"{env.action_space}; fastrl supports Box observations and Discrete or Box actions"
+        )

@@ -1,0 +1,114 @@
+"""Command-line entry points: fastrl-train and fastrl-eval.
+
+Heavy imports (torch, envs) happen inside the commands: spawned worker processes re-import the
+main module, and a rollout worker should not pay for torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .config import DEFAULT_PROFILE, ConfigError, _known_keys, available_profiles
+
+
+def _fail(prog: str, exc: Exception) -> int:
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _user_errors():
+    from .checkpoint import CheckpointError
+    from .runner import RunError
+
+    return (ConfigError, CheckpointError, RunError, ValueError, FileNotFoundError)
+
+
+def train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastrl-train", description="Train an agent with fastrl.")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"profile name or a .toml path (default {DEFAULT_PROFILE}; available: "
+                        f"{', '.join(available_profiles())})")
+    p.add_argument("--env", help="env id (envpool task, gymnasium id, or module:callable factory)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key, e.g. --set learner.lr=1e-3 (repeatable)")
+    p.add_argument("--run-dir", help="output directory (default runs/<profile>-<time>)")
+    p.add_argument("--train-for-env-steps", type=int)
+    p.add_argument("--train-for-seconds", type=float)
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--serial", action="store_true", help="run everything in one process (debugging)")
+    p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("--list-keys", action="store_true", help="print every config key and exit")
+    return p
+
+
+def resolve_train_config(args):
+    from .config import Config, build_config, load_run_config, parse_override, set_key, validate
+
+    if args.resume:
+        if not args.run_dir:
+            raise ConfigError("--resume needs --run-dir DIR (the directory of the run to continue)")
+        if not Path(args.run_dir).is_dir():
+            raise ConfigError(f"run directory '{args.run_dir}' does not exist; check the path")
+        cfg: Config = load_run_config(Path(args.run_dir))
+    else:
+        cfg = build_config(args.profile)
+    for text in args.overrides:
+        set_key(cfg, *parse_override(text))
+    for key, value in (("env.id", args.env), ("train_for_env_steps", args.train_for_env_steps),
+                       ("train_for_seconds", args.train_for_seconds), ("seed", args.seed)):
+        if value is not None:
+            set_key(cfg, key, value)
+    if args.train_for_seconds is not None and args.train_for_env_steps is None:
+        cfg.train_for_env_steps = 0  # a time budget alone: don't also stop at the profile's step count
+    if args.serial:
+        cfg.serial = True
+    validate(cfg)
+    return cfg
+
+
+def train_main(argv=None) -> int:
+    args = train_parser().parse_args(argv)
+    if args.list_keys:
+        print("\n".join(_known_keys()))
+        return 0
+    try:
+        from .runner import train
+
+        cfg = resolve_train_config(args)
+        run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{Path(args.profile).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet)
+    except _user_errors() as exc:
+        return _fail("fastrl-train", exc)
+    final = result.final
+    print(json.dumps({"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
+                      "episode_return_mean": final.get("episode_return_mean"),
+                      "wall_time": final.get("wall_time")}))
+    return 0
+
+
+def eval_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="fastrl-eval", description="Evaluate the latest checkpoint of a run.")
+    p.add_argument("run_dir")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--deterministic", action="store_true", help="argmax / mean actions instead of sampling")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=12345)
+    args = p.parse_args(argv)
+    try:
+        from .evaluate import evaluate_run
+
+        if args.episodes <= 0:
+            raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
+        result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, args.device, args.seed)
+    except _user_errors() as exc:
+        return _fail("fastrl-eval", exc)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(train_main())

@@ -1,0 +1,340 @@
+"""Configuration: dataclasses with defaults, profile loading, ``--set`` overrides, validation.
+
+A config has top-level keys (``device``, ``seed``, ...) and three sections (``env``, ``model``,
+``learner``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
+overrides one key, parsed by the field's declared type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+DEFAULT_PROFILE = "cartpole-appo"
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; the message is one line that names the fix."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    backend: str = "auto"  # auto | envpool | gymnasium | factory
+    num_workers: int = 2  # rollout worker processes
+    envs_per_worker: int = 256
+    num_splits: int = 2  # double buffering: one split steps while another waits for actions
+    async_mode: bool = False  # envpool async send/recv inside each worker
+    num_threads: int = 0  # envpool threads per worker; 0 = envpool's default
+    thread_affinity: bool = False  # pin envpool threads (helps Atari here, halves CartPole)
+    kwargs: dict = field(default_factory=dict)  # passed to envpool.make / gymnasium.make / factory
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "auto"  # auto | mlp | nature_cnn | impala_resnet
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"  # tanh | relu
+    normalize_obs: bool = False  # running mean/std of observations, kept in the model
+
+
+@dataclass
+class LearnerConfig:
+    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient)
+    rollout: int = 32  # T: steps per trajectory slot
+    batch_size: int = 8192  # env steps per learner batch; a multiple of rollout
+    num_epochs: int = 1
+    num_minibatches: int = 1
+    lr: float = 3e-4
+    lr_decay: bool = True  # linear decay to 0 over the run
+    adam_eps: float = 1e-5
+    gamma: float = 0.99
+    vtrace_lambda: float = 1.0
+    clip_rho: float = 1.0
+    clip_c: float = 1.0
+    clip_pg_rho: float = 1.0
+    ppo_clip: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    normalize_advantages: bool = True
+    reward_clip: float = 0.0  # 0 = off; else rewards are clipped to [-reward_clip, reward_clip]
+    reward_scale: float = 1.0
+    max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss
+    torch_threads: int = 1
+
+
+@dataclass
+class Config:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    seed: int = 0
+    train_for_env_steps: int = 1_000_000
+    train_for_seconds: float = 0.0  # 0 = no time limit
+    slots_per_env: int = 3  # trajectory slots per env: one filling, the rest queued for the learner
+    report_every_s: float = 5.0
+    checkpoint_every_s: float = 300.0
+    keep_checkpoints: int = 3
+    serial: bool = False  # everything in one process, for debugging
+    expected: str = ""  # the result this profile is expected to reach (documentation)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+
+    @property
+    def trajectories_per_batch(self) -> int:
+        return self.learner.batch_size // self.learner.rollout
+
+    @property
+    def total_envs(self) -> int:
+        return self.env.num_workers * self.env.envs_per_worker
+
+    @property
+    def num_slots(self) -> int:
+        return self.total_envs * self.slots_per_env
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig}
+CHOICES = {
+    "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
+    "env.backend": ("auto", "envpool", "gymnasium", "factory"),
+    "model.kind": ("auto", "mlp", "nature_cnn", "impala_resnet"),
+    "model.activation": ("tanh", "relu"),
+    "learner.algo": ("appo", "impala"),
+}
+
+
+def _field_types(cls) -> dict[str, typing.Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _known_keys() -> list[str]:
+    keys = [k for k in _field_types(Config) if k not in SECTIONS]
+    for section, cls in SECTIONS.items():
+        keys += [f"{section}.{k}" for k in _field_types(cls)]
+    return keys
+
+
+def _unknown_key_error(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _known_keys(), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}; run `fastrl-train --list-keys` for all keys")
+
+
+def _coerce(key: str, value, annotation):
+    """Return ``value`` converted to ``annotation`` (from TOML or a --set string), or raise."""
+    origin = typing.get_origin(annotation)
+    from_string = isinstance(value, str) and annotation is not str
+    try:
+        if annotation is bool:
+            if from_string:
+                lowered = value.strip().lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return lowered in ("true", "1", "yes")
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if annotation is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if from_string:
+                value = float(value.replace("_", "")) if "e" in value.lower() else int(value.replace("_", ""))
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError
+                value = int(value)
+            if not isinstance(value, int):
+                raise ValueError
+            return value
+        if annotation is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value.replace("_", "")) if from_string else float(value)
+        if annotation is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+        if origin is list:
+            (item_type,) = typing.get_args(annotation)
+            if from_string:
+                value = [v for v in value.strip("[] ").split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)):
+                raise ValueError
+            return [_coerce(key, v.strip() if isinstance(v, str) else v, item_type) for v in value]
+        if annotation is dict or origin is dict:
+            if from_string:
+                value = tomllib.loads(f"v = {value}")["v"]
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+    except (ValueError, TypeError, tomllib.TOMLDecodeError):
+        pass
+    type_name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"config key '{key}' expects {type_name}, got {value!r}")
+
+
+def set_key(cfg: Config, key: str, value) -> None:
+    """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked."""
+    parts = key.split(".")
+    if len(parts) == 1 and parts[0] in _field_types(Config) and parts[0] not in SECTIONS:
+        target, name = cfg, parts[0]
+    elif len(parts) == 2 and parts[0] in SECTIONS and parts[1] in _field_types(SECTIONS[parts[0]]):
+        target, name = getattr(cfg, parts[0]), parts[1]
+    else:
+        raise _unknown_key_error(key)
+    setattr(target, name, _coerce(key, value, _field_types(type(target))[name]))
+
+
+def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
+    """Apply a nested dict (a parsed profile or config.toml) onto ``cfg``."""
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix and key in SECTIONS:
+            apply_dict(cfg, value, prefix=f"{key}.")
+        else:
+            set_key(cfg, full, value)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects section.key=value, got '{text}' (example: --set learner.lr=1e-3)")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.name[: -len(".toml")] for p in resources.files("fastrl.profiles").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load_profile(name: str) -> Config:
+    """Load a named profile (profiles/NAME.toml) or a path to a TOML file."""
+    path = Path(name)
+    if path.suffix == ".toml" and path.exists():
+        text = path.read_text()
+    else:
+        resource = resources.files("fastrl.profiles") / f"{name}.toml"
+        if not resource.is_file():
+            close = difflib.get_close_matches(name, available_profiles(), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"unknown profile '{name}': {hint}available: {', '.join(available_profiles())}")
+        text = resource.read_text()
+    cfg = Config()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"profile '{name}' is not valid TOML: {exc}") from None
+    apply_dict(cfg, data)
+    return cfg
+
+
+def build_config(profile: str = DEFAULT_PROFILE, overrides: dict | None = None) -> Config:
+    """A profile with ``overrides`` ({"learner.lr": 1e-3, ...}) applied, validated."""
+    cfg = load_profile(profile)
+    for key, value in (overrides or {}).items():
+        set_key(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError for values that cannot work, before any process starts."""
+    for key, choices in CHOICES.items():
+        if choices is None:
+            continue
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}, got '{value}'")
+    dev = cfg.device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
+    positive = {
+        "env.num_workers": cfg.env.num_workers, "env.envs_per_worker": cfg.env.envs_per_worker,
+        "env.num_splits": cfg.env.num_splits, "learner.rollout": cfg.learner.rollout,
+        "learner.batch_size": cfg.learner.batch_size, "learner.num_epochs": cfg.learner.num_epochs,
+        "learner.num_minibatches": cfg.learner.num_minibatches, "learner.lr": cfg.learner.lr,
+        "learner.torch_threads": cfg.learner.torch_threads, "report_every_s": cfg.report_every_s,
+        "checkpoint_every_s": cfg.checkpoint_every_s, "keep_checkpoints": cfg.keep_checkpoints,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"config key '{key}' must be > 0, got {value}")
+    for key, value in {"train_for_env_steps": cfg.train_for_env_steps,
+                       "train_for_seconds": cfg.train_for_seconds,
+                       "learner.entropy_coef": cfg.learner.entropy_coef,
+                       "learner.reward_clip": cfg.learner.reward_clip,
+                       "learner.max_policy_lag": cfg.learner.max_policy_lag,
+                       "env.num_threads": cfg.env.num_threads}.items():
+        if value < 0:
+            raise ConfigError(f"config key '{key}' must be >= 0, got {value}")
+    if not 0.0 <= cfg.learner.gamma <= 1.0:
+        raise ConfigError(f"config key 'learner.gamma' must be in [0, 1], got {cfg.learner.gamma}")
+    if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
+        raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
+    if cfg.env.envs_per_worker % cfg.env.num_splits:
+        raise ConfigError(
+            f"env.envs_per_worker ({cfg.env.envs_per_worker}) must be divisible by env.num_splits "
+            f"({cfg.env.num_splits})")
+    if cfg.learner.batch_size % cfg.learner.rollout:
+        raise ConfigError(
+            f"learner.batch_size ({cfg.learner.batch_size}) must be a multiple of learner.rollout "
+            f"({cfg.learner.rollout})")
+    if cfg.trajectories_per_batch % cfg.learner.num_minibatches:
+        raise ConfigError(
+            f"learner.batch_size / learner.rollout ({cfg.trajectories_per_batch} trajectories) must be "
+            f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
+    if cfg.slots_per_env < 2:
+        raise ConfigError(f"slots_per_env must be >= 2 (one filling, one for the learner), got {cfg.slots_per_env}")
+    # The learner collects a batch while every env keeps one slot filling: more trajectories per
+    # batch than the queued slots can ever hold would deadlock the run.
+    queued = cfg.total_envs * (cfg.slots_per_env - 1)
+    if cfg.trajectories_per_batch > queued:
+        raise ConfigError(
+            f"learner.batch_size needs {cfg.trajectories_per_batch} trajectories but the envs can queue "
+            f"only {queued} (num_workers x envs_per_worker x (slots_per_env - 1)); lower learner.batch_size "
+            f"to <= {queued * cfg.learner.rollout} or add envs/slots")
+
+
+def to_toml(cfg: Config) -> str:
+    """Serialize the full resolved config (top-level keys first, then one table per section)."""
+
+    def fmt(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(value, float):
+            return repr(value)
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(fmt(v) for v in value) + "]"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k} = {fmt(v)}" for k, v in value.items()) + "}"
+        return str(value)
+
+    data = cfg.to_dict()
+    lines = [f"{k} = {fmt(v)}" for k, v in data.items() if k not in SECTIONS]
+    for section in SECTIONS:
+        lines += ["", f"[{section}]"] + [f"{k} = {fmt(v)}" for k, v in data[section].items()]
+    return "\n".join(lines) + "\n"
+
+
+def load_run_config(run_dir: Path) -> Config:
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
+    cfg = Config()
+    apply_dict(cfg, tomllib.loads(path.read_text()))
+    return cfg

@@ -1,0 +1,178 @@
+"""The one interface every env backend implements, and the split machinery two of them share.
+
+A rollout worker owns one `VecEnv` (a "group" of `num_envs` envs) and drives it as
+
+    env.async_reset()
+    while True:
+        obs, rewards, terminated, truncated, env_ids = env.recv()   # batch_size rows
+        actions = policy(obs)                                       # may overlap the next recv
+        env.send(actions, env_ids)
+
+with up to `num_envs // batch_size` batches outstanding, so that the envs of batch B step while
+the actions of batch A are computed (double buffering).
+
+Autoreset is NEXT_STEP, as in gymnasium 1.x and envpool: the step after a done returns the
+reset observation with reward 0 and terminated = truncated = False, and the action sent for
+that step is ignored. The learner must never train on that transition (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+
+import gymnasium
+import numpy as np
+
+# (obs [B, *obs_shape], rewards float32 [B], terminated bool [B], truncated bool [B],
+#  env_ids int32 [B]) with B = batch_size.
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def as_batch(
+    obs: np.ndarray,
+    rewards: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    env_ids: np.ndarray,
+) -> Batch:
+    """The interface's dtypes (float32 rewards, bool flags, int32 ids), converting only if needed."""
+    return (
+        obs,
+        rewards.astype(np.float32, copy=False),
+        terminated.astype(bool, copy=False),
+        truncated.astype(bool, copy=False),
+        env_ids.astype(np.int32, copy=False),
+    )
+
+
+class VecEnv(abc.ABC):
+    """A group of `num_envs` envs stepped in batches of `batch_size`.
+
+    Attributes:
+        num_envs: envs in this group (one rollout worker owns one group).
+        batch_size: envs returned by one `recv()`; `num_envs % batch_size == 0`.
+        observation_space: `gymnasium.spaces.Box` of ONE env.
+        action_space: `gymnasium.spaces.Discrete` or `Box` of ONE env.
+        frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
+    """
+
+    num_envs: int
+    batch_size: int
+    observation_space: gymnasium.spaces.Box
+    action_space: gymnasium.spaces.Discrete | gymnasium.spaces.Box
+    frame_skip: int
+
+    @abc.abstractmethod
+    def async_reset(self) -> None:
+        """Reset all envs; their first observations come from the following `recv()` calls
+        (reward 0, terminated = truncated = False). Call once, before the first `recv()`."""
+
+    @abc.abstractmethod
+    def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+        """Start stepping exactly the envs `env_ids` with `actions`; returns without waiting.
+
+        Args:
+            actions: [len(env_ids)] ints for Discrete, [len(env_ids), *action_shape] floats for
+                Box (unclipped Gaussian samples are fine: they are clipped to the bounds here).
+            env_ids: int [len(env_ids)], ids returned by an earlier `recv()` and not yet sent.
+                Split backends (sync mode) need the whole batch of one `recv()` at once.
+        Raises:
+            RuntimeError: an env in `env_ids` is not waiting for an action.
+        """
+
+    @abc.abstractmethod
+    def recv(self) -> Batch:
+        """Wait for the next `batch_size` envs that were reset or sent actions.
+
+        Returns:
+            obs: [batch_size, *observation_space.shape], dtype of the space (uint8 images stay
+                uint8). It may be a view of a backend buffer: valid until the next `recv()`
+                that returns the same envs; copy it out before then.
+            rewards: float32 [batch_size].
+            terminated: bool [batch_size]; the episode ended (no bootstrap).
+            truncated: bool [batch_size]; the time limit cut the episode (bootstrap from obs).
+            env_ids: int32 [batch_size] in [0, num_envs).
+        Raises:
+            RuntimeError: fewer than `batch_size` envs are pending (recv would wait forever).
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the envs and their threads."""
+
+    def __enter__(self) -> VecEnv:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _prepare_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Clip Box actions to the space bounds; pass Discrete actions through."""
+        space = self.action_space
+        if isinstance(space, gymnasium.spaces.Box):
+            return np.clip(actions, space.low, space.high).astype(space.dtype, copy=False)
+        return np.asarray(actions)
+
+
+class SplitVecEnv(VecEnv):
+    """`num_envs // batch_size` independent splits of `batch_size` envs, each stepped as a whole.
+
+    Split s holds envs [s * batch_size, (s + 1) * batch_size). `recv()` returns the split that
+    was reset or sent actions longest ago (FIFO), so a worker that alternates splits keeps all of
+    them busy. Subclasses implement the three per-split hooks.
+    """
+
+    def __init__(self, num_envs: int, batch_size: int) -> None:
+        self.num_envs = num_envs
+        self.batch_size = batch_size
+        self.num_splits = num_envs // batch_size
+        self._pending: deque[int] = deque()  # splits reset or sent, oldest first
+        self._acting = np.zeros(self.num_splits, dtype=bool)  # returned by recv, awaiting send
+
+    def async_reset(self) -> None:
+        self._pending.clear()
+        self._acting[:] = False
+        for split in range(self.num_splits):
+            self._reset_split(split)
+            self._pending.append(split)
+
+    def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+        env_ids = np.asarray(env_ids)
+        split = int(env_ids[0]) // self.batch_size if len(env_ids) == self.batch_size else -1
+        if not (
+            0 <= split < self.num_splits
+            and self._acting[split]
+            and np.all(env_ids // self.batch_size == split)
+        ):
+            raise RuntimeError(
+                f"send() needs the env_ids of one whole batch returned by recv() and not yet "
+                f"sent; got {env_ids.tolist()[:8]}... ({len(env_ids)} ids, batch_size "
+                f"{self.batch_size})"
+            )
+        self._send_split(split, self._prepare_actions(actions), env_ids - split * self.batch_size)
+        self._acting[split] = False
+        self._pending.append(split)
+
+    def recv(self) -> Batch:
+        if not self._pending:
+            raise RuntimeError(
+                "recv() with no batch pending: call async_reset() first, and send() the actions "
+                "of every batch before receiving it again"
+            )
+        split = self._pending.popleft()
+        obs, rewards, terminated, truncated, local_ids = self._recv_split(split)
+        self._acting[split] = True
+        return as_batch(obs, rewards, terminated, truncated, local_ids + split * self.batch_size)
+
+    @abc.abstractmethod
+    def _reset_split(self, split: int) -> None:
+        """Start resetting every env of `split`."""
+
+    @abc.abstractmethod
+    def _send_split(self, split: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
+        """Start stepping `split`; `actions[i]` goes to its env `local_ids[i]` in [0, batch_size)."""
+
+    @abc.abstractmethod
+    def _recv_split(self, split: int) -> Batch:
+        """Wait for `split`; like `recv()` but with env ids local to the split."""

@@ -1,0 +1,138 @@
+"""envpool backend: C++ thread pools stepping envs outside the GIL.
+
+Two modes (both `env_type="gymnasium"`, NEXT_STEP autoreset):
+- sync (`EnvpoolSplits`): `num_envs // batch_size` envpool instances of `batch_size` envs each;
+  `send()` hands one split to its pool and returns, so a split steps while the worker computes
+  the actions of another.
+- async (`EnvpoolAsync`): one envpool instance with `num_envs` envs whose `recv()` returns the
+  first `batch_size` envs to finish, in any order (EnvPool paper, Weng et al. 2022).
+
+Env i of a group is seeded `seed + i` (mod 2^31) in both modes (envpool seeds env j of a pool
+`seed + j`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import envpool
+import numpy as np
+from envpool.registration import registry
+
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, as_batch
+
+
+def make_envpool_vec_env(
+    env_id: str,
+    num_envs: int,
+    batch_size: int,
+    seed: int,
+    async_mode: bool = False,
+    num_threads: int = 0,
+    thread_affinity: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+) -> VecEnv:
+    """`EnvpoolAsync` over one pool, or `EnvpoolSplits` over `num_envs // batch_size` pools."""
+
+    def make_pool(pool_envs: int, pool_seed: int) -> Any:
+        return envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=pool_envs,
+            batch_size=batch_size,
+            seed=pool_seed % 2**31,  # envpool takes an int32 seed
+            num_threads=num_threads,
+            # Pinning helps Atari and hurts CartPole on this VM (DESIGN.md): a setting.
+            thread_affinity_offset=0 if thread_affinity else -1,
+            **(env_kwargs or {}),
+        )
+
+    if async_mode:
+        pool = make_pool(num_envs, seed)
+        return EnvpoolAsync(pool, _frame_skip(env_id, pool))
+    pools = [make_pool(batch_size, seed + start) for start in range(0, num_envs, batch_size)]
+    return EnvpoolSplits(pools, _frame_skip(env_id, pools[0]))
+
+
+def _frame_skip(env_id: str, pool: Any) -> int:
+    # Only Atari's frame_skip counts emulator frames; MuJoCo's counts physics substeps.
+    import_path = registry.specs[env_id][0]
+    return int(pool.config["frame_skip"]) if import_path == "envpool.atari" else 1
+
+
+class EnvpoolSplits(SplitVecEnv):
+    """Sync mode: one envpool instance per split; split s holds envs [s*B, (s+1)*B).
+
+    `recv()` returns fresh arrays from envpool.
+    """
+
+    def __init__(self, pools: list[Any], frame_skip: int) -> None:
+        batch_size = pools[0].config["num_envs"]
+        super().__init__(batch_size * len(pools), batch_size)
+        self._pools = pools
+        self.observation_space = pools[0].observation_space
+        self.action_space = pools[0].action_space
+        self.frame_skip = frame_skip
+
+    def _reset_split(self, split: int) -> None:
+        self._pools[split].async_reset()
+
+    def _send_split(self, split: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
+        self._pools[split].send(actions, local_ids)
+
+    def _recv_split(self, split: int) -> Batch:
+        obs, rewards, terminated, truncated, info = self._pools[split].recv()
+        return obs, rewards, terminated, truncated, info["env_id"]
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.close()
+        self._pools = []
+
+
+class EnvpoolAsync(VecEnv):
+    """Async mode: one envpool instance; each `recv()` returns the first `batch_size` envs done.
+
+    Any subset of the envs returned by `recv()` may be sent at a time. `recv()` returns fresh
+    arrays from envpool.
+    """
+
+    def __init__(self, pool: Any, frame_skip: int) -> None:
+        self.num_envs = pool.config["num_envs"]
+        self.batch_size = pool.config["batch_size"]
+        self._pool = pool
+        self.observation_space = pool.observation_space
+        self.action_space = pool.action_space
+        self.frame_skip = frame_skip
+        self._awaiting = np.zeros(self.num_envs, dtype=bool)  # returned by recv, not yet sent
+        self._in_flight = 0  # envs reset or sent and not yet returned
+
+    def async_reset(self) -> None:
+        self._pool.async_reset()
+        self._awaiting[:] = False
+        self._in_flight = self.num_envs
+
+    def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
+        env_ids = np.asarray(env_ids, dtype=np.int32)
+        if not self._awaiting[env_ids].all():
+            raise RuntimeError(
+                "send() for envs that are not waiting for an action: send each env id "
+                "returned by recv() exactly once"
+            )
+        self._pool.send(self._prepare_actions(actions), env_ids)
+        self._awaiting[env_ids] = False
+        self._in_flight += len(env_ids)
+
+    def recv(self) -> Batch:
+        if self._in_flight < self.batch_size:
+            raise RuntimeError(
+                f"recv() with only {self._in_flight} envs in flight, fewer than batch_size "
+                f"{self.batch_size}: call async_reset() first and send() actions before receiving"
+            )
+        obs, rewards, terminated, truncated, info = self._pool.recv()
+        self._in_flight -= self.batch_size
+        self._awaiting[info["env_id"]] = True
+        return as_batch(obs, rewards, terminated, truncated, info["env_id"])
+
+    def close(self) -> None:
+        self._pool.close()

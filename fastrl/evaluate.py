@@ -1,0 +1,68 @@
+"""Evaluation: run complete episodes with a trained policy."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import load_latest_checkpoint
+from .config import Config, load_run_config
+from .models import ActorCritic, action_head
+
+
+@torch.no_grad()
+def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, deterministic: bool = False,
+                    device: str = "cpu", seed: int = 12345) -> dict:
+    """Mean and std of the return over ``episodes`` complete episodes.
+
+    Each of the ``n`` parallel envs plays a fixed quota of episodes: taking the first episodes to
+    finish across envs would favour short episodes.
+    """
+    from .envs import make_vec_env
+
+    n = min(episodes, 8)
+    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
+    env = make_vec_env(cfg.env.id, num_envs=n, batch_size=n, seed=seed, backend=cfg.env.backend,
+                       env_kwargs=cfg.env.kwargs)
+    model = model.to(device).eval()
+    head = action_head(env.action_space)
+    returns: list[float] = []
+    running = np.zeros(n)
+    finished = np.zeros(n, dtype=np.int64)
+    after_done = np.zeros(n, dtype=bool)
+    try:
+        env.async_reset()
+        while (finished < quota).any():
+            obs, rewards, terminated, truncated, ids = env.recv()
+            ids = np.asarray(ids)
+            running[ids] += np.where(after_done[ids], 0.0, rewards)
+            done = np.logical_or(terminated, truncated)
+            for i in ids[done]:
+                if finished[i] < quota[i]:
+                    returns.append(float(running[i]))
+                    finished[i] += 1
+            running[ids[done]] = 0.0
+            after_done[ids] = done
+            params, _ = model(torch.as_tensor(obs).to(device))
+            actions = head.sample(params, deterministic=deterministic).cpu().numpy()
+            env.send(actions, ids)
+    finally:
+        env.close()
+    return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
+            "episodes": len(returns)}
+
+
+def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
+                 seed: int = 12345) -> dict:
+    cfg = load_run_config(run_dir)
+    path, state = load_latest_checkpoint(run_dir)
+    from .runner import probe_env
+
+    spec = probe_env(cfg)
+    model = ActorCritic(spec.observation_space, spec.action_space, cfg.model)
+    model.load_state_dict(state["learner"]["model"])
+    result = evaluate_policy(cfg, model, episodes, deterministic, device, seed)
+    result["checkpoint"] = str(path)
+    result["env_steps"] = state["counters"]["env_steps"]
+    return result

@@ -1,0 +1,104 @@
+"""Central inference batcher (SEED RL style): one forward pass for every ready request.
+
+A request ``(worker, request_id)`` names a batch of envs whose observations sit in the arena at
+their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into one batch, runs
+the policy on the device, and writes action, behaviour log-prob and policy version back into the
+same slot rows.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .models import action_head, load_flat_state, num_state_values
+from .shm import Arena, WeightBuffer
+
+
+class InferenceBatcher:
+    def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device):
+        self.arena = arena
+        self.model = model.to(device).eval()
+        self.device = device
+        self.head = action_head(model.action_space)
+        self.weights = WeightBuffer(arena)
+        self.flat = np.empty(num_state_values(model), dtype=np.float32)
+        self.version = -1
+        self.obs = torch.from_numpy(arena.obs)
+        self.actions = torch.from_numpy(arena.actions)
+        self.logp = torch.from_numpy(arena.logp)
+        self.policy_version = torch.from_numpy(arena.version)
+        self.timings = {"inference_forward": 0.0, "weight_refresh": 0.0}
+
+    def refresh_weights(self) -> bool:
+        """Load the newest published weights; True once any weights are loaded."""
+        published = int(self.weights.version[0])
+        if published != self.version and published >= 0:
+            start = time.perf_counter()
+            version = self.weights.read_into(self.flat)
+            if version is not None:
+                load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
+                self.version = version
+            self.timings["weight_refresh"] += time.perf_counter() - start
+        return self.version >= 0
+
+    @torch.no_grad()
+    def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
+        """Act for the requests ``(workers[i], requests[i])``."""
+        start = time.perf_counter()
+        env_ids = self.arena.request_envs[workers, requests]  # [n, b]
+        rows = workers[:, None]
+        slots = torch.from_numpy(self.arena.env_slot[rows, env_ids].reshape(-1).astype(np.int64))
+        steps = torch.from_numpy(self.arena.env_t[rows, env_ids].reshape(-1).astype(np.int64))
+        obs = self.obs[slots, steps].to(self.device, non_blocking=True)
+        params, _ = self.model(obs)
+        actions = self.head.sample(params)
+        logp = self.head.log_prob(params, actions)
+        self.actions[slots, steps] = actions.to(self.actions.dtype).cpu()
+        self.logp[slots, steps] = logp.cpu()
+        self.policy_version[slots, steps] = self.version
+        self.timings["inference_forward"] += time.perf_counter() - start
+
+
+def inference_process(cfg, layout, arena_name: str, model, device: str, channels, parent_pid: int) -> None:
+    """Main loop of the inference process: wait for requests, batch them, answer each worker."""
+    from multiprocessing.connection import wait
+
+    from .process_utils import ProcessExit, check_alive, configure_child, wait_readable
+
+    configure_child(parent_pid)
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed + 7919)
+    arena = Arena.attach(layout, arena_name)
+    ready_in, actions_out = channels
+    worker_of = {conn: w for w, conn in enumerate(ready_in)}
+    batcher = InferenceBatcher(arena, model, torch.device(device))
+    try:
+        while not batcher.refresh_weights():
+            wait([], 0.01)  # the learner publishes its first weights within a moment of starting
+            check_alive(arena.control, parent_pid)
+        while True:
+            ready = wait_readable(ready_in, arena.control, parent_pid)
+            workers, requests = gather_ready_requests(ready, worker_of)
+            if not workers:
+                continue
+            batcher.refresh_weights()
+            batcher.infer(np.array(workers), np.array(requests))
+            for w in sorted(set(workers)):
+                actions_out[w].send_bytes(bytes(r for wk, r in zip(workers, requests) if wk == w))
+    except ProcessExit:
+        pass
+    finally:
+        del batcher
+        arena.close()
+
+
+def gather_ready_requests(ready, worker_of) -> tuple[list[int], list[int]]:
+    workers, requests = [], []
+    for conn in ready:
+        while conn.poll():
+            for request in conn.recv_bytes():
+                workers.append(worker_of[conn])
+                requests.append(request)
+    return workers, requests

@@ -1,0 +1,126 @@
+"""Metrics: counters in the arena -> one JSON object per report, TensorBoard, a console line."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .shm import EPISODE_RING, Arena, Control
+
+# Slots of arena.learner_stats, written by the learner after every update.
+LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_loss", "entropy", "grad_norm",
+                 "policy_lag_min", "policy_lag_mean", "policy_lag_max", "lr", "skipped_updates",
+                 "trained_env_steps", "forward_backward_s", "vtrace_s", "optimizer_s", "gather_s",
+                 "publish_s", "wait_s")
+STAT = {name: i for i, name in enumerate(LEARNER_STATS)}
+
+
+def write_learner_stats(arena: Arena, stats: dict) -> None:
+    for name, value in stats.items():
+        if name in STAT:
+            arena.learner_stats[STAT[name]] = value
+
+
+def read_learner_stats(arena: Arena) -> dict:
+    return {name: float(arena.learner_stats[i]) for name, i in STAT.items()}
+
+
+class Reporter:
+    """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl."""
+
+    def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
+                 target_seconds: float, quiet: bool = False):
+        self.arena = arena
+        self.frame_skip = frame_skip
+        self.target_env_steps = target_env_steps
+        self.target_seconds = target_seconds
+        self.quiet = quiet
+        self.start = time.time()
+        self.last_time = self.start
+        self.last_steps = self.env_steps()
+        self.episodes_seen = self.arena.episode_count.copy()
+        self.return_mean = math.nan
+        self.length_mean = math.nan
+        self.path = Path(run_dir) / "metrics.jsonl" if run_dir else None
+        self.tb = _tensorboard_writer(run_dir) if run_dir else None
+        self.history: list[dict] = []
+
+    def env_steps(self) -> int:
+        return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+
+    def recent_episodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Episodes finished since the last report (at most the ring's size per worker)."""
+        counts = self.arena.episode_count.copy()
+        returns, lengths = [], []
+        for w, (seen, now) in enumerate(zip(self.episodes_seen, counts)):
+            new = int(min(now - seen, EPISODE_RING))
+            index = (now - new + np.arange(new)) % EPISODE_RING
+            returns.append(self.arena.episode_return[w, index])
+            lengths.append(self.arena.episode_length[w, index])
+        self.episodes_seen = counts
+        return np.concatenate(returns), np.concatenate(lengths)
+
+    def report(self, extra: dict | None = None) -> dict:
+        now = time.time()
+        steps = self.env_steps()
+        rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
+        self.last_time, self.last_steps = now, steps
+        returns, lengths = self.recent_episodes()
+        if len(returns):
+            self.return_mean, self.length_mean = float(returns.mean()), float(lengths.mean())
+        learner = read_learner_stats(self.arena)
+        record = {
+            "env_steps": steps, "frames": steps * self.frame_skip, "env_steps_per_s": rate,
+            "fps": rate * self.frame_skip, "episode_return_mean": self.return_mean,
+            "episode_length_mean": self.length_mean, "episodes": int(self.arena.episode_count.sum()),
+            "policy_lag_mean": learner["policy_lag_mean"], "policy_lag_min": learner["policy_lag_min"],
+            "policy_lag_max": learner["policy_lag_max"], "learner_updates": int(learner["learner_updates"]),
+            "wall_time": now - self.start,
+        }
+        record.update({f"learner/{k}": v for k, v in learner.items()
+                       if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
+        record.update(extra or {})
+        self.history.append(record)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(_finite(record)) + "\n")
+        if self.tb:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.tb.add_scalar(key, value, steps)
+            self.tb.flush()
+        if not self.quiet:
+            print(self.status_line(record), file=sys.stderr, flush=True)
+        return record
+
+    def status_line(self, r: dict) -> str:
+        target = f"/{self.target_env_steps:,}" if self.target_env_steps else ""
+        eta = ""
+        if self.target_env_steps and r["env_steps_per_s"] > 0:
+            eta = f"  ETA {max(0.0, (self.target_env_steps - r['env_steps']) / r['env_steps_per_s']):.0f}s"
+        elif self.target_seconds:
+            eta = f"  ETA {max(0.0, self.target_seconds - r['wall_time']):.0f}s"
+        return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
+                f"return {r['episode_return_mean']:.2f}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
+                f"updates {r['learner_updates']}{eta}")
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()
+
+
+def _finite(record: dict) -> dict:
+    """JSON has no NaN: report unknown figures (no episode finished yet) as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+def _tensorboard_writer(run_dir):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard is the optional extra fastrl[tb]
+        return None
+    return SummaryWriter(log_dir=str(Path(run_dir) / "tb"))

@@ -1,0 +1,175 @@
+"""Rollout worker: steps one group of envs and writes their trajectories into shared slots.
+
+Each env owns a cursor ``(env_slot, env_t)`` into the arena. A worker keeps up to ``S`` inference
+requests outstanding (double buffering): while the inference batcher computes actions for one
+batch of envs, the worker steps the next. Only small integers leave the process: request ids to
+the batcher, full slot ids to the learner.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from .config import Config
+from .shm import EPISODE_RING, Arena
+
+
+class RolloutWorker:
+    """The env-side half of the slot protocol, independent of how messages travel.
+
+    ``take_free_slots(n)`` returns ``n`` free slot ids of this worker (blocking if it must);
+    ``recv_batch()`` steps the env and returns ``(request_id, full_slot_ids)``;
+    ``act(request_id)`` sends the actions the batcher wrote for that request to the envs.
+    """
+
+    def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, slot_ids: np.ndarray,
+                 take_free_slots: Callable[[int], np.ndarray]):
+        self.worker_id = worker_id
+        self.env = env
+        self.arena = arena
+        self.rollout = cfg.learner.rollout
+        E = cfg.env.envs_per_worker
+        self.take_free_slots = take_free_slots
+        self.env_slot = arena.env_slot[worker_id]
+        self.env_t = arena.env_t[worker_id]
+        self.request_envs = arena.request_envs[worker_id]
+        self.free_requests = deque(range(cfg.env.num_splits))
+        self.batches_in_env = 0
+        self.started = np.zeros(E, dtype=bool)
+        self.prev_done = np.zeros(E, dtype=bool)  # the next step of this env is an autoreset step
+        self.episode_return = np.zeros(E, dtype=np.float64)
+        self.episode_length = np.zeros(E, dtype=np.int64)
+        self.env_slot[:] = slot_ids[:E]
+        self.env_t[:] = 0
+
+    def start(self) -> None:
+        self.env.async_reset()
+        self.batches_in_env = len(self.free_requests)
+
+    def can_recv(self) -> bool:
+        return bool(self.free_requests) and self.batches_in_env > 0
+
+    def recv_batch(self) -> tuple[int, np.ndarray]:
+        obs, rewards, terminated, truncated, env_ids = self.env.recv()
+        self.batches_in_env -= 1
+        full_slots = self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
+        request = self.free_requests.popleft()
+        self.request_envs[request] = env_ids
+        return request, full_slots
+
+    def record(self, ids: np.ndarray, obs, rewards, terminated, truncated) -> np.ndarray:
+        """Write one env batch into the slots; returns the ids of slots that became full."""
+        arena, T = self.arena, self.rollout
+        stepped = self.started[ids]
+        if not stepped.all():  # first observations after the initial reset
+            fresh = ids[~stepped]
+            arena.obs[self.env_slot[fresh], 0] = obs[~stepped]
+            self.started[fresh] = True
+            if not stepped.any():
+                return np.empty(0, dtype=np.int32)
+            ids, obs = ids[stepped], obs[stepped]
+            rewards, terminated, truncated = rewards[stepped], terminated[stepped], truncated[stepped]
+        slots, ts = self.env_slot[ids], self.env_t[ids]
+        valid = ~self.prev_done[ids]
+        done = np.logical_or(terminated, truncated)
+        arena.rewards[slots, ts] = rewards
+        arena.terminated[slots, ts] = terminated
+        arena.truncated[slots, ts] = truncated
+        arena.valid[slots, ts] = valid
+        self.prev_done[ids] = done
+        arena.env_steps[self.worker_id] += len(ids)
+        self.track_episodes(ids, rewards, valid, done)
+
+        next_t = ts + 1
+        arena.obs[slots, next_t] = obs
+        full = next_t == T
+        if not full.any():
+            self.env_t[ids] = next_t
+            return np.empty(0, dtype=np.int32)
+        self.env_t[ids] = np.where(full, 0, next_t)
+        full_slots = slots[full]
+        new_slots = self.take_free_slots(len(full_slots))
+        arena.obs[new_slots, 0] = obs[full]
+        self.env_slot[ids[full]] = new_slots
+        return full_slots
+
+    def track_episodes(self, ids, rewards, valid, done) -> None:
+        self.episode_return[ids] += rewards * valid
+        self.episode_length[ids] += valid
+        if not done.any():
+            return
+        finished = ids[done]
+        count = int(self.arena.episode_count[self.worker_id])
+        ring = (count + np.arange(len(finished))) % EPISODE_RING
+        self.arena.episode_return[self.worker_id, ring] = self.episode_return[finished]
+        self.arena.episode_length[self.worker_id, ring] = self.episode_length[finished]
+        self.arena.episode_count[self.worker_id] = count + len(finished)
+        self.episode_return[finished] = 0.0
+        self.episode_length[finished] = 0
+
+    def act(self, request: int) -> None:
+        ids = self.request_envs[request]
+        actions = self.arena.actions[self.env_slot[ids], self.env_t[ids]]
+        self.env.send(actions, ids)
+        self.batches_in_env += 1
+        self.free_requests.append(request)
+
+
+def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
+    """The slots a worker owns: a contiguous block of ``envs_per_worker * slots_per_env``."""
+    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+    return np.arange(worker_id * per_worker, (worker_id + 1) * per_worker, dtype=np.int32)
+
+
+def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
+    from .envs import make_vec_env
+
+    ecfg = cfg.env
+    return make_vec_env(
+        ecfg.id, num_envs=ecfg.envs_per_worker, batch_size=ecfg.envs_per_worker // ecfg.num_splits,
+        seed=cfg.seed * 1_000_003 + (rank * 4096 + worker_id) * ecfg.envs_per_worker, backend=ecfg.backend,
+        async_mode=ecfg.async_mode, num_threads=ecfg.num_threads, thread_affinity=ecfg.thread_affinity,
+        env_kwargs=ecfg.kwargs)
+
+
+def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels, parent_pid: int) -> None:
+    """Main loop of a rollout worker process."""
+    from .process_utils import ProcessExit, configure_child, wait_readable
+
+    configure_child(parent_pid)
+    arena = Arena.attach(layout, arena_name)
+    ready_out, actions_in, full_out, free_in = channels
+    stop = arena.control
+    owned = worker_slot_ids(cfg, worker_id)
+    spare = deque(owned[cfg.env.envs_per_worker:].tolist())
+
+    def take_free_slots(n: int) -> np.ndarray:
+        while len(spare) < n:
+            # Blocks until the learner returns slots: this is the backpressure that bounds lag.
+            if wait_readable([free_in], stop, parent_pid):
+                while free_in.poll():
+                    spare.extend(np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist())
+        return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
+
+    env = make_worker_env(cfg, worker_id)
+    worker = RolloutWorker(worker_id, cfg, arena, env, owned, take_free_slots)
+    try:
+        worker.start()
+        while True:
+            while worker.can_recv():
+                request, full_slots = worker.recv_batch()
+                if len(full_slots):
+                    full_out.send_bytes(full_slots.astype(np.int32).tobytes())
+                ready_out.send_bytes(bytes([request]))
+            while not wait_readable([actions_in], stop, parent_pid):
+                pass
+            while actions_in.poll():
+                for request in actions_in.recv_bytes():
+                    worker.act(request)
+    except ProcessExit:
+        pass
+    finally:
+        env.close()
+        arena.close()

@@ -1,0 +1,294 @@
+"""Starts, supervises and stops a training run (or runs it in one process with ``serial``).
+
+Process layout of one node::
+
+    runner (this process): arena owner, supervisor, metrics
+      rollout worker x W --request ids--> inference batcher --request ids--> back to the worker
+      rollout worker x W --full slot ids--> learner --free slot ids--> back to the worker
+      learner --weights + version (shared buffer)--> inference batcher
+"""
+from __future__ import annotations
+
+import copy
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import load_latest_checkpoint
+from .config import Config, to_toml, validate
+from .inference import InferenceBatcher, inference_process
+from .learner import Learner, LearnerHost, learner_process, restore_learner
+from .metrics import Reporter
+from .models import build_model, num_state_values
+from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
+from .shm import Arena, Control, remove_stale_segments, trajectory_layout
+
+SHUTDOWN_GRACE_S = 15.0
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    reports: list[dict] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict:
+        return self.reports[-1] if self.reports else {}
+
+
+class RunError(RuntimeError):
+    """The run could not go on; the message says which process failed and why."""
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RunError(f"device={name} asked for but CUDA is not available; use --set device=cpu")
+    return name
+
+
+@dataclass
+class EnvSpec:
+    observation_space: object
+    action_space: object
+    frame_skip: int
+
+
+def probe_env(cfg: Config) -> EnvSpec:
+    """Spaces and frame skip of the configured env, from a one-env instance."""
+    from .envs import make_vec_env
+
+    env = make_vec_env(cfg.env.id, num_envs=1, batch_size=1, seed=cfg.seed, backend=cfg.env.backend,
+                       env_kwargs=cfg.env.kwargs)
+    try:
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
+    finally:
+        env.close()
+
+
+def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int):
+    act = spec.action_space
+    discrete = not act.shape
+    return trajectory_layout(
+        num_slots=cfg.num_slots, rollout=cfg.learner.rollout, obs_shape=tuple(spec.observation_space.shape),
+        obs_dtype=spec.observation_space.dtype, action_shape=() if discrete else tuple(act.shape),
+        action_dtype=np.int64 if discrete else np.float32, num_workers=cfg.env.num_workers,
+        envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights)
+
+
+def check_memory(cfg: Config, nbytes: int) -> None:
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if nbytes > 0.8 * available:
+        raise RunError(
+            f"trajectory slots need {nbytes / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
+            f"lower slots_per_env, env.envs_per_worker or learner.rollout")
+
+
+def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, model: torch.nn.Module | None = None,
+          quiet: bool = False) -> RunResult:
+    """Train with ``cfg``. ``run_dir`` receives config.toml, metrics.jsonl, processes.json and
+    checkpoints; ``model`` replaces the built-in actor-critic (see fastrl.models)."""
+    validate(cfg)
+    device = resolve_device(cfg.device)
+    run_dir = Path(run_dir) if run_dir is not None else None
+    resume_state = None
+    if resume:
+        if run_dir is None:
+            raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+        _, resume_state = load_latest_checkpoint(run_dir)
+    spec = probe_env(cfg)
+    template = build_model(spec.observation_space, spec.action_space, cfg.model, model)
+    layout = arena_layout(cfg, spec, num_state_values(template))
+    check_memory(cfg, layout.nbytes)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    remove_stale_segments()
+    run = _serial_run if cfg.serial else _process_run
+    return run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
+
+
+def _new_arena(layout, resume_state, shared: bool) -> Arena:
+    arena = Arena(layout, shared=shared)
+    arena.weight_version[0] = -1
+    if resume_state is not None:
+        arena.control[Control.ENV_STEPS_OFFSET] = resume_state["counters"]["env_steps"]
+    return arena
+
+
+def _done(cfg: Config, reporter: Reporter, started: float, wall_before: float) -> bool:
+    if cfg.train_for_env_steps and reporter.env_steps() >= cfg.train_for_env_steps:
+        return True
+    return bool(cfg.train_for_seconds) and wall_before + time.time() - started >= cfg.train_for_seconds
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) -> RunResult:
+    ctx = mp.get_context("spawn")
+    arena = _new_arena(layout, resume_state, shared=True)
+    W = cfg.env.num_workers
+    pipes = {name: [ctx.Pipe(duplex=False) for _ in range(W)] for name in ("ready", "actions", "full", "free")}
+    ends = {name: ([r for r, _ in p], [s for _, s in p]) for name, p in pipes.items()}
+    parent = os.getpid()
+    procs: dict[str, list] = {"learner": [], "inference": [], "rollout": []}
+    procs["learner"].append(ctx.Process(
+        target=learner_process, name="fastrl-learner",
+        args=(cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
+              (ends["full"][0], ends["free"][1]), parent, run_dir, resume_state)))
+    template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model)
+    procs["inference"].append(ctx.Process(
+        target=inference_process, name="fastrl-inference",
+        args=(cfg, layout, arena.name, template, device, (ends["ready"][0], ends["actions"][1]), parent)))
+    for w in range(W):
+        procs["rollout"].append(ctx.Process(
+            target=rollout_process, name=f"fastrl-rollout-{w}",
+            args=(w, cfg, layout, arena.name,
+                  (ends["ready"][1][w], ends["actions"][0][w], ends["full"][1][w], ends["free"][0][w]), parent)))
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    reporter = None
+    result = RunResult(run_dir)
+    error = None
+    try:
+        for group in procs.values():
+            for p in group:
+                p.start()
+        if run_dir is not None:
+            pids = {role: [p.pid for p in group] for role, group in procs.items()}
+            (run_dir / "processes.json").write_text(json.dumps({**pids, "runner": [parent]}))
+        wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
+        reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet)
+        started = time.time()
+        next_report = started + cfg.report_every_s
+        everyone = [p for group in procs.values() for p in group]
+        while not _done(cfg, reporter, started, wall_before):
+            dead = wait([p.sentinel for p in everyone], timeout=min(0.25, max(0.0, next_report - time.time())))
+            if dead:
+                failed = [p for p in everyone if p.sentinel in dead]
+                for p in failed:
+                    p.join(1.0)  # reap it, so that exitcode is known
+                error = RunError(", ".join(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}" for p in failed)
+                                 + "; stopping the run (the last checkpoint is kept)")
+                break
+            if time.time() >= next_report:
+                reporter.report()
+                next_report += cfg.report_every_s
+    except _Interrupted as exc:
+        if not quiet:
+            print(f"[fastrl] {exc}: stopping, writing a final checkpoint", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if reporter is not None:
+            reporter.report()
+            reporter.close()
+            result.reports = reporter.history
+        _stop_processes(arena, procs)
+        arena.close()
+    if error is not None:
+        raise error
+    return result
+
+
+def _stop_processes(arena: Arena, procs: dict) -> None:
+    """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
+    arena.control[Control.STOP] = 1
+    deadline = time.time() + SHUTDOWN_GRACE_S
+    for role in ("rollout", "inference", "learner"):
+        for p in procs[role]:
+            if p.pid is not None:
+                p.join(max(0.1, deadline - time.time()))
+    for group in procs.values():
+        for p in group:
+            if p.pid is not None and p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) -> RunResult:
+    """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    arena = _new_arena(layout, resume_state, shared=False)
+    learner = Learner(cfg, spec.observation_space, spec.action_space, model=model, device=device)
+    wall_before = 0.0
+    if resume_state is not None:
+        restore_learner(learner, resume_state)
+        wall_before = resume_state["counters"].get("wall_time", 0.0)
+    host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
+    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), torch.device(device))
+    spare = []
+    workers = []
+    for w in range(cfg.env.num_workers):
+        owned = worker_slot_ids(cfg, w)
+        spare.append(deque(owned[cfg.env.envs_per_worker:].tolist()))
+        workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned,
+                                     _take_from(spare[w])))
+    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+
+    def release(slot_ids):
+        for slot in slot_ids.tolist():
+            spare[slot // per_worker].append(slot)
+
+    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet)
+    queue: deque[int] = deque()
+    host.publish()
+    started = time.time()
+    next_report = started + cfg.report_every_s
+    try:
+        for worker in workers:
+            worker.start()
+        while not _done(cfg, reporter, started, wall_before):
+            ready_workers, ready_requests = [], []
+            for w, worker in enumerate(workers):
+                while worker.can_recv():
+                    request, full_slots = worker.recv_batch()
+                    queue.extend(full_slots.tolist())
+                    ready_workers.append(w)
+                    ready_requests.append(request)
+            batcher.refresh_weights()
+            batcher.infer(np.array(ready_workers), np.array(ready_requests))
+            for w, request in zip(ready_workers, ready_requests):
+                workers[w].act(request)
+            while len(queue) >= cfg.trajectories_per_batch:
+                slot_ids = np.array([queue.popleft() for _ in range(cfg.trajectories_per_batch)], dtype=np.int64)
+                host.train_on(slot_ids, release)
+            if time.time() >= next_report:
+                reporter.report()
+                next_report += cfg.report_every_s
+            if host.checkpoint_due():
+                host.checkpoint()
+    finally:
+        for worker in workers:
+            worker.env.close()
+        host.checkpoint()
+        reporter.report()
+        reporter.close()
+    return RunResult(run_dir, reporter.history)
+
+
+def _take_from(spare: deque):
+    def take(n: int) -> np.ndarray:
+        if len(spare) < n:
+            raise RunError("serial mode ran out of free trajectory slots; raise slots_per_env")
+        return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
+
+    return take

@@ -1,0 +1,216 @@
+"""Shared-memory arena: trajectory slots, per-env cursors, counters, the weight buffer.
+
+One POSIX shared-memory segment per run, named ``fastrl_<runner pid>_<token>``, carved into
+named numpy arrays. The runner creates and unlinks it; children map it by name. If the runner is
+killed outright, the resource tracker unlinks it, and the next run removes segments whose
+creator is gone.
+
+Trajectory slots are per env (as in Sample Factory): slot ``i`` holds one env's trajectory of
+``T`` steps. ``obs[i, t]`` is the observation the policy acted on at step ``t``; ``obs[i, T]`` is
+the observation after the last step; the learner bootstraps from its value. Behaviour values are
+not stored: the learner recomputes every value with its current network.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+SEGMENT_PREFIX = "fastrl_"
+SHM_DIR = "/dev/shm"
+_ALIGN = 64
+EPISODE_RING = 4096  # finished episodes remembered per worker between two reports
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    shape: tuple
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """What the arena holds; picklable, sent to every child so it can attach."""
+
+    specs: tuple[ArraySpec, ...]
+
+    def offsets(self) -> tuple[dict[str, int], int]:
+        offsets, cursor = {}, 0
+        for spec in self.specs:
+            offsets[spec.name] = cursor
+            nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            cursor += -(-nbytes // _ALIGN) * _ALIGN
+        return offsets, max(cursor, _ALIGN)
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets()[1]
+
+
+def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
+                      action_dtype, num_workers: int, envs_per_worker: int, num_splits: int,
+                      num_weights: int) -> ArenaLayout:
+    """The arena of one run. Shapes: ``N`` slots, ``T`` steps, ``W`` workers, ``E`` envs per worker,
+    ``S`` splits (outstanding inference requests per worker), ``b = E / S``."""
+    T, N, W, E, S = rollout, num_slots, num_workers, envs_per_worker, num_splits
+    b = E // S
+    specs = [
+        ArraySpec("obs", (N, T + 1, *obs_shape), np.dtype(obs_dtype).str),
+        ArraySpec("actions", (N, T, *action_shape), np.dtype(action_dtype).str),
+        ArraySpec("logp", (N, T), "<f4"),  # behaviour log-prob of the action taken
+        ArraySpec("rewards", (N, T), "<f4"),
+        ArraySpec("terminated", (N, T), "|u1"),
+        ArraySpec("truncated", (N, T), "|u1"),
+        ArraySpec("valid", (N, T), "|u1"),  # 0 on the autoreset step after a done
+        ArraySpec("version", (N, T), "<i8"),  # policy version that chose the action
+        ArraySpec("env_slot", (W, E), "<i4"),  # slot each env is filling
+        ArraySpec("env_t", (W, E), "<i4"),  # step index within that slot
+        ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
+        ArraySpec("env_steps", (W,), "<i8"),
+        ArraySpec("episode_return", (W, EPISODE_RING), "<f8"),
+        ArraySpec("episode_length", (W, EPISODE_RING), "<i8"),
+        ArraySpec("episode_count", (W,), "<i8"),
+        ArraySpec("weights", (2, num_weights), "<f4"),  # double buffer, see WeightBuffer
+        ArraySpec("weight_seq", (2,), "<i8"),
+        ArraySpec("weight_version", (1,), "<i8"),
+        ArraySpec("control", (4,), "<i8"),  # see Control
+        ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
+        ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
+    ]
+    return ArenaLayout(tuple(specs))
+
+
+class Control:
+    """Indices into ``arena.control``."""
+
+    STOP = 0  # set by the runner: every process finishes its step and exits
+    CHECKPOINT = 1  # set by the runner: the learner writes a checkpoint, then clears it
+    ENV_STEPS_OFFSET = 2  # env steps done before a resume
+    ERROR = 3  # set by a child that failed
+
+
+class Arena:
+    """Named numpy arrays over one shared-memory segment (or private memory when ``shared`` is
+    False, for the serial mode)."""
+
+    def __init__(self, layout: ArenaLayout, name: str | None = None, create: bool = True,
+                 shared: bool = True):
+        self.layout = layout
+        offsets, nbytes = layout.offsets()
+        self._owner_handle = None
+        self._mapping = None
+        if shared:
+            if create:
+                name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+                # The handle only owns the name (and its resource-tracker registration, which
+                # unlinks the segment if this process is killed outright); the data is mapped
+                # below, by a plain mmap that unmaps silently even while numpy views remain.
+                self._owner_handle = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+                self._owner_handle.close()
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+            try:
+                self._mapping = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+            buffer = self._mapping
+        else:
+            buffer = bytearray(nbytes)
+        self.name = name
+        self.arrays: dict[str, np.ndarray] = {}
+        for spec in layout.specs:
+            count = int(np.prod(spec.shape, dtype=np.int64))
+            array = np.frombuffer(buffer, dtype=spec.dtype, count=count, offset=offsets[spec.name])
+            self.arrays[spec.name] = array.reshape(spec.shape)
+        if create:
+            for array in self.arrays.values():
+                array.fill(0)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["arrays"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @classmethod
+    def attach(cls, layout: ArenaLayout, name: str) -> "Arena":
+        return cls(layout, name=name, create=False)
+
+    def close(self) -> None:
+        """Drop this process's mapping; the owner also unlinks the segment."""
+        self.arrays.clear()
+        if self._mapping is not None:
+            try:
+                self._mapping.close()
+            except BufferError:
+                pass  # a view is still alive; the mapping goes with it or with the process
+            self._mapping = None
+        if self._owner_handle is not None:
+            try:
+                self._owner_handle.unlink()
+            except FileNotFoundError:
+                pass
+            self._owner_handle = None
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink fastrl segments whose creating process is gone (a run killed outright)."""
+    removed = []
+    for entry in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
+        match = re.fullmatch(rf"{SEGMENT_PREFIX}(\d+)_[0-9a-f]+", entry)
+        if match and not _pid_alive(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(SHM_DIR, entry))
+                removed.append(entry)
+            except OSError:
+                pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WeightBuffer:
+    """Flat float32 weights published by the learner, read by the inference batcher.
+
+    Two buffers and a seqlock per buffer: the learner writes version ``v`` into buffer ``v % 2``
+    (sequence odd while writing), then publishes ``v``. A reader copies buffer ``v % 2`` and keeps
+    the copy only if that buffer's sequence was even and unchanged around the copy, so a torn read
+    is retried instead of used.
+    """
+
+    def __init__(self, arena: Arena):
+        self.weights = arena.weights
+        self.seq = arena.weight_seq
+        self.version = arena.weight_version
+
+    def publish(self, flat: np.ndarray, version: int) -> None:
+        slot = version % 2
+        self.seq[slot] += 1
+        self.weights[slot, :] = flat
+        self.seq[slot] += 1
+        self.version[0] = version
+
+    def read_into(self, out: np.ndarray) -> int | None:
+        """Copy the newest weights into ``out``; return their version, or None if torn."""
+        version = int(self.version[0])
+        slot = version % 2
+        before = int(self.seq[slot])
+        if before % 2:
+            return None
+        out[:] = self.weights[slot]
+        if int(self.seq[slot]) != before:
+            return None
+        return version

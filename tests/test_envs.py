@@ -1,0 +1,242 @@
+"""Env backends: NEXT_STEP autoreset, batch ordering, seeding, errors, Atari preprocessing."""
+
+import envpool
+import gymnasium
+import numpy as np
+import pytest
+
+from fastrl.envs import make_vec_env, resolve_backend
+from fastrl.envs.atari import ENVPOOL_ATARI_DEFAULTS
+from fastrl.envs.toy import make_nan_obs, make_raises_at
+
+COUNTDOWN = "fastrl.envs.toy:make_countdown"
+COUNTDOWN_GYM_ID = "fastrl-test/Countdown-v0"
+if COUNTDOWN_GYM_ID not in gymnasium.registry:
+    gymnasium.register(COUNTDOWN_GYM_ID, entry_point="fastrl.envs.toy:CountdownEnv")
+
+
+def run_steps(env, num_recvs, policy=None):
+    """async_reset, then `num_recvs` recv/send rounds; returns per-env lists of
+    (obs, reward, terminated, truncated) in the order each env produced them."""
+    policy = policy or (lambda obs: np.zeros(len(obs), dtype=np.int64))
+    streams = {i: [] for i in range(env.num_envs)}
+    env.async_reset()
+    for _ in range(num_recvs):
+        obs, rewards, terminated, truncated, env_ids = env.recv()
+        for row, env_id in enumerate(env_ids):
+            streams[int(env_id)].append(
+                (obs[row].copy(), float(rewards[row]), bool(terminated[row]), bool(truncated[row]))
+            )
+        env.send(policy(obs), env_ids)
+    return streams
+
+
+def parity_policy(obs):
+    """Deterministic but irregular CartPole actions, so episodes end at varied times."""
+    return (np.abs(obs[:, 0] * 1e4).astype(np.int64) % 2).astype(np.int32)
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_envpool_cartpole_step_after_done_is_reset(async_mode):
+    with make_vec_env("CartPole-v1", 8, 4, seed=0, async_mode=async_mode) as env:
+        streams = run_steps(env, 120)
+    resets_checked = 0
+    for stream in streams.values():
+        assert stream[0][1:] == (0.0, False, False)
+        for (_, _, term, trunc), (obs, reward, next_term, next_trunc) in zip(stream, stream[1:]):
+            if term or trunc:
+                assert (reward, next_term, next_trunc) == (0.0, False, False)
+                assert np.all(np.abs(obs) <= 0.05)  # CartPole's reset state
+                resets_checked += 1
+    assert resets_checked >= 8
+
+
+def test_envpool_truncation_is_not_termination():
+    with make_vec_env("CartPole-v1", 2, 2, seed=0, env_kwargs={"max_episode_steps": 3}) as env:
+        streams = run_steps(env, 9, policy=lambda obs: np.arange(len(obs)) % 2)
+    flags = [(term, trunc) for _, _, term, trunc in streams[0]]
+    assert flags == [(False, False), (False, False), (False, False), (False, True)] * 2 + [
+        (False, False)
+    ]
+
+
+@pytest.mark.parametrize("env_id", [COUNTDOWN, COUNTDOWN_GYM_ID])
+@pytest.mark.parametrize(
+    "kwargs, ends",
+    [
+        ({"length": 3}, "terminated"),
+        ({"length": 5, "time_limit": 2}, "truncated"),
+    ],
+)
+def test_gymnasium_countdown_exact_sequence(env_id, kwargs, ends):
+    with make_vec_env(env_id, 4, 2, seed=0, env_kwargs=kwargs) as env:
+        assert env.frame_skip == 1
+        streams = run_steps(env, 2 * 8)
+    episode_len = kwargs.get("time_limit") or kwargs["length"]
+    expected = []
+    for _ in range(3):
+        expected.append((0.0, 0.0, False, False))  # reset step: reward 0, action ignored
+        expected += [(float(t), 1.0, False, False) for t in range(1, episode_len)]
+        done = (ends == "terminated", ends == "truncated")
+        expected.append((float(episode_len), 1.0, *done))
+    for stream in streams.values():
+        got = [(float(obs[0]), reward, term, trunc) for obs, reward, term, trunc in stream]
+        assert got == expected[: len(got)]
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", COUNTDOWN])
+def test_sync_splits_are_returned_oldest_first(env_id):
+    with make_vec_env(env_id, 12, 4, seed=0) as env:
+        env.async_reset()
+        first = [env.recv()[-1] for _ in range(3)]
+        assert [ids.tolist() for ids in first] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+        assert all(ids.dtype == np.int32 for ids in first)
+        actions = np.zeros(4, dtype=np.int64)
+        env.send(actions, first[1])
+        env.send(actions, first[0])
+        assert env.recv()[-1].tolist() == [4, 5, 6, 7]
+        with pytest.raises(RuntimeError):
+            env.send(actions, first[0])  # sent already and not received since
+        env.send(actions, first[1])
+        env.send(actions, first[2])
+        assert [env.recv()[-1][0] for _ in range(3)] == [0, 4, 8]
+        with pytest.raises(RuntimeError):
+            env.recv()  # nothing pending: would wait forever
+
+
+def test_envpool_async_returns_each_sent_env_once_and_keeps_streams():
+    num_envs = 8
+    with make_vec_env("CartPole-v1", num_envs, 2, seed=3, async_mode=True) as env:
+        env.async_reset()
+        pending = set(range(num_envs))
+        streams = {i: [] for i in range(num_envs)}
+        for _ in range(200):
+            obs, rewards, terminated, truncated, env_ids = env.recv()
+            ids = env_ids.tolist()
+            assert len(set(ids)) == 2 and set(ids) <= pending
+            pending -= set(ids)
+            for row, env_id in enumerate(ids):
+                streams[env_id].append(
+                    (obs[row].copy(), float(rewards[row]), bool(terminated[row]),
+                     bool(truncated[row]))
+                )
+            # Send one env at a time, so later batches mix envs of different sends.
+            actions = parity_policy(obs)
+            env.send(actions[:1], env_ids[:1])
+            env.send(actions[1:], env_ids[1:])
+            pending |= set(ids)
+        with pytest.raises(RuntimeError):
+            env.send(actions[:1], env_ids[:1])  # already sent
+    # Each env's stream depends only on its seed and its own actions: sync splits agree.
+    with make_vec_env("CartPole-v1", num_envs, 4, seed=3) as env:
+        sync_streams = run_steps(env, 200, policy=parity_policy)
+    for env_id, stream in streams.items():
+        n = min(len(stream), len(sync_streams[env_id]))
+        assert n > 10
+        for (obs_a, *rest_a), (obs_b, *rest_b) in zip(stream[:n], sync_streams[env_id][:n]):
+            np.testing.assert_array_equal(obs_a, obs_b)
+            assert rest_a == rest_b
+
+
+def test_seeds_differ_across_envs_and_splits_and_follow_seed():
+    def reset_obs(env_id, seed):
+        with make_vec_env(env_id, 8, 4, seed=seed) as env:
+            env.async_reset()
+            return np.concatenate([env.recv()[0], env.recv()[0]])
+
+    for env_id in ["CartPole-v1", "fastrl.envs.toy:make_target"]:
+        obs = reset_obs(env_id, seed=0)
+        assert len(np.unique(obs, axis=0)) == 8
+        np.testing.assert_array_equal(obs, reset_obs(env_id, seed=0))
+        assert not np.array_equal(obs, reset_obs(env_id, seed=100))
+
+
+def test_box_actions_are_clipped_to_bounds():
+    with make_vec_env("fastrl.envs.toy:make_target", 4, 4, seed=0) as env:
+        assert isinstance(env.action_space, gymnasium.spaces.Box)
+        env.async_reset()
+        target, *_, env_ids = env.recv()
+        actions = np.array([[100.0], [-100.0], [0.25], [-3.0]])
+        env.send(actions, env_ids)
+        _, rewards, *_ = env.recv()
+    clipped = np.array([[1.0], [-1.0], [0.25], [-1.0]])
+    np.testing.assert_allclose(rewards, -((clipped - target) ** 2).sum(axis=1), rtol=1e-6)
+
+
+def test_unknown_env_id_error_suggests_close_matches_and_factories():
+    with pytest.raises(ValueError) as info:
+        make_vec_env("CartPol-v1", 2, 2, seed=0)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "CartPole-v1" in message and "module:callable" in message
+    with pytest.raises(ValueError, match="cannot import factory"):
+        make_vec_env("no_such_module:make", 2, 2, seed=0)
+    with pytest.raises(ValueError, match="not a envpool id"):
+        resolve_backend("ALE/Pong-v5", "envpool")
+
+
+def test_backend_resolution_order():
+    assert resolve_backend("CartPole-v1") == "envpool"
+    assert resolve_backend("ALE/Pong-v5") == "gymnasium"
+    assert resolve_backend(COUNTDOWN) == "factory"
+
+
+def test_factory_must_return_a_gymnasium_env():
+    with pytest.raises(TypeError, match="not a gymnasium.Env"):
+        make_vec_env("builtins:dict", 2, 2, seed=0)
+
+
+def test_num_envs_must_be_a_multiple_of_batch_size():
+    with pytest.raises(ValueError, match="multiple of batch_size"):
+        make_vec_env(COUNTDOWN, 6, 4, seed=0)
+
+
+def test_atari_defaults_match_envpool():
+    config = envpool.make_spec("Pong-v5").config
+    assert {key: getattr(config, key) for key in ENVPOOL_ATARI_DEFAULTS} == ENVPOOL_ATARI_DEFAULTS
+
+
+def test_atari_gymnasium_preprocessing_looks_like_envpool_pong():
+    pytest.importorskip("cv2", reason="Atari on gymnasium needs opencv-python-headless")
+    frames = {}
+    for env_id in ["Pong-v5", "ALE/Pong-v5"]:
+        with make_vec_env(env_id, 2, 2, seed=0) as env:
+            assert env.observation_space.shape == (4, 84, 84)
+            assert env.observation_space.dtype == np.uint8
+            assert env.action_space.n == 6 and env.frame_skip == 4
+            streams = run_steps(env, 30)
+        assert all(obs.dtype == np.uint8 for obs, *_ in streams[0])
+        frames[env_id] = np.stack([obs for stream in streams.values() for obs, *_ in stream])
+    envpool_frames, gym_frames = frames["Pong-v5"], frames["ALE/Pong-v5"]
+    # Same game start (Pong's first frames do not depend on the random no-ops); afterwards
+    # the ball differs, so compare statistics only.
+    np.testing.assert_array_equal(envpool_frames[0], gym_frames[0])
+    assert abs(envpool_frames.mean() - gym_frames.mean()) < 0.5
+    assert abs(envpool_frames.std() - gym_frames.std()) < 0.5
+
+
+@pytest.mark.parametrize("env_id", ["Pong-v5", "ALE/Pong-v5"])
+def test_atari_time_limit_truncates_in_agent_steps(env_id):
+    if env_id.startswith("ALE/"):
+        pytest.importorskip("cv2", reason="Atari on gymnasium needs opencv-python-headless")
+    kwargs = {"max_episode_steps": 4, "reward_clip": True}
+    with make_vec_env(env_id, 1, 1, seed=0, env_kwargs=kwargs) as env:
+        stream = run_steps(env, 7)[0]
+    assert [(term, trunc) for *_, term, trunc in stream] == [(False, False)] * 4 + [
+        (False, True),
+        (False, False),
+        (False, False),
+    ]
+
+
+def test_fault_injection_envs():
+    env = make_raises_at(3)
+    env.reset(seed=0)
+    env.step(0)
+    env.step(0)
+    with pytest.raises(RuntimeError, match="injected"):
+        env.step(0)
+    env = make_nan_obs(every=2)
+    env.reset(seed=0)
+    assert not np.isnan(env.step(0)[0]).any()
+    assert np.isnan(env.step(0)[0]).all()

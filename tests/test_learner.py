@@ -1,0 +1,121 @@
+"""The learner on batches whose correct V-trace targets are known, and on caller-made batches."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fastrl.config import build_config
+from fastrl.learner import Learner, Trajectories, gather_trajectories
+from tests.test_rollout import countdown_config, run_worker
+
+
+class LinearValue(nn.Module):
+    """Uniform policy, V(obs) = 10 + obs[0]: targets can be written down by hand."""
+
+    def __init__(self, num_actions=2):
+        super().__init__()
+        self.num_actions = num_actions
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, obs):
+        logits = torch.zeros(obs.shape[0], self.num_actions) + 0 * self.dummy
+        return logits, 10.0 + obs[:, 0] + 0 * self.dummy
+
+
+def targets_for(cfg):
+    arena, full = run_worker(cfg, steps_per_env=cfg.learner.rollout)
+    arena.logp[:] = math.log(0.5)  # behaviour = the uniform policy: on-policy, log_rho = 0
+    batch = gather_trajectories(arena, np.array(full))
+    from fastrl.runner import probe_env
+
+    spec = probe_env(cfg)
+    learner = Learner(cfg, spec.observation_space, spec.action_space, model=LinearValue())
+    _, values, logp = learner.evaluate(batch)
+    rewards, discounts = learner.rewards_and_discounts(batch)
+    vs, pg_adv = learner.vtrace_targets(batch, logp, values, rewards, discounts)
+    return batch, vs[:, 0].numpy(), pg_adv[:, 0].numpy()
+
+
+def test_truncation_bootstraps_from_the_final_observation_and_skips_the_reset_step():
+    cfg = countdown_config(**{"learner.gamma": 0.9})  # time limit 3, T = 4
+    batch, vs, pg_adv = targets_for(cfg)
+    np.testing.assert_array_equal(batch.obs[:, 0, 0].numpy(), [0, 1, 2, 3, 0])
+    # vs_2 = r + gamma * V(final obs 3) = 1 + 0.9 * 13; the reset step keeps vs = V(3) = 13.
+    expected_vs = [1 + 0.9 * (1 + 0.9 * 12.7), 1 + 0.9 * 12.7, 12.7, 13.0]
+    np.testing.assert_allclose(vs, expected_vs, rtol=1e-6)
+    np.testing.assert_allclose(pg_adv, [expected_vs[0] - 10, expected_vs[1] - 11, 12.7 - 12, 0.0], rtol=1e-5)
+
+
+def test_termination_cuts_the_return_and_the_next_episode_bootstraps_normally():
+    cfg = countdown_config(**{"learner.gamma": 0.9, "env.kwargs": {"length": 3}, "learner.rollout": 5,
+                              "learner.batch_size": 20})
+    batch, vs, _ = targets_for(cfg)
+    np.testing.assert_array_equal(batch.obs[:, 0, 0].numpy(), [0, 1, 2, 3, 0, 1])
+    np.testing.assert_allclose(vs, [2.71, 1.9, 1.0, 13.0, 1 + 0.9 * 11], rtol=1e-6)
+
+
+def random_batch(T=8, B=16, obs_dim=4, n_actions=2, version=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Trajectories(
+        obs=torch.randn(T + 1, B, obs_dim, generator=g), actions=torch.randint(0, n_actions, (T, B), generator=g),
+        logp=torch.full((T, B), math.log(1 / n_actions)), rewards=torch.randn(T, B, generator=g),
+        terminated=torch.rand(T, B, generator=g) < 0.1, truncated=torch.zeros(T, B, dtype=torch.bool),
+        valid=torch.ones(T, B, dtype=torch.bool), version=torch.full((T, B), version))
+
+
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_learner_trains_on_a_batch_the_caller_assembled(algo):
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.lr_decay": False, "learner.lr": 1e-2})
+    obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    learner = Learner(cfg, obs_space, gymnasium.spaces.Discrete(2))
+    batch = random_batch()
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    stats = learner.train(batch)
+    assert learner.version == 1 and learner.updates == 1
+    assert all(math.isfinite(stats[k]) for k in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    # The value head fits a fixed target: its loss falls over repeated updates.
+    losses = [learner.train(batch)["value_loss"] for _ in range(80)]
+    assert sum(losses[-10:]) < 0.7 * sum(losses[:10])
+
+
+def test_policy_lag_is_reported_and_old_transitions_are_masked():
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", {"learner.max_policy_lag": 3})
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    learner.version = 10
+    batch = random_batch(version=2)  # lag 8 > 3: every transition masked, nothing to learn from
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    stats = learner.train(batch)
+    assert stats["policy_lag_min"] == stats["policy_lag_max"] == 8
+    assert stats["loss"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
+def test_non_finite_loss_skips_the_update():
+    import gymnasium
+
+    cfg = build_config("cartpole-appo")
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    batch = random_batch()
+    batch.rewards[0, 0] = float("nan")
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    learner.train(batch)
+    assert learner.skipped_updates == 1 and learner.updates == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
+def test_bad_batch_shapes_name_the_field():
+    import gymnasium
+
+    cfg = build_config("cartpole-appo")
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    batch = random_batch()
+    batch.obs = batch.obs[:-1]
+    with pytest.raises(ValueError, match="Trajectories.obs"):
+        learner.train(batch)
