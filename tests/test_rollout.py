@@ -13,7 +13,7 @@ from fastrl.shm import Arena
 def countdown_config(**overrides):
     settings = {"env.id": "fastrl.envs.toy:make_countdown", "env.kwargs": {"length": 5, "time_limit": 3},
                 "env.num_workers": 1, "env.envs_per_worker": 4, "env.num_splits": 2, "learner.rollout": 4,
-                "learner.batch_size": 16, "slots_per_env": 3, "device": "cpu"}
+                "learner.batch_size": 16, "slots_per_env": 3, "learner.reward_scale": 1.0, "device": "cpu"}
     settings.update(overrides)
     return build_config("cartpole-appo", settings)
 
