@@ -83,6 +83,7 @@ class Config:
     checkpoint_every_s: float = 300.0
     keep_checkpoints: int = 3
     serial: bool = False  # everything in one process, for debugging
+    sample_only: bool = False  # profiling: the learner hands slots straight back without training
     expected: str = ""  # the result this profile is expected to reach (documentation)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -17,11 +17,11 @@ from .shm import Arena, WeightBuffer
 
 
 class InferenceBatcher:
-    def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device):
+    def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
-        self.head = action_head(model.action_space)
+        self.head = action_head(action_space)
         self.weights = WeightBuffer(arena)
         self.flat = np.empty(num_state_values(model), dtype=np.float32)
         self.version = -1
@@ -61,7 +61,8 @@ class InferenceBatcher:
         self.timings["inference_forward"] += time.perf_counter() - start
 
 
-def inference_process(cfg, layout, arena_name: str, model, device: str, channels, parent_pid: int) -> None:
+def inference_process(cfg, layout, arena_name: str, model, action_space, device: str, channels,
+                      parent_pid: int) -> None:
     """Main loop of the inference process: wait for requests, batch them, answer each worker."""
     from multiprocessing.connection import wait
 
@@ -73,7 +74,7 @@ def inference_process(cfg, layout, arena_name: str, model, device: str, channels
     arena = Arena.attach(layout, arena_name)
     ready_in, actions_out = channels
     worker_of = {conn: w for w, conn in enumerate(ready_in)}
-    batcher = InferenceBatcher(arena, model, torch.device(device))
+    batcher = InferenceBatcher(arena, model, action_space, torch.device(device))
     try:
         while not batcher.refresh_weights():
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting

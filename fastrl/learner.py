@@ -286,6 +286,13 @@ class LearnerHost:
         self.timings["publish_s"] += time.perf_counter() - start
         return ok
 
+    def consume(self, slot_ids: np.ndarray, release) -> None:
+        """Train on full slots, or with ``sample_only`` just hand them back."""
+        if self.cfg.sample_only:
+            release(slot_ids)
+        else:
+            self.train_on(slot_ids, release)
+
     def train_on(self, slot_ids: np.ndarray, release) -> dict:
         """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train."""
         from .metrics import write_learner_stats
@@ -378,7 +385,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                     queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
             while len(queue) >= needed:
                 slot_ids = np.array([queue.popleft() for _ in range(needed)], dtype=np.int64)
-                host.train_on(slot_ids, release)
+                host.consume(slot_ids, release)
             if host.checkpoint_due():
                 host.checkpoint()
     except ProcessExit:

@@ -157,7 +157,8 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
     template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model)
     procs["inference"].append(ctx.Process(
         target=inference_process, name="fastrl-inference",
-        args=(cfg, layout, arena.name, template, device, (ends["ready"][0], ends["actions"][1]), parent)))
+        args=(cfg, layout, arena.name, template, spec.action_space, device, (ends["ready"][0], ends["actions"][1]),
+              parent)))
     for w in range(W):
         procs["rollout"].append(ctx.Process(
             target=rollout_process, name=f"fastrl-rollout-{w}",
@@ -234,7 +235,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) 
         restore_learner(learner, resume_state)
         wall_before = resume_state["counters"].get("wall_time", 0.0)
     host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
-    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), torch.device(device))
+    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device))
     spare = []
     workers = []
     for w in range(cfg.env.num_workers):
@@ -270,7 +271,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) 
                 workers[w].act(request)
             while len(queue) >= cfg.trajectories_per_batch:
                 slot_ids = np.array([queue.popleft() for _ in range(cfg.trajectories_per_batch)], dtype=np.int64)
-                host.train_on(slot_ids, release)
+                host.consume(slot_ids, release)
             if time.time() >= next_report:
                 reporter.report()
                 next_report += cfg.report_every_s

@@ -1,0 +1,169 @@
+"""End to end: real processes, real envs, files on disk, processes gone afterwards."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.config import build_config
+from fastrl.runner import train
+
+REQUIRED_METRICS = {"env_steps", "frames", "env_steps_per_s", "fps", "episode_return_mean", "episode_length_mean",
+                    "policy_lag_mean", "policy_lag_max", "learner_updates", "wall_time"}
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_all_exited(run_dir):
+    pids = [pid for role in ("rollout", "inference", "learner")
+            for pid in json.loads((run_dir / "processes.json").read_text())[role]]
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes still running: {alive}"
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("cartpole")
+    cfg = build_config("cartpole-appo", {"train_for_env_steps": 1_200_000, "device": "cpu", "report_every_s": 1.0})
+    result = train(cfg, run_dir=run_dir, quiet=True)
+    return run_dir, result
+
+
+def test_cartpole_learns_and_writes_its_run_dir(cartpole_run):
+    run_dir, result = cartpole_run
+    records = read_metrics(run_dir)
+    assert REQUIRED_METRICS <= set(records[-1])
+    assert records[-1]["env_steps"] >= 1_200_000
+    # Random play scores ~22; the run must be far above that.
+    assert max(r["episode_return_mean"] or 0 for r in records) > 200
+    assert records[-1]["learner_updates"] > 50
+    roles = json.loads((run_dir / "processes.json").read_text())
+    assert len(roles["rollout"]) == 2 and len(roles["inference"]) == 1 and len(roles["learner"]) == 1
+    assert (run_dir / "config.toml").read_text().count("CartPole-v1") == 1
+    assert list_checkpoints(run_dir)
+    assert_all_exited(run_dir)
+
+
+def test_resume_continues_counters_and_weights(cartpole_run):
+    run_dir, _ = cartpole_run
+    before = load_checkpoint(list_checkpoints(run_dir)[-1])
+    steps_before = before["counters"]["env_steps"]
+    cmd = [sys.executable, "-m", "fastrl.cli", "--resume", "--run-dir", str(run_dir), "--quiet",
+           "--train-for-env-steps", str(steps_before + 150_000)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    after = load_checkpoint(list_checkpoints(run_dir)[-1])
+    assert after["counters"]["env_steps"] >= steps_before + 150_000
+    assert after["learner"]["version"] > before["learner"]["version"]
+    assert after["learner"]["updates"] > before["learner"]["updates"]
+    resumed = [r for r in read_metrics(run_dir) if r["env_steps"] > steps_before]
+    assert resumed and resumed[-1]["learner_updates"] > before["learner"]["updates"]
+    assert_all_exited(run_dir)
+
+
+def test_eval_prints_one_json_line(cartpole_run):
+    run_dir, _ = cartpole_run
+    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
+                          str(run_dir), "--episodes", "6", "--deterministic"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["episodes"] == 6
+    assert result["episode_return_mean"] > 100
+    assert result["episode_return_std"] >= 0
+
+
+class TinyPolicy(nn.Module):
+    """A user's own network: the (params, value) contract with a Gaussian head for Box actions."""
+
+    def __init__(self, obs_dim=1, action_dim=1):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(obs_dim, 32), nn.Tanh())
+        self.mean = nn.Linear(32, action_dim)
+        self.log_std = nn.Parameter(torch.full((action_dim,), -0.5))
+        self.value = nn.Linear(32, 1)
+
+    def forward(self, obs):
+        h = self.body(obs.float())
+        mean = self.mean(h)
+        return torch.cat([mean, self.log_std.expand_as(mean)], -1), self.value(h).squeeze(-1)
+
+
+def target_env_config(**overrides):
+    settings = {"env.id": "fastrl.envs.toy:make_target", "env.kwargs": {"length": 10}, "env.num_workers": 1,
+                "env.envs_per_worker": 16, "learner.rollout": 10, "learner.batch_size": 320, "learner.lr": 3e-3,
+                "learner.reward_scale": 1.0, "learner.entropy_coef": 0.0, "train_for_env_steps": 60_000,
+                "device": "cpu", "report_every_s": 1.0}
+    settings.update(overrides)
+    return build_config("cartpole-appo", settings)
+
+
+@pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
+def test_own_env_factory_and_own_model_learn_continuous_actions(tmp_path, serial):
+    # reward = -(a - target)^2 per step: a random policy (std e^-0.5) scores about -6.5 per episode.
+    cfg = target_env_config(serial=serial)
+    result = train(cfg, run_dir=tmp_path, model=TinyPolicy(), quiet=True)
+    returns = [r["episode_return_mean"] for r in result.reports if r["episode_return_mean"] is not None]
+    assert returns[-1] > -2.5, returns
+    assert result.final["env_steps"] >= 60_000
+    if not serial:
+        assert_all_exited(tmp_path)
+
+
+def test_sample_only_mode_steps_envs_without_training(tmp_path):
+    cfg = build_config("cartpole-appo", {"sample_only": True, "train_for_env_steps": 200_000, "device": "cpu"})
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    assert result.final["env_steps"] >= 200_000
+    assert result.final["learner_updates"] == 0
+
+
+def run_cli(*args, module="fastrl.cli", timeout=120):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "learner.lrr=1"], "did you mean learner.lr"),
+    (["--set", "learner.lr=fast"], "expects float"),
+    (["--env", "CartPoel-v1"], "CartPole-v1"),
+    (["--profile", "cartpol-appo"], "did you mean cartpole-appo"),
+    (["--resume", "--run-dir", "/nonexistent/run"], "does not exist"),
+])
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message, tmp_path):
+    out = run_cli(*args, "--run-dir", str(tmp_path / "run"), "--quiet") if "--run-dir" not in args else run_cli(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "config.toml").write_text('[env]\nid = "CartPole-v1"\n')
+    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no checkpoint" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one(cartpole_run, tmp_path):
+    import shutil
+
+    run_dir, _ = cartpole_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    newest = list_checkpoints(copy)[-1]
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated mid-write
+    from fastrl.checkpoint import load_latest_checkpoint
+
+    warnings = []
+    path, state = load_latest_checkpoint(copy, warn=warnings.append)
+    assert path != newest and "counters" in state
+    assert any("corrupt or truncated" in w for w in warnings)
