@@ -29,7 +29,8 @@ class InferenceBatcher:
         self.actions = torch.from_numpy(arena.actions)
         self.logp = torch.from_numpy(arena.logp)
         self.policy_version = torch.from_numpy(arena.version)
-        self.timings = {"inference_forward": 0.0, "weight_refresh": 0.0}
+        # Columns: fastrl.metrics.INFERENCE_TIMINGS; row W of arena.timings.
+        self.timings = arena.timings[arena.env_steps.shape[0]]
 
     def refresh_weights(self) -> bool:
         """Load the newest published weights; True once any weights are loaded."""
@@ -40,7 +41,7 @@ class InferenceBatcher:
             if version is not None:
                 load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
                 self.version = version
-            self.timings["weight_refresh"] += time.perf_counter() - start
+            self.timings[1] += time.perf_counter() - start
         return self.version >= 0
 
     @torch.no_grad()
@@ -58,7 +59,9 @@ class InferenceBatcher:
         self.actions[slots, steps] = actions.to(self.actions.dtype).cpu()
         self.logp[slots, steps] = logp.cpu()
         self.policy_version[slots, steps] = self.version
-        self.timings["inference_forward"] += time.perf_counter() - start
+        self.timings[0] += time.perf_counter() - start
+        self.timings[3] += 1
+        self.timings[4] += len(requests)
 
 
 def inference_process(cfg, layout, arena_name: str, model, action_space, device: str, channels,
@@ -80,7 +83,9 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting
             check_alive(arena.control, parent_pid)
         while True:
+            waited = time.perf_counter()
             ready = wait_readable(ready_in, arena.control, parent_pid)
+            batcher.timings[2] += time.perf_counter() - waited
             workers, requests = gather_ready_requests(ready, worker_of)
             if not workers:
                 continue

@@ -18,6 +18,20 @@ LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_los
                  "publish_s", "wait_s")
 STAT = {name: i for i, name in enumerate(LEARNER_STATS)}
 
+# Columns of arena.timings: cumulative seconds (and counts) per process. Row w < W is rollout
+# worker w, row W is the inference batcher.
+WORKER_TIMINGS = ("env_step_s", "obs_copy_s", "wait_actions_s", "wait_slots_s")
+INFERENCE_TIMINGS = ("inference_forward_s", "weight_refresh_s", "wait_requests_s", "inference_batches",
+                     "inference_requests")
+
+
+def read_timings(arena: Arena) -> dict:
+    """Cumulative component seconds: summed over rollout workers, and the batcher's own."""
+    W = arena.env_steps.shape[0]
+    out = {f"rollout/{name}": float(arena.timings[:W, i].sum()) for i, name in enumerate(WORKER_TIMINGS)}
+    out.update({f"inference/{name}": float(arena.timings[W, i]) for i, name in enumerate(INFERENCE_TIMINGS)})
+    return out
+
 
 def write_learner_stats(arena: Arena, stats: dict) -> None:
     for name, value in stats.items():
@@ -83,6 +97,7 @@ class Reporter:
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
+        record.update(read_timings(self.arena))
         record.update(extra or {})
         self.history.append(record)
         if self.path:

@@ -7,6 +7,7 @@ the batcher, full slot ids to the learner.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable
 
@@ -43,6 +44,7 @@ class RolloutWorker:
         self.episode_length = np.zeros(E, dtype=np.int64)
         self.env_slot[:] = slot_ids[:E]
         self.env_t[:] = 0
+        self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
 
     def start(self) -> None:
         self.env.async_reset()
@@ -52,9 +54,13 @@ class RolloutWorker:
         return bool(self.free_requests) and self.batches_in_env > 0
 
     def recv_batch(self) -> tuple[int, np.ndarray]:
+        start = time.perf_counter()
         obs, rewards, terminated, truncated, env_ids = self.env.recv()
+        stepped = time.perf_counter()
         self.batches_in_env -= 1
         full_slots = self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
+        self.timings[0] += stepped - start
+        self.timings[1] += time.perf_counter() - stepped
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
         return request, full_slots
@@ -146,11 +152,13 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     spare = deque(owned[cfg.env.envs_per_worker:].tolist())
 
     def take_free_slots(n: int) -> np.ndarray:
+        waited = time.perf_counter()
         while len(spare) < n:
             # Blocks until the learner returns slots: this is the backpressure that bounds lag.
             if wait_readable([free_in], stop, parent_pid):
                 while free_in.poll():
                     spare.extend(np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist())
+        arena.timings[worker_id, 3] += time.perf_counter() - waited
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
 
     env = make_worker_env(cfg, worker_id)
@@ -163,8 +171,10 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
                 if len(full_slots):
                     full_out.send_bytes(full_slots.astype(np.int32).tobytes())
                 ready_out.send_bytes(bytes([request]))
+            waited = time.perf_counter()
             while not wait_readable([actions_in], stop, parent_pid):
                 pass
+            arena.timings[worker_id, 2] += time.perf_counter() - waited
             while actions_in.poll():
                 for request in actions_in.recv_bytes():
                     worker.act(request)
