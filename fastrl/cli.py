@@ -21,9 +21,10 @@ def _fail(prog: str, exc: Exception) -> int:
 
 def _user_errors():
     from .checkpoint import CheckpointError
+    from .learner import NonFiniteTraining
     from .runner import RunError
 
-    return (ConfigError, CheckpointError, RunError, ValueError, FileNotFoundError)
+    return (ConfigError, CheckpointError, RunError, NonFiniteTraining, ValueError, FileNotFoundError)
 
 
 def train_parser() -> argparse.ArgumentParser:

@@ -69,6 +69,7 @@ class LearnerConfig:
     reward_clip: float = 0.0  # 0 = off; else rewards are clipped to [-reward_clip, reward_clip]
     reward_scale: float = 1.0
     max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss
+    max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
     torch_threads: int = 1
 
 
@@ -82,6 +83,8 @@ class Config:
     report_every_s: float = 5.0
     checkpoint_every_s: float = 300.0
     keep_checkpoints: int = 3
+    max_worker_restarts: int = 10  # rollout worker crashes tolerated within restart_window_s
+    restart_window_s: float = 300.0
     serial: bool = False  # everything in one process, for debugging
     sample_only: bool = False  # profiling: the learner hands slots straight back without training
     expected: str = ""  # the result this profile is expected to reach (documentation)

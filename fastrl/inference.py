@@ -86,13 +86,14 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
             waited = time.perf_counter()
             ready = wait_readable(ready_in, arena.control, parent_pid)
             batcher.timings[2] += time.perf_counter() - waited
-            workers, requests = gather_ready_requests(ready, worker_of)
+            workers, messages = gather_ready_requests(ready, worker_of)
             if not workers:
                 continue
             batcher.refresh_weights()
-            batcher.infer(np.array(workers), np.array(requests))
+            # A message is generation_tag * S + request (see fastrl.rollout.rollout_process).
+            batcher.infer(np.array(workers), np.array(messages) % cfg.env.num_splits)
             for w in sorted(set(workers)):
-                actions_out[w].send_bytes(bytes(r for wk, r in zip(workers, requests) if wk == w))
+                actions_out[w].send_bytes(bytes(m for wk, m in zip(workers, messages) if wk == w))
     except ProcessExit:
         pass
     finally:

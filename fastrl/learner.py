@@ -241,6 +241,10 @@ class Learner:
         self.skipped_updates = state.get("skipped_updates", 0)
 
 
+class NonFiniteTraining(RuntimeError):
+    """Too many non-finite updates in a row: the run cannot make progress."""
+
+
 class LearnerHost:
     """The learner inside a run: turns full slots into updates, publishes weights, checkpoints."""
 
@@ -302,6 +306,11 @@ class LearnerHost:
         release(slot_ids)
         self.timings["gather_s"] += time.perf_counter() - start
         stats = self.learner.train(batch, self.progress())
+        if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
+            raise NonFiniteTraining(
+                f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "
+                f"check the env's observations and rewards for NaN/Inf, lower learner.lr, or set "
+                f"learner.reward_clip / model.normalize_obs")
         self.trained_env_steps += batch.rewards.numel()
         self.publish()
         stats.update(self.learner.timings, **self.timings, trained_env_steps=self.trained_env_steps)
@@ -349,7 +358,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     from collections import deque
 
     from .process_utils import ProcessExit, configure_child, wait_readable
-    from .shm import Arena
+    from .shm import Arena, set_error
 
     configure_child(parent_pid, cfg.learner.torch_threads)
     torch.set_num_threads(cfg.learner.torch_threads)
@@ -370,6 +379,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     needed = cfg.trajectories_per_batch
 
     def release(slot_ids: np.ndarray) -> None:
+        arena.slot_queued[slot_ids] = 0
         owners = slot_ids // per_worker
         for w in np.unique(owners):
             free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
@@ -390,6 +400,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                 host.checkpoint()
     except ProcessExit:
         pass
+    except NonFiniteTraining as exc:
+        set_error(arena, str(exc))
     finally:
         host.checkpoint()
         arena.close()

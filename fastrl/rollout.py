@@ -20,12 +20,13 @@ from .shm import EPISODE_RING, Arena
 class RolloutWorker:
     """The env-side half of the slot protocol, independent of how messages travel.
 
-    ``take_free_slots(n)`` returns ``n`` free slot ids of this worker (blocking if it must);
+    ``first_slots`` ``[E]`` are the slots the envs fill first; ``take_free_slots(n)`` returns
+    ``n`` more free slot ids of this worker (blocking if it must);
     ``recv_batch()`` steps the env and returns ``(request_id, full_slot_ids)``;
     ``act(request_id)`` sends the actions the batcher wrote for that request to the envs.
     """
 
-    def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, slot_ids: np.ndarray,
+    def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, first_slots: np.ndarray,
                  take_free_slots: Callable[[int], np.ndarray]):
         self.worker_id = worker_id
         self.env = env
@@ -42,7 +43,7 @@ class RolloutWorker:
         self.prev_done = np.zeros(E, dtype=bool)  # the next step of this env is an autoreset step
         self.episode_return = np.zeros(E, dtype=np.float64)
         self.episode_length = np.zeros(E, dtype=np.int64)
-        self.env_slot[:] = slot_ids[:E]
+        self.env_slot[:] = first_slots
         self.env_t[:] = 0
         self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
 
@@ -140,46 +141,72 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
         env_kwargs=ecfg.kwargs)
 
 
-def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels, parent_pid: int) -> None:
-    """Main loop of a rollout worker process."""
+def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels, parent_pid: int,
+                    generation: int = 0) -> None:
+    """Main loop of a rollout worker process.
+
+    ``generation`` counts restarts of this worker. Request ids on the wire are
+    ``generation_tag * S + request``, so a restarted worker ignores action replies meant for the
+    process it replaces. A restarted worker takes back the slots not queued for the learner;
+    the queued ones return through the free pipe as usual.
+    """
     from .process_utils import ProcessExit, configure_child, wait_readable
 
     configure_child(parent_pid)
     arena = Arena.attach(layout, arena_name)
     ready_out, actions_in, full_out, free_in = channels
-    stop = arena.control
+    control = arena.control
+    S, E = cfg.env.num_splits, cfg.env.envs_per_worker
+    tag = generation % (256 // S)
     owned = worker_slot_ids(cfg, worker_id)
-    spare = deque(owned[cfg.env.envs_per_worker:].tolist())
+    available = owned[arena.slot_queued[owned] == 0]
+    held = set(available.tolist())  # slots this worker has: spare or filling
+    spare = deque(available.tolist())
+
+    def receive_free_slots() -> None:
+        while free_in.poll():
+            for slot in np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist():
+                if slot not in held:  # after a restart a slot can be both reclaimed and returned
+                    held.add(slot)
+                    spare.append(slot)
 
     def take_free_slots(n: int) -> np.ndarray:
         waited = time.perf_counter()
+        receive_free_slots()
         while len(spare) < n:
             # Blocks until the learner returns slots: this is the backpressure that bounds lag.
-            if wait_readable([free_in], stop, parent_pid):
-                while free_in.poll():
-                    spare.extend(np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist())
+            if wait_readable([free_in], control, parent_pid):
+                receive_free_slots()
         arena.timings[worker_id, 3] += time.perf_counter() - waited
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
 
-    env = make_worker_env(cfg, worker_id)
-    worker = RolloutWorker(worker_id, cfg, arena, env, owned, take_free_slots)
+    def send_full(slots: np.ndarray) -> None:
+        arena.slot_queued[slots] = 1
+        held.difference_update(slots.tolist())
+        full_out.send_bytes(slots.astype(np.int32).tobytes())
+
+    env = None
     try:
+        env = make_worker_env(cfg, worker_id)
+        worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots)
         worker.start()
         while True:
             while worker.can_recv():
                 request, full_slots = worker.recv_batch()
                 if len(full_slots):
-                    full_out.send_bytes(full_slots.astype(np.int32).tobytes())
-                ready_out.send_bytes(bytes([request]))
+                    send_full(full_slots)
+                ready_out.send_bytes(bytes([tag * S + request]))
             waited = time.perf_counter()
-            while not wait_readable([actions_in], stop, parent_pid):
+            while not wait_readable([actions_in], control, parent_pid):
                 pass
             arena.timings[worker_id, 2] += time.perf_counter() - waited
             while actions_in.poll():
-                for request in actions_in.recv_bytes():
-                    worker.act(request)
+                for message in actions_in.recv_bytes():
+                    if message // S == tag:
+                        worker.act(message % S)
     except ProcessExit:
         pass
     finally:
-        env.close()
+        if env is not None:
+            env.close()
         arena.close()

@@ -14,6 +14,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .learner import Learner, LearnerHost, learner_process, restore_learner
 from .metrics import Reporter
 from .models import build_model, num_state_values
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
-from .shm import Arena, Control, remove_stale_segments, trajectory_layout
+from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
 
 SHUTDOWN_GRACE_S = 15.0
 
@@ -142,6 +143,60 @@ def _raise_interrupt(signum, frame):
     raise _Interrupted(signal.Signals(signum).name)
 
 
+class Supervisor:
+    """Watches the children: restarts crashed rollout workers, stops the run on anything else."""
+
+    def __init__(self, cfg: Config, arena: Arena, ctx, make_worker, procs: dict, run_dir: Path | None):
+        self.cfg = cfg
+        self.arena = arena
+        self.ctx = ctx
+        self.make_worker = make_worker
+        self.procs = procs
+        self.run_dir = run_dir
+        self.restart_times: deque[float] = deque()
+        self.worker_restarts = 0
+        self.generations = [0] * len(procs["rollout"])
+
+    def everyone(self) -> list:
+        return [p for group in self.procs.values() for p in group]
+
+    def write_process_file(self) -> None:
+        if self.run_dir is not None:
+            pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
+            (self.run_dir / "processes.json").write_text(json.dumps({**pids, "runner": [os.getpid()]}))
+
+    def watch(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
+        dead = wait([p.sentinel for p in self.everyone()], timeout=timeout)
+        if self.arena.control[Control.ERROR]:
+            raise RunError(get_error(self.arena))
+        for p in [p for p in self.everyone() if p.sentinel in dead]:
+            p.join(1.0)  # reap it, so that exitcode is known
+            if p in self.procs["rollout"]:
+                self.restart_worker(self.procs["rollout"].index(p), p)
+            else:
+                raise RunError(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
+                               f"(the last checkpoint is kept)")
+
+    def restart_worker(self, w: int, dead) -> None:
+        now = time.time()
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > self.cfg.restart_window_s:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.cfg.max_worker_restarts:
+            raise RunError(f"rollout workers crashed {len(self.restart_times)} times within "
+                           f"{self.cfg.restart_window_s:.0f} s (last: {dead.name}, exit code {dead.exitcode}); "
+                           f"stopping (raise max_worker_restarts to tolerate more, or fix the env)")
+        self.generations[w] += 1
+        replacement = self.make_worker(w, self.generations[w])
+        replacement.start()
+        self.procs["rollout"][w] = replacement
+        self.worker_restarts += 1
+        self.write_process_file()
+        print(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as pid "
+              f"{replacement.pid} (restart {self.worker_restarts})", file=sys.stderr, flush=True)
+
+
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) -> RunResult:
     ctx = mp.get_context("spawn")
     arena = _new_arena(layout, resume_state, shared=True)
@@ -149,6 +204,14 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
     pipes = {name: [ctx.Pipe(duplex=False) for _ in range(W)] for name in ("ready", "actions", "full", "free")}
     ends = {name: ([r for r, _ in p], [s for _, s in p]) for name, p in pipes.items()}
     parent = os.getpid()
+
+    def make_worker(w: int, generation: int = 0):
+        # The runner keeps every pipe end open, so a dead worker never shows up as EOF elsewhere
+        # and its replacement reuses the same pipes.
+        channels = (ends["ready"][1][w], ends["actions"][0][w], ends["full"][1][w], ends["free"][0][w])
+        return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
+                           args=(w, cfg, layout, arena.name, channels, parent, generation))
+
     procs: dict[str, list] = {"learner": [], "inference": [], "rollout": []}
     procs["learner"].append(ctx.Process(
         target=learner_process, name="fastrl-learner",
@@ -159,53 +222,36 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
         target=inference_process, name="fastrl-inference",
         args=(cfg, layout, arena.name, template, spec.action_space, device, (ends["ready"][0], ends["actions"][1]),
               parent)))
-    for w in range(W):
-        procs["rollout"].append(ctx.Process(
-            target=rollout_process, name=f"fastrl-rollout-{w}",
-            args=(w, cfg, layout, arena.name,
-                  (ends["ready"][1][w], ends["actions"][0][w], ends["full"][1][w], ends["free"][0][w]), parent)))
+    procs["rollout"] = [make_worker(w) for w in range(W)]
+    supervisor = Supervisor(cfg, arena, ctx, make_worker, procs, run_dir)
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     reporter = None
     result = RunResult(run_dir)
-    error = None
     try:
-        for group in procs.values():
-            for p in group:
-                p.start()
-        if run_dir is not None:
-            pids = {role: [p.pid for p in group] for role, group in procs.items()}
-            (run_dir / "processes.json").write_text(json.dumps({**pids, "runner": [parent]}))
+        for p in supervisor.everyone():
+            p.start()
+        supervisor.write_process_file()
         wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
         reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet)
         started = time.time()
         next_report = started + cfg.report_every_s
-        everyone = [p for group in procs.values() for p in group]
         while not _done(cfg, reporter, started, wall_before):
-            dead = wait([p.sentinel for p in everyone], timeout=min(0.25, max(0.0, next_report - time.time())))
-            if dead:
-                failed = [p for p in everyone if p.sentinel in dead]
-                for p in failed:
-                    p.join(1.0)  # reap it, so that exitcode is known
-                error = RunError(", ".join(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}" for p in failed)
-                                 + "; stopping the run (the last checkpoint is kept)")
-                break
+            supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
             if time.time() >= next_report:
-                reporter.report()
+                reporter.report({"worker_restarts": supervisor.worker_restarts})
                 next_report += cfg.report_every_s
     except _Interrupted as exc:
         if not quiet:
-            print(f"[fastrl] {exc}: stopping, writing a final checkpoint", flush=True)
+            print(f"[fastrl] {exc}: stopping, writing a final checkpoint", file=sys.stderr, flush=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if reporter is not None:
-            reporter.report()
+            reporter.report({"worker_restarts": supervisor.worker_restarts})
             reporter.close()
             result.reports = reporter.history
         _stop_processes(arena, procs)
         arena.close()
-    if error is not None:
-        raise error
     return result
 
 
@@ -241,7 +287,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) 
     for w in range(cfg.env.num_workers):
         owned = worker_slot_ids(cfg, w)
         spare.append(deque(owned[cfg.env.envs_per_worker:].tolist()))
-        workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned,
+        workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned[:cfg.env.envs_per_worker],
                                      _take_from(spare[w])))
     per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
 

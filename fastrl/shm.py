@@ -69,6 +69,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("truncated", (N, T), "|u1"),
         ArraySpec("valid", (N, T), "|u1"),  # 0 on the autoreset step after a done
         ArraySpec("version", (N, T), "<i8"),  # policy version that chose the action
+        ArraySpec("slot_queued", (N,), "|u1"),  # 1 while a full slot waits for / is read by the learner
         ArraySpec("env_slot", (W, E), "<i4"),  # slot each env is filling
         ArraySpec("env_t", (W, E), "<i4"),  # step index within that slot
         ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
@@ -80,6 +81,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weight_seq", (2,), "<i8"),
         ArraySpec("weight_version", (1,), "<i8"),
         ArraySpec("control", (4,), "<i8"),  # see Control
+        ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
     ]
@@ -93,6 +95,18 @@ class Control:
     CHECKPOINT = 1  # set by the runner: the learner writes a checkpoint, then clears it
     ENV_STEPS_OFFSET = 2  # env steps done before a resume
     ERROR = 3  # set by a child that failed
+
+
+def set_error(arena, message: str) -> None:
+    """Record why this process stops the run; the runner reports it."""
+    data = message.encode()[: arena.error_text.shape[0] - 1]
+    arena.error_text[:] = 0
+    arena.error_text[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    arena.control[Control.ERROR] = 1
+
+
+def get_error(arena) -> str:
+    return bytes(arena.error_text).split(b"\0", 1)[0].decode(errors="replace")
 
 
 class Arena:

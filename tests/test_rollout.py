@@ -28,7 +28,7 @@ def run_worker(cfg, steps_per_env: int):
     def take(n):
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
 
-    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), owned, take)
+    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), owned[:cfg.env.envs_per_worker], take)
     worker.start()
     full = []
     for _ in range(steps_per_env + 1):

@@ -1,0 +1,130 @@
+"""Fault injection: killed workers, crashing and NaN envs, Ctrl-C, a killed runner."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.config import build_config
+from fastrl.runner import RunError, train
+from fastrl.shm import SEGMENT_PREFIX, remove_stale_segments
+
+
+def segments():
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SEGMENT_PREFIX)}
+
+
+def start_cli(run_dir, *args):
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
+           "--set", "device=cpu", "--set", "report_every_s=0.5", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def metrics(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def children_of(run_dir):
+    roles = json.loads((run_dir / "processes.json").read_text())
+    return [pid for role in ("rollout", "inference", "learner") for pid in roles[role]]
+
+
+def alive(pids):
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_killed_rollout_worker_is_restarted_and_the_run_finishes(tmp_path):
+    proc = start_cli(tmp_path, "--train-for-env-steps", "1500000")
+    try:
+        wait_for(lambda: any(r["learner_updates"] > 5 for r in metrics(tmp_path)), 90, "training to start")
+        victim = json.loads((tmp_path / "processes.json").read_text())["rollout"][0]
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    final = metrics(tmp_path)[-1]
+    assert final["worker_restarts"] >= 1
+    assert final["env_steps"] >= 1_500_000
+    assert victim not in json.loads((tmp_path / "processes.json").read_text())["rollout"]
+    assert not alive(children_of(tmp_path))
+
+
+def test_env_that_raises_is_survived_by_restarting_its_worker(tmp_path):
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_raises_at", "env.kwargs": {"step": 1000, "length": 50},
+        "env.num_workers": 1, "env.envs_per_worker": 8, "learner.batch_size": 256, "train_for_env_steps": 30_000,
+        "device": "cpu", "report_every_s": 0.5})
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    assert result.final["worker_restarts"] >= 1
+    assert result.final["env_steps"] >= 30_000
+
+
+def test_too_many_crashes_stop_the_run_with_a_clear_error(tmp_path):
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_raises_at", "env.kwargs": {"step": 20, "length": 50},
+        "env.num_workers": 1, "env.envs_per_worker": 8, "learner.batch_size": 256, "train_for_env_steps": 10**7,
+        "max_worker_restarts": 2, "device": "cpu"})
+    with pytest.raises(RunError, match="crashed 3 times"):
+        train(cfg, run_dir=tmp_path, quiet=True)
+
+
+def test_nan_observations_never_reach_the_published_weights(tmp_path):
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_nan_obs", "env.kwargs": {"every": 7, "length": 20},
+        "env.num_workers": 1, "env.envs_per_worker": 8, "learner.batch_size": 256, "train_for_env_steps": 10**7,
+        "learner.max_consecutive_skips": 5, "device": "cpu"})
+    with pytest.raises(RunError, match="non-finite loss or gradient: check the env's observations"):
+        train(cfg, run_dir=tmp_path, quiet=True)
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert state["learner"]["skipped_updates"] >= 5
+    assert all(torch.isfinite(t).all() for t in state["learner"]["model"].values())
+
+
+def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
+    before = segments()
+    proc = start_cli(tmp_path, "--train-for-env-steps", "100000000")
+    try:
+        wait_for(lambda: any(r["learner_updates"] > 5 for r in metrics(tmp_path)), 90, "training to start")
+        pids = children_of(tmp_path)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert list_checkpoints(tmp_path)
+    state = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert state["learner"]["updates"] > 5
+    wait_for(lambda: not alive(pids), 15, "children to exit")
+    assert segments() <= before
+
+
+def test_killed_runner_takes_its_children_along_and_the_next_start_cleans_up(tmp_path):
+    before = segments()
+    proc = start_cli(tmp_path, "--train-for-env-steps", "100000000")
+    try:
+        wait_for(lambda: any(r["learner_updates"] > 2 for r in metrics(tmp_path)), 90, "training to start")
+        pids = children_of(tmp_path)
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait(10)
+    finally:
+        proc.kill()
+    wait_for(lambda: not alive(pids), 15, "orphaned children to exit")
+    remove_stale_segments()
+    assert segments() <= before
