@@ -21,14 +21,11 @@ class InferenceBatcher:
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
+        self.on_cpu = device.type == "cpu"
         self.head = action_head(action_space)
         self.weights = WeightBuffer(arena)
         self.flat = np.empty(num_state_values(model), dtype=np.float32)
         self.version = -1
-        self.obs = torch.from_numpy(arena.obs)
-        self.actions = torch.from_numpy(arena.actions)
-        self.logp = torch.from_numpy(arena.logp)
-        self.policy_version = torch.from_numpy(arena.version)
         # Columns: fastrl.metrics.INFERENCE_TIMINGS; row W of arena.timings.
         self.timings = arena.timings[arena.env_steps.shape[0]]
 
@@ -44,21 +41,27 @@ class InferenceBatcher:
             self.timings[1] += time.perf_counter() - start
         return self.version >= 0
 
-    @torch.no_grad()
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
         """Act for the requests ``(workers[i], requests[i])``."""
         start = time.perf_counter()
-        env_ids = self.arena.request_envs[workers, requests]  # [n, b]
+        arena = self.arena
+        env_ids = arena.request_envs[workers, requests]  # [n, b]
         rows = workers[:, None]
-        slots = torch.from_numpy(self.arena.env_slot[rows, env_ids].reshape(-1).astype(np.int64))
-        steps = torch.from_numpy(self.arena.env_t[rows, env_ids].reshape(-1).astype(np.int64))
-        obs = self.obs[slots, steps].to(self.device, non_blocking=True)
-        params, _ = self.model(obs)
-        actions = self.head.sample(params)
-        logp = self.head.log_prob(params, actions)
-        self.actions[slots, steps] = actions.to(self.actions.dtype).cpu()
-        self.logp[slots, steps] = logp.cpu()
-        self.policy_version[slots, steps] = self.version
+        slots = arena.env_slot[rows, env_ids].reshape(-1)
+        steps = arena.env_t[rows, env_ids].reshape(-1)
+        # numpy fancy indexing on the shared arrays measured ~2x cheaper than torch's here.
+        obs = torch.from_numpy(arena.obs[slots, steps])
+        with torch.inference_mode():
+            if self.on_cpu:
+                params, _ = self.model(obs)
+            else:
+                params, _ = self.model(obs.to(self.device, non_blocking=True))
+            actions = self.head.sample(params)
+            logp = self.head.log_prob(params, actions)
+            actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
+        arena.actions[slots, steps] = actions
+        arena.logp[slots, steps] = logp
+        arena.version[slots, steps] = self.version
         self.timings[0] += time.perf_counter() - start
         self.timings[3] += 1
         self.timings[4] += len(requests)

@@ -47,14 +47,15 @@ class Reporter:
     """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
-                 target_seconds: float, quiet: bool = False):
+                 target_seconds: float, quiet: bool = False, launched_at: float | None = None):
         self.arena = arena
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
         self.target_seconds = target_seconds
         self.quiet = quiet
-        self.start = time.time()
-        self.last_time = self.start
+        # wall_time counts from the train() call: process start-up is part of the user's wait.
+        self.start = launched_at if launched_at is not None else time.time()
+        self.last_time = time.time()
         self.last_steps = self.env_steps()
         self.episodes_seen = self.arena.episode_count.copy()
         self.return_mean = math.nan

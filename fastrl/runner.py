@@ -101,6 +101,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
           quiet: bool = False) -> RunResult:
     """Train with ``cfg``. ``run_dir`` receives config.toml, metrics.jsonl, processes.json and
     checkpoints; ``model`` replaces the built-in actor-critic (see fastrl.models)."""
+    launched_at = time.time()
     validate(cfg)
     device = resolve_device(cfg.device)
     run_dir = Path(run_dir) if run_dir is not None else None
@@ -118,7 +119,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         (run_dir / "config.toml").write_text(to_toml(cfg))
     remove_stale_segments()
     run = _serial_run if cfg.serial else _process_run
-    return run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
+    return run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at)
 
 
 def _new_arena(layout, resume_state, shared: bool) -> Arena:
@@ -197,7 +198,7 @@ class Supervisor:
               f"{replacement.pid} (restart {self.worker_restarts})", file=sys.stderr, flush=True)
 
 
-def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) -> RunResult:
+def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at) -> RunResult:
     ctx = mp.get_context("spawn")
     arena = _new_arena(layout, resume_state, shared=True)
     W = cfg.env.num_workers
@@ -232,7 +233,8 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet)
             p.start()
         supervisor.write_process_file()
         wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
-        reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet)
+        reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet,
+                            launched_at)
         started = time.time()
         next_report = started + cfg.report_every_s
         while not _done(cfg, reporter, started, wall_before):
@@ -270,7 +272,7 @@ def _stop_processes(arena: Arena, procs: dict) -> None:
                 p.join(5)
 
 
-def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) -> RunResult:
+def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at) -> RunResult:
     """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -295,7 +297,8 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet) 
         for slot in slot_ids.tolist():
             spare[slot // per_worker].append(slot)
 
-    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet)
+    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet,
+                            launched_at)
     queue: deque[int] = deque()
     host.publish()
     started = time.time()
