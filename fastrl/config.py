@@ -85,6 +85,7 @@ class Config:
     keep_checkpoints: int = 3
     max_worker_restarts: int = 10  # rollout worker crashes tolerated within restart_window_s
     restart_window_s: float = 300.0
+    dist_timeout_s: float = 120.0  # torch.distributed collectives wait this long for a peer, then fail
     serial: bool = False  # everything in one process, for debugging
     sample_only: bool = False  # profiling: the learner hands slots straight back without training
     expected: str = ""  # the result this profile is expected to reach (documentation)

@@ -100,6 +100,9 @@ class Learner:
         self.skipped_updates = 0
         self.consecutive_skips = 0
         self.timings = {"forward_backward_s": 0.0, "vtrace_s": 0.0, "optimizer_s": 0.0}
+        # Data-parallel hook (fastrl.distributed.GradientAverager): averages gradients across
+        # ranks, given whether this rank's are finite; returns whether every rank's were.
+        self.grad_sync = None
 
     def learning_rate(self, progress: float) -> float:
         """Linear decay to 0 over the run when ``lr_decay``; ``progress`` in [0, 1]."""
@@ -209,6 +212,9 @@ class Learner:
         grad_norm = float("nan")
         if finite:
             loss.backward()
+        if self.grad_sync is not None:
+            finite = self.grad_sync(finite)
+        if finite:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), lcfg.max_grad_norm))
             finite = math.isfinite(grad_norm)
         backward_done = time.perf_counter()
@@ -248,7 +254,8 @@ class NonFiniteTraining(RuntimeError):
 class LearnerHost:
     """The learner inside a run: turns full slots into updates, publishes weights, checkpoints."""
 
-    def __init__(self, cfg: Config, arena, learner: Learner, run_dir=None, wall_time_before: float = 0.0):
+    def __init__(self, cfg: Config, arena, learner: Learner, run_dir=None, wall_time_before: float = 0.0,
+                 world_size: int = 1):
         from .models import num_state_values
         from .shm import WeightBuffer
 
@@ -256,6 +263,7 @@ class LearnerHost:
         self.arena = arena
         self.learner = learner
         self.run_dir = run_dir
+        self.world_size = world_size
         self.weights = WeightBuffer(arena)
         self.flat = torch.empty(num_state_values(learner.model), dtype=torch.float32)
         self.start = time.time()
@@ -263,10 +271,14 @@ class LearnerHost:
         self.last_checkpoint = time.time()
         self.timings = {"gather_s": 0.0, "publish_s": 0.0, "wait_s": 0.0}
         self.trained_env_steps = 0
+        self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
 
     def env_steps(self) -> int:
+        """Env steps of the run: this arena's, or with several ranks the count of the last report."""
         from .shm import Control
 
+        if self.world_size > 1:
+            return int(self.arena.control[Control.RUN_ENV_STEPS])
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
 
     def progress(self) -> float:
@@ -290,14 +302,14 @@ class LearnerHost:
         self.timings["publish_s"] += time.perf_counter() - start
         return ok
 
-    def consume(self, slot_ids: np.ndarray, release) -> None:
+    def consume(self, slot_ids: np.ndarray, release, progress: float | None = None) -> None:
         """Train on full slots, or with ``sample_only`` just hand them back."""
         if self.cfg.sample_only:
             release(slot_ids)
         else:
-            self.train_on(slot_ids, release)
+            self.train_on(slot_ids, release, progress)
 
-    def train_on(self, slot_ids: np.ndarray, release) -> dict:
+    def train_on(self, slot_ids: np.ndarray, release, progress: float | None = None) -> dict:
         """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train."""
         from .metrics import write_learner_stats
 
@@ -305,7 +317,7 @@ class LearnerHost:
         batch = gather_trajectories(self.arena, slot_ids)
         release(slot_ids)
         self.timings["gather_s"] += time.perf_counter() - start
-        stats = self.learner.train(batch, self.progress())
+        stats = self.learner.train(batch, self.progress() if progress is None else progress)
         if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
             raise NonFiniteTraining(
                 f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "
@@ -335,6 +347,7 @@ class LearnerHost:
                          "wall_time": self.wall_time_before + time.time() - self.start},
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
             "config": self.cfg.to_dict(),
+            **self.extra_state,
         }
         path = save_checkpoint(self.run_dir, state, state["counters"]["env_steps"], self.cfg.keep_checkpoints)
         self.last_checkpoint = time.time()
@@ -353,12 +366,16 @@ def restore_learner(learner: Learner, state: dict) -> None:
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
-                    parent_pid: int, run_dir, resume_state: dict | None) -> None:
-    """Main loop of the learner process: collect full slots, train, return slots, publish."""
+                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None) -> None:
+    """Main loop of the learner process: collect full slots, train, return slots, publish.
+
+    With ``dist_info`` (several ranks), every step begins with the ranks agreeing whether to
+    stop, and only rank 0 gets a ``run_dir`` to checkpoint into (fastrl.distributed)."""
     from collections import deque
 
+    from . import distributed
     from .process_utils import ProcessExit, configure_child, wait_readable
-    from .shm import Arena, set_error
+    from .shm import Arena, Control, set_error
 
     configure_child(parent_pid, cfg.learner.torch_threads)
     torch.set_num_threads(cfg.learner.torch_threads)
@@ -366,17 +383,23 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     np.random.seed(cfg.seed)
     arena = Arena.attach(layout, arena_name)
     full_in, free_out = channels
-    worker_of = {conn: w for w, conn in enumerate(full_in)}
     learner = Learner(cfg, *spaces, model=model, device=device)
     wall_before = 0.0
     if resume_state is not None:
         restore_learner(learner, resume_state)
         wall_before = resume_state["counters"].get("wall_time", 0.0)
-    host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
+    parallel = dist_info is not None and dist_info.enabled
+    if parallel:
+        distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
+        distributed.broadcast_parameters(learner.model)
+        learner.grad_sync = distributed.GradientAverager(learner.model, dist_info.world_size)
+    host = LearnerHost(cfg, arena, learner, run_dir, wall_before, dist_info.world_size if parallel else 1)
     host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
     per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
     queue: deque[int] = deque()
     needed = cfg.trajectories_per_batch
+    agreed_stop = False
+    progress = None
 
     def release(slot_ids: np.ndarray) -> None:
         arena.slot_queued[slot_ids] = 0
@@ -394,14 +417,26 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                 while conn.poll():
                     queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
             while len(queue) >= needed:
+                if parallel:
+                    agreed_stop, progress = distributed.agree(bool(arena.control[Control.STOP]), host.progress(),
+                                                              learner.device)
+                    if agreed_stop:
+                        raise ProcessExit
                 slot_ids = np.array([queue.popleft() for _ in range(needed)], dtype=np.int64)
-                host.consume(slot_ids, release)
+                host.consume(slot_ids, release, progress)
             if host.checkpoint_due():
                 host.checkpoint()
     except ProcessExit:
-        pass
+        if parallel and not agreed_stop:
+            agreed_stop, _ = distributed.agree(True, host.progress(), learner.device)
     except NonFiniteTraining as exc:
         set_error(arena, str(exc))
     finally:
+        if parallel and agreed_stop:
+            # Every rank reached the same final update: record that their weights agree.
+            host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
+            host.extra_state["world_size"] = dist_info.world_size
         host.checkpoint()
+        if parallel:
+            distributed.close_group()
         arena.close()

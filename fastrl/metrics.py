@@ -47,7 +47,7 @@ class Reporter:
     """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
-                 target_seconds: float, quiet: bool = False, launched_at: float | None = None):
+                 target_seconds: float, quiet: bool = False, launched_at: float | None = None, aggregate=None):
         self.arena = arena
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
@@ -63,6 +63,9 @@ class Reporter:
         self.path = Path(run_dir) / "metrics.jsonl" if run_dir else None
         self.tb = _tensorboard_writer(run_dir) if run_dir else None
         self.history: list[dict] = []
+        # Distributed runs: all ranks' counter vectors -> [world_size, k] (fastrl.distributed).
+        self.aggregate = aggregate
+        self.stop_agreed = False
 
     def env_steps(self) -> int:
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
@@ -79,14 +82,23 @@ class Reporter:
         self.episodes_seen = counts
         return np.concatenate(returns), np.concatenate(lengths)
 
-    def report(self, extra: dict | None = None) -> dict:
+    def report(self, extra: dict | None = None, time_up: bool = False) -> dict:
+        """One report. In a distributed run this is a collective: every rank calls it in step,
+        and ``stop_agreed`` tells all of them the same answer (time up anywhere, or the summed
+        env steps reached the target)."""
         now = time.time()
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_steps = now, steps
         returns, lengths = self.recent_episodes()
-        if len(returns):
-            self.return_mean, self.length_mean = float(returns.mean()), float(lengths.mean())
+        local = np.array([steps, rate, returns.sum(), len(returns), lengths.sum(), float(time_up)])
+        table = local[None] if self.aggregate is None else self.aggregate(local)
+        steps, rate, return_sum, episodes, length_sum, any_time_up = table.sum(axis=0)
+        steps, rate = int(steps), float(rate)
+        if episodes:
+            self.return_mean, self.length_mean = float(return_sum / episodes), float(length_sum / episodes)
+        self.stop_agreed = bool(any_time_up) or bool(self.target_env_steps and steps >= self.target_env_steps)
+        self.arena.control[Control.RUN_ENV_STEPS] = steps
         learner = read_learner_stats(self.arena)
         record = {
             "env_steps": steps, "frames": steps * self.frame_skip, "env_steps_per_s": rate,
@@ -98,6 +110,8 @@ class Reporter:
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
+        if self.aggregate is not None:
+            record.update(world_size=len(table), env_steps_per_rank=[int(v) for v in table[:, 0]])
         record.update(read_timings(self.arena))
         record.update(extra or {})
         self.history.append(record)

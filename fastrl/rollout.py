@@ -136,13 +136,14 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
     ecfg = cfg.env
     return make_vec_env(
         ecfg.id, num_envs=ecfg.envs_per_worker, batch_size=ecfg.envs_per_worker // ecfg.num_splits,
-        seed=cfg.seed * 1_000_003 + (rank * 4096 + worker_id) * ecfg.envs_per_worker, backend=ecfg.backend,
+        # Distinct seeds for every env of every worker of every rank (envpool keeps them mod 2^31).
+        seed=(cfg.seed * 1_000_003 + (rank * 4096 + worker_id) * ecfg.envs_per_worker) % 2**31, backend=ecfg.backend,
         async_mode=ecfg.async_mode, num_threads=ecfg.num_threads, thread_affinity=ecfg.thread_affinity,
         env_kwargs=ecfg.kwargs)
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels, parent_pid: int,
-                    generation: int = 0) -> None:
+                    generation: int = 0, rank: int = 0) -> None:
     """Main loop of a rollout worker process.
 
     ``generation`` counts restarts of this worker. Request ids on the wire are
@@ -187,7 +188,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
 
     env = None
     try:
-        env = make_worker_env(cfg, worker_id)
+        env = make_worker_env(cfg, worker_id, rank)
         worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots)
         worker.start()
         while True:

@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import distributed
 from .checkpoint import load_latest_checkpoint
 from .config import Config, to_toml, validate
+from .distributed import DistInfo
 from .inference import InferenceBatcher, inference_process
 from .learner import Learner, LearnerHost, learner_process, restore_learner
 from .metrics import Reporter
@@ -50,11 +52,14 @@ class RunError(RuntimeError):
     """The run could not go on; the message says which process failed and why."""
 
 
-def resolve_device(name: str) -> str:
+def resolve_device(name: str, local_rank: int = 0) -> str:
+    """``auto`` -> the rank's GPU if there is one, else the CPU."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RunError(f"device={name} asked for but CUDA is not available; use --set device=cpu")
+    if name == "cuda":
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
     return name
 
 
@@ -103,8 +108,11 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     checkpoints; ``model`` replaces the built-in actor-critic (see fastrl.models)."""
     launched_at = time.time()
     validate(cfg)
-    device = resolve_device(cfg.device)
+    dist_info = DistInfo.from_env()
+    device = resolve_device(cfg.device, dist_info.local_rank)
     run_dir = Path(run_dir) if run_dir is not None else None
+    if dist_info.enabled and (run_dir is None or cfg.serial):
+        raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
     resume_state = None
     if resume:
         if run_dir is None:
@@ -116,17 +124,22 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     check_memory(cfg, layout.nbytes)
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(to_toml(cfg))
+        if dist_info.is_main:
+            (run_dir / "config.toml").write_text(to_toml(cfg))
     remove_stale_segments()
-    run = _serial_run if cfg.serial else _process_run
-    return run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at)
+    if cfg.serial:
+        return _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at)
+    return _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at, dist_info)
 
 
-def _new_arena(layout, resume_state, shared: bool) -> Arena:
+def _new_arena(layout, resume_state, shared: bool, dist_info: DistInfo = DistInfo()) -> Arena:
     arena = Arena(layout, shared=shared)
     arena.weight_version[0] = -1
     if resume_state is not None:
-        arena.control[Control.ENV_STEPS_OFFSET] = resume_state["counters"]["env_steps"]
+        # The run's count before the resume, shared out so that the ranks' counts sum to it.
+        done, ranks = resume_state["counters"]["env_steps"], dist_info.world_size
+        arena.control[Control.ENV_STEPS_OFFSET] = done // ranks + (done % ranks if dist_info.is_main else 0)
+        arena.control[Control.RUN_ENV_STEPS] = done
     return arena
 
 
@@ -147,13 +160,15 @@ def _raise_interrupt(signum, frame):
 class Supervisor:
     """Watches the children: restarts crashed rollout workers, stops the run on anything else."""
 
-    def __init__(self, cfg: Config, arena: Arena, ctx, make_worker, procs: dict, run_dir: Path | None):
+    def __init__(self, cfg: Config, arena: Arena, ctx, make_worker, procs: dict, run_dir: Path | None,
+                 process_file: str = "processes.json"):
         self.cfg = cfg
         self.arena = arena
         self.ctx = ctx
         self.make_worker = make_worker
         self.procs = procs
         self.run_dir = run_dir
+        self.process_file = process_file
         self.restart_times: deque[float] = deque()
         self.worker_restarts = 0
         self.generations = [0] * len(procs["rollout"])
@@ -164,7 +179,7 @@ class Supervisor:
     def write_process_file(self) -> None:
         if self.run_dir is not None:
             pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
-            (self.run_dir / "processes.json").write_text(json.dumps({**pids, "runner": [os.getpid()]}))
+            (self.run_dir / self.process_file).write_text(json.dumps({**pids, "runner": [os.getpid()]}))
 
     def watch(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
@@ -198,10 +213,12 @@ class Supervisor:
               f"{replacement.pid} (restart {self.worker_restarts})", file=sys.stderr, flush=True)
 
 
-def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at) -> RunResult:
+def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at,
+                 dist_info: DistInfo) -> RunResult:
     ctx = mp.get_context("spawn")
-    arena = _new_arena(layout, resume_state, shared=True)
+    arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
     W = cfg.env.num_workers
+    main = dist_info.is_main
     pipes = {name: [ctx.Pipe(duplex=False) for _ in range(W)] for name in ("ready", "actions", "full", "free")}
     ends = {name: ([r for r, _ in p], [s for _, s in p]) for name, p in pipes.items()}
     parent = os.getpid()
@@ -211,48 +228,64 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet,
         # and its replacement reuses the same pipes.
         channels = (ends["ready"][1][w], ends["actions"][0][w], ends["full"][1][w], ends["free"][0][w])
         return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
-                           args=(w, cfg, layout, arena.name, channels, parent, generation))
+                           args=(w, cfg, layout, arena.name, channels, parent, generation, dist_info.rank))
 
     procs: dict[str, list] = {"learner": [], "inference": [], "rollout": []}
     procs["learner"].append(ctx.Process(
         target=learner_process, name="fastrl-learner",
         args=(cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
-              (ends["full"][0], ends["free"][1]), parent, run_dir, resume_state)))
+              (ends["full"][0], ends["free"][1]), parent, run_dir if main else None, resume_state, dist_info)))
     template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model)
     procs["inference"].append(ctx.Process(
         target=inference_process, name="fastrl-inference",
         args=(cfg, layout, arena.name, template, spec.action_space, device, (ends["ready"][0], ends["actions"][1]),
               parent)))
     procs["rollout"] = [make_worker(w) for w in range(W)]
-    supervisor = Supervisor(cfg, arena, ctx, make_worker, procs, run_dir)
+    process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
+    supervisor = Supervisor(cfg, arena, ctx, make_worker, procs, run_dir, process_file)
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     reporter = None
     result = RunResult(run_dir)
+    clean = False
     try:
         for p in supervisor.everyone():
             p.start()
         supervisor.write_process_file()
+        aggregate = None
+        if dist_info.enabled:
+            distributed.init_group(dist_info, "runner", "cpu", cfg.dist_timeout_s)
+            aggregate = distributed.gather_counters
         wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
-        reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet,
-                            launched_at)
+        reporter = Reporter(arena, run_dir if main else None, spec.frame_skip, cfg.train_for_env_steps,
+                            cfg.train_for_seconds, quiet or not main, launched_at, aggregate)
         started = time.time()
         next_report = started + cfg.report_every_s
-        while not _done(cfg, reporter, started, wall_before):
+        while True:
+            if not dist_info.enabled and _done(cfg, reporter, started, wall_before):
+                break
             supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
             if time.time() >= next_report:
-                reporter.report({"worker_restarts": supervisor.worker_restarts})
+                time_up = bool(cfg.train_for_seconds) and wall_before + time.time() - started >= cfg.train_for_seconds
+                reporter.report({"worker_restarts": supervisor.worker_restarts}, time_up=time_up)
                 next_report += cfg.report_every_s
+                # Distributed: every rank leaves at the same report, on the same aggregated figures.
+                if dist_info.enabled and reporter.stop_agreed:
+                    break
+        clean = True
     except _Interrupted as exc:
         if not quiet:
             print(f"[fastrl] {exc}: stopping, writing a final checkpoint", file=sys.stderr, flush=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if reporter is not None:
+        # A last report is a collective in a distributed run: only when every rank gets there.
+        if reporter is not None and (clean or not dist_info.enabled):
             reporter.report({"worker_restarts": supervisor.worker_restarts})
             reporter.close()
             result.reports = reporter.history
         _stop_processes(arena, procs)
+        if dist_info.enabled:
+            distributed.close_group()
         arena.close()
     return result
 

@@ -80,7 +80,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weights", (2, num_weights), "<f4"),  # double buffer, see WeightBuffer
         ArraySpec("weight_seq", (2,), "<i8"),
         ArraySpec("weight_version", (1,), "<i8"),
-        ArraySpec("control", (4,), "<i8"),  # see Control
+        ArraySpec("control", (5,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
@@ -95,6 +95,7 @@ class Control:
     CHECKPOINT = 1  # set by the runner: the learner writes a checkpoint, then clears it
     ENV_STEPS_OFFSET = 2  # env steps done before a resume
     ERROR = 3  # set by a child that failed
+    RUN_ENV_STEPS = 4  # env steps of the whole run at the last report (all ranks together)
 
 
 def set_error(arena, message: str) -> None:

@@ -1,0 +1,135 @@
+"""torch.distributed glue: data-parallel learners and rank-0 metrics, launched by torchrun.
+
+Each rank (one per GPU, or per process on CPU) runs the whole single-node trainer: rollout
+workers, inference batcher and learner. Two process groups share torchrun's store under
+different prefixes:
+
+- ``learner``: the learner processes. Every learner step starts with an all-reduce of a stop
+  flag (so all ranks stop after the same update, never leaving a peer inside a collective), and
+  every update all-reduces one flat gradient buffer, averaged, plus a non-finite flag so that
+  all ranks skip the same updates. Parameters start from rank 0's and stay bit-identical.
+- ``runner``: the runner processes. Every report all-gathers the counters; rank 0 writes
+  metrics.jsonl (env steps and FPS summed, returns averaged over episodes) and checkpoints.
+
+A collective that waits longer than ``dist_timeout_s`` raises, so a dead rank ends the others'
+runs with an error instead of a hang; torchrun then stops the job.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "DistInfo":
+        """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (absent: a single process)."""
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None:
+    """Join the process group of ``role`` ("learner" or "runner") through torchrun's store."""
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    # Under torchrun the agent hosts the store; launched by hand, rank 0 hosts it.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(addr, port, info.world_size, is_master=info.rank == 0 and not agent_store,
+                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    backend = "nccl" if device.startswith("cuda") and role == "learner" else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore(f"fastrl/{role}", store), rank=info.rank,
+                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def close_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_parameters(model: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's weights (and buffers)."""
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+def agree(local_stop: bool, local_progress: float, device: torch.device) -> tuple[bool, float]:
+    """(any rank wants to stop, the furthest training progress): the same on every rank, so all
+    ranks stop after the same update and step with the same learning rate."""
+    values = torch.tensor([1.0 if local_stop else 0.0, local_progress], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return bool(values[0].item() > 0), float(values[1].item())
+
+
+class GradientAverager:
+    """Averages gradients across ranks in one flat all-reduce; returns whether every rank's
+    gradients were finite (if not, all ranks skip the update)."""
+
+    def __init__(self, model: torch.nn.Module, world_size: int):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world_size = world_size
+        numel = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(numel + 1, device=self.params[0].device)
+
+    def __call__(self, local_finite: bool) -> bool:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if local_finite and p.grad is not None:
+                self.flat[offset:offset + n].copy_(p.grad.reshape(-1))
+            else:
+                self.flat[offset:offset + n].zero_()
+            offset += n
+        self.flat[-1] = 0.0 if local_finite else 1.0
+        dist.all_reduce(self.flat)
+        if self.flat[-1].item() > 0:
+            return False
+        self.flat[:-1].div_(self.world_size)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.copy_(self.flat[offset:offset + n].view_as(p))
+            offset += n
+        return True
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of the exact parameter bytes: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def gather_digests(model: torch.nn.Module) -> list[str]:
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, parameter_digest(model))
+    return digests
+
+
+def gather_counters(local: np.ndarray) -> np.ndarray:
+    """All ranks' float64 counter vectors, ``[world_size, len(local)]``."""
+    tensor = torch.from_numpy(np.ascontiguousarray(local, dtype=np.float64))
+    out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return torch.stack(out).numpy()
