@@ -26,11 +26,14 @@ setup(
         "test": ["pytest>=7"],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
         "tb": ["tensorboard>=2.10"],
+        "replay": ["lz4>=4"],
+        "plot": ["matplotlib>=3.7"],
     },
     entry_points={
         "console_scripts": [
             "fastrl-train=fastrl.cli:train_main",
             "fastrl-eval=fastrl.cli:eval_main",
+            "fastrl-profile=fastrl.cli:profile_main",
         ]
     },
 )

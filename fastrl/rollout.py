@@ -59,9 +59,11 @@ class RolloutWorker:
         obs, rewards, terminated, truncated, env_ids = self.env.recv()
         stepped = time.perf_counter()
         self.batches_in_env -= 1
+        slot_wait_before = self.timings[3]
         full_slots = self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
         self.timings[0] += stepped - start
-        self.timings[1] += time.perf_counter() - stepped
+        # record() may wait for free slots (counted in timings[3]); that is not copying.
+        self.timings[1] += time.perf_counter() - stepped - (self.timings[3] - slot_wait_before)
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
         return request, full_slots

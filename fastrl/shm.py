@@ -1,6 +1,6 @@
 """Shared-memory arena: trajectory slots, per-env cursors, counters, the weight buffer.
 
-One POSIX shared-memory segment per run, named ``fastrl_<runner pid>_<token>``, carved into
+One POSIX shared-memory segment per run, named ``fastrl_<pid namespace>_<runner pid>_<token>``, carved into
 named numpy arrays. The runner creates and unlinks it; children map it by name. If the runner is
 killed outright, the resource tracker unlinks it, and the next run removes segments whose
 creator is gone.
@@ -122,7 +122,7 @@ class Arena:
         self._mapping = None
         if shared:
             if create:
-                name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+                name = f"{SEGMENT_PREFIX}{pid_namespace()}_{os.getpid()}_{secrets.token_hex(4)}"
                 # The handle only owns the name (and its resource-tracker registration, which
                 # unlinks the segment if this process is killed outright); the data is mapped
                 # below, by a plain mmap that unmaps silently even while numpy views remain.
@@ -173,12 +173,29 @@ class Arena:
             self._owner_handle = None
 
 
+def pid_namespace() -> str:
+    """Id of this process's pid namespace. /dev/shm can be shared by containers whose pids
+    overlap; a segment name carries it so that cleanup only judges segments of our namespace."""
+    try:
+        return re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        return "0"
+
+
+def segment_creator(name: str) -> int | None:
+    """The pid that created segment ``name``, if it was created in this pid namespace."""
+    match = re.fullmatch(rf"{SEGMENT_PREFIX}(\d+)_(\d+)_[0-9a-f]+", name)
+    if match and match.group(1) == pid_namespace():
+        return int(match.group(2))
+    return None
+
+
 def remove_stale_segments() -> list[str]:
-    """Unlink fastrl segments whose creating process is gone (a run killed outright)."""
+    """Unlink fastrl segments of this pid namespace whose creator is gone (a run killed outright)."""
     removed = []
     for entry in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else []:
-        match = re.fullmatch(rf"{SEGMENT_PREFIX}(\d+)_[0-9a-f]+", entry)
-        if match and not _pid_alive(int(match.group(1))):
+        creator = segment_creator(entry)
+        if creator is not None and not _pid_alive(creator):
             try:
                 os.unlink(os.path.join(SHM_DIR, entry))
                 removed.append(entry)

@@ -4,12 +4,20 @@ import os
 import psutil
 import pytest
 
-from fastrl.shm import SEGMENT_PREFIX
+from fastrl.shm import segment_creator
 
 
 def _segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith(SEGMENT_PREFIX)} \
-        if os.path.isdir("/dev/shm") else set()
+    """Segments of this pid namespace whose creator is gone or is this test session: what the
+    suite could have leaked (live runs of other processes are not ours to judge)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    ours = set()
+    for name in os.listdir("/dev/shm"):
+        creator = segment_creator(name)
+        if creator is not None and (creator == os.getpid() or not psutil.pid_exists(creator)):
+            ours.add(name)
+    return ours
 
 
 @pytest.fixture(scope="session", autouse=True)

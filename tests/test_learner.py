@@ -69,7 +69,10 @@ def random_batch(T=8, B=16, obs_dim=4, n_actions=2, version=0, seed=0):
 def test_learner_trains_on_a_batch_the_caller_assembled(algo):
     import gymnasium
 
-    cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.lr_decay": False, "learner.lr": 1e-2})
+    torch.manual_seed(0)
+
+    cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.lr_decay": False, "learner.lr": 3e-3,
+                                         "learner.reward_scale": 1.0})
     obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     learner = Learner(cfg, obs_space, gymnasium.spaces.Discrete(2))
     batch = random_batch()

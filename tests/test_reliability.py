@@ -13,11 +13,12 @@ import torch
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.runner import RunError, train
-from fastrl.shm import SEGMENT_PREFIX, remove_stale_segments
+from fastrl.shm import SEGMENT_PREFIX, pid_namespace, remove_stale_segments
 
 
 def segments():
-    return {n for n in os.listdir("/dev/shm") if n.startswith(SEGMENT_PREFIX)}
+    """This pid namespace's fastrl segments."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid_namespace()}_")}
 
 
 def start_cli(run_dir, *args):

@@ -1,0 +1,77 @@
+"""Trainer benchmark: throughput against the raw env limit, and CartPole time-to-solve.
+
+    python scripts/bench_train.py                       # CartPole: FPS figures + 3 seeds to 475
+    python scripts/bench_train.py --pong --seconds 30   # also Pong (atari-appo) on this machine's CPU
+
+Every FPS figure is printed next to the raw env throughput of the same process layout, measured
+in the same invocation (fastrl.profiler). Time-to-solve is wall-clock from the train() call
+(process start-up included) to the first report with episode_return_mean >= --target.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+
+from fastrl.config import build_config
+from fastrl.profiler import hardware, profile
+from fastrl.runner import train
+
+PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
+               "learner.batch_size": 512}
+
+
+def time_to_target(seed: int, target: float, limit_s: float) -> dict:
+    cfg = build_config("cartpole-appo", {"seed": seed, "device": "cpu", "report_every_s": 1.0,
+                                         "train_for_seconds": limit_s, "train_for_env_steps": 0})
+    with tempfile.TemporaryDirectory(prefix="fastrl-bench-") as run_dir:
+        result = train(cfg, run_dir=run_dir, quiet=True)
+    hit = next((r for r in result.reports if (r["episode_return_mean"] or 0) >= target), None)
+    return {"seed": seed, "seconds": hit["wall_time"] if hit else None, "env_steps": hit["env_steps"] if hit else None,
+            "final_return": result.final["episode_return_mean"]}
+
+
+def throughput_row(name: str, cfg, seconds: float) -> dict:
+    figures = profile(cfg, seconds=seconds, profile_name=name, log=lambda m: print(f"  {m}", file=sys.stderr))
+    return {"profile": name, "env_fps": figures["env_fps"], "sample_fps": figures["sample_fps"],
+            "train_fps": figures["train_fps"], "sample_ratio": figures["sample_ratio"],
+            "train_ratio": figures["train_ratio"], "frame_skip": figures["frame_skip"],
+            "diagnosis": figures["diagnosis"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=15.0, help="length of each throughput measurement")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--target", type=float, default=475.0)
+    p.add_argument("--limit", type=float, default=60.0, help="wall-clock budget per seed")
+    p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) on the CPU")
+    args = p.parse_args(argv)
+
+    rows = [throughput_row("cartpole-appo", build_config("cartpole-appo", {"device": "cpu"}), args.seconds)]
+    if args.pong:
+        rows.append(throughput_row("atari-appo (cpu)", build_config("atari-appo", PONG_ON_CPU), args.seconds))
+    seeds = [time_to_target(seed, args.target, args.limit) for seed in range(args.seeds)]
+    solved = [s["seconds"] for s in seeds if s["seconds"] is not None]
+    median = statistics.median(solved) if len(solved) == len(seeds) else None
+
+    print(f"\nhardware: {hardware()}")
+    print(f"{'profile':<18} {'raw env/s':>11} {'sampling/s':>11} {'ratio':>6} {'training/s':>11} {'ratio':>6}"
+          f" {'train frames/s':>15}")
+    for r in rows:
+        print(f"{r['profile']:<18} {r['env_fps']:>11,.0f} {r['sample_fps']:>11,.0f} {r['sample_ratio']:>6.2f} "
+              f"{r['train_fps']:>11,.0f} {r['train_ratio']:>6.2f} {r['train_fps'] * r['frame_skip']:>15,.0f}")
+        print(f"  diagnosis: {r['diagnosis']}")
+    for s in seeds:
+        shown = f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] else f"not within {args.limit} s"
+        print(f"cartpole-appo seed {s['seed']}: return >= {args.target:g} after {shown}")
+    print(f"median time to {args.target:g}: " + (f"{median:.1f} s" if median is not None else "not all seeds solved"))
+    print(json.dumps({"throughput": rows, "time_to_target": seeds, "median_seconds": median,
+                      "hardware": hardware()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""fastrl.profiler: breakdown arithmetic, diagnosis rules, a real CartPole profile, autotune, CLI errors."""
+import json
+import sys
+
+import gymnasium
+import numpy as np
+import psutil
+import pytest
+
+from fastrl import profiler
+from fastrl.cli import profile_main
+from fastrl.config import build_config, validate
+from fastrl.runner import train
+
+# cartpole-appo, small: 2 workers x 32 envs, batches of 1024 env steps.
+SMALL = {"device": "cpu", "env.envs_per_worker": "32", "learner.batch_size": "1024"}
+COMPONENT_WORDS = ("learner", "batcher", "workers", "cores")
+
+
+def set_args(settings: dict) -> list[str]:
+    return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+
+
+def assert_all_exited(pids):
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"processes still running: {alive}"
+
+
+# --- breakdown: two reports -> shares of wall time ------------------------------------------
+
+
+def report(wall_time, env_steps, **cumulative):
+    out = {"wall_time": wall_time, "env_steps": env_steps, "frames": 4 * env_steps, "learner_updates": 0,
+           "policy_lag_mean": 1.5, "policy_lag_min": 0.0, "policy_lag_max": 4.0}
+    out.update({key.replace("__", "/"): value for key, value in cumulative.items()})
+    return out
+
+
+def test_breakdown_turns_cumulative_seconds_into_shares_of_the_window():
+    a = report(10.0, 1_000, rollout__env_step_s=2.0, rollout__obs_copy_s=1.0, inference__inference_forward_s=3.0,
+               inference__inference_batches=100, inference__inference_requests=200, learner__forward_backward_s=1.0)
+    b = report(20.0, 11_000, rollout__env_step_s=16.0, rollout__obs_copy_s=3.0, rollout__wait_actions_s=2.0,
+               rollout__wait_slots_s=1.0, inference__inference_forward_s=9.0, inference__weight_refresh_s=1.0,
+               inference__wait_requests_s=2.0, inference__inference_batches=1_100, inference__inference_requests=2_700,
+               learner__forward_backward_s=6.0, learner__vtrace_s=1.0, learner__optimizer_s=1.0, learner__wait_s=1.0,
+               learner_updates=50)
+    bd = profiler.breakdown(a, b, num_workers=2)
+    assert bd["window_s"] == 10.0
+    assert bd["env_steps_per_s"] == 1_000 and bd["frames_per_s"] == 4_000
+    # Rollout seconds are summed over the 2 workers: shares are per worker.
+    assert bd["rollout/env_step"] == pytest.approx(0.7) and bd["rollout/obs_copy"] == pytest.approx(0.1)
+    assert bd["rollout/wait_actions"] == pytest.approx(0.1) and bd["rollout/wait_slots"] == pytest.approx(0.05)
+    assert bd["rollout/busy"] == pytest.approx(0.8) and bd["rollout/other"] == pytest.approx(0.05)
+    assert bd["inference/forward"] == pytest.approx(0.6) and bd["inference/busy"] == pytest.approx(0.7)
+    assert bd["inference/wait_requests"] == pytest.approx(0.2) and bd["inference/other"] == pytest.approx(0.1)
+    assert bd["inference/batches_per_s"] == 100 and bd["inference/requests_per_batch"] == 2.5
+    assert bd["learner/forward_backward"] == pytest.approx(0.5) and bd["learner/busy"] == pytest.approx(0.7)
+    assert bd["learner/wait"] == pytest.approx(0.1) and bd["learner/updates_per_s"] == 5
+    assert bd["policy_lag_mean"] == 1.5 and bd["policy_lag_max"] == 4.0
+
+
+def test_breakdown_of_a_group_without_timings_is_all_zero():
+    bd = profiler.breakdown(report(0.0, 0), report(5.0, 5_000), num_workers=1)
+    assert bd["learner/busy"] == 0 and bd["learner/other"] == 0 and bd["inference/requests_per_batch"] == 0
+
+
+# --- diagnosis rules on synthetic breakdowns ------------------------------------------------
+
+
+def shares(rollout=0.3, wait_actions=0.1, wait_slots=0.0, inference=0.3, learner=0.3):
+    return {"rollout/busy": rollout, "rollout/wait_actions": wait_actions, "rollout/wait_slots": wait_slots,
+            "inference/busy": inference, "learner/busy": learner}
+
+
+@pytest.mark.parametrize("bd, cores, bottleneck, says", [
+    (shares(wait_slots=0.41, learner=0.97), None, "learner",
+     "learner-bound: learner busy 97%, workers waiting for slots 41% -> raise learner.batch_size or use a GPU"),
+    # The learner rule wins over inference evidence: backpressure is the stronger signal.
+    (shares(wait_slots=0.3, learner=0.8, wait_actions=0.5, inference=0.9), None, "learner", "learner-bound"),
+    (shares(wait_slots=0.4, learner=0.2), None, "slots", "raise slots_per_env or lower learner.batch_size"),
+    (shares(wait_actions=0.5, inference=0.85), None, "inference",
+     "inference-bound: batcher busy 85%, workers waiting for actions 50% -> raise env.num_splits"),
+    (shares(rollout=0.9), None, "env", "env-bound: workers stepping 90% -> add env.num_workers"),
+    (shares(rollout=0.9), (1.0, 2), "env", "env-bound"),
+    (shares(rollout=0.9), (1.9, 2), "cpu", "cpu-bound: the run uses 1.90 of 2 cores"),
+    (shares(rollout=0.4, inference=0.4, learner=0.5), (3.5, 4), "cpu", "cpu-bound"),
+    (shares(wait_actions=0.5, inference=0.2), None, "latency",
+     "latency-bound: workers waiting for actions 50% while the batcher is busy 20% -> raise env.num_splits"),
+    (shares(rollout=0.3, inference=0.2, learner=0.5), (1.0, 2), "balanced", "busiest is learner 50%"),
+])
+def test_diagnosis_rules(bd, cores, bottleneck, says):
+    used, count = cores or (None, None)
+    diagnosis = profiler.diagnose(bd, used, count)
+    assert diagnosis.bottleneck == bottleneck
+    assert says in diagnosis.message
+    assert "\n" not in diagnosis.message and "->" in diagnosis.message
+
+
+def test_diagnosis_thresholds_are_inclusive():
+    at = shares(wait_slots=profiler.WAIT, learner=profiler.BUSY)
+    assert profiler.diagnose(at).bottleneck == "learner"
+    below = shares(wait_slots=profiler.WAIT - 0.01, learner=profiler.BUSY)
+    assert profiler.diagnose(below).bottleneck != "learner"
+
+
+# --- steady state and GPU parsing -----------------------------------------------------------
+
+
+def test_steady_window_skips_start_up_and_warm_up():
+    reports = [report(t, steps, learner_updates=updates)
+               for t, steps, updates in [(1, 0, 0), (2, 500, 0), (3, 2_000, 1), (4, 4_000, 3), (5, 6_000, 5),
+                                         (6, 8_000, 7)]]
+    first, last = profiler.steady_window(reports, warmup_s=1.0, training=True)
+    assert first["wall_time"] == 4 and last["wall_time"] == 6
+    first, _ = profiler.steady_window(reports, warmup_s=1.0, training=False)
+    assert first["wall_time"] == 3
+    with pytest.raises(profiler.LateStart, match="started flowing at 3.0 s") as late:
+        profiler.steady_window(reports, warmup_s=2.5, training=True)
+    assert late.value.allowance() == pytest.approx(3.0 * profiler.STARTUP_MARGIN)
+    with pytest.raises(profiler.LateStart, match="never") as late:
+        profiler.steady_window(reports[:2], warmup_s=1.0, training=True)
+    assert late.value.allowance() == 4.0  # twice the run that never flowed
+
+
+def test_random_actions_stay_in_the_action_space():
+    rng = np.random.default_rng(0)
+    discrete = profiler.random_action_table(gymnasium.spaces.Discrete(3, start=1), 8, 4, rng)
+    assert discrete.shape == (4, 8) and discrete.dtype == np.int64 and set(np.unique(discrete)) <= {1, 2, 3}
+    box = gymnasium.spaces.Box(low=np.array([-2.0, -np.inf]), high=np.array([2.0, np.inf]), dtype=np.float32)
+    continuous = profiler.random_action_table(box, 8, 4, rng)
+    assert continuous.shape == (4, 8, 2) and continuous.dtype == np.float32
+    assert np.abs(continuous[..., 0]).max() <= 2.0 and np.abs(continuous[..., 1]).max() <= 1.0
+
+
+def test_nvidia_smi_rows_are_parsed():
+    text = "0, NVIDIA H100 80GB HBM3, 37, 1234, 81559\n1, NVIDIA H100 80GB HBM3, [N/A], 0, 81559\n"
+    gpus = profiler.parse_nvidia_smi(text)
+    assert gpus[0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 37.0,
+                       "memory_used_mib": 1234.0, "memory_total_mib": 81559.0}
+    assert gpus[1]["util_percent"] is None
+
+
+# --- the real thing: CartPole ---------------------------------------------------------------
+
+
+def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
+    out = tmp_path
+    argv = ["--profile", "cartpole-appo", *set_args(SMALL), "--seconds", "3", "--warmup-seconds", "0.5",
+            "--json", str(out / "prof.json"), "--plot", str(out / "prof.png")]
+    assert profile_main(argv) == 0
+    table = capsys.readouterr().out
+    result = json.loads((out / "prof.json").read_text())
+
+    for key in ("env_fps", "sample_fps", "train_fps", "env_frames_per_s", "sample_frames_per_s",
+                "train_frames_per_s"):
+        assert result[key] > 0, key
+    for key in ("sample_ratio", "train_ratio"):
+        assert 0 < result[key] <= 1.5, (key, result[key])
+    assert result["train_frames_per_s"] == pytest.approx(result["train_fps"])  # CartPole: 1 frame per step
+    assert result["overrides"] == SMALL
+    for run in ("sample", "train"):
+        bd = result["breakdown"][run]
+        for key in ("rollout/env_step", "rollout/wait_actions", "rollout/wait_slots", "inference/forward",
+                    "learner/forward_backward", "learner/busy", "policy_lag_mean"):
+            assert key in bd, (run, key)
+        assert 0 < bd["rollout/busy"] <= 1.2 and 0 < bd["inference/busy"] <= 1.2
+    assert result["breakdown"]["train"]["learner/busy"] > 0 and result["breakdown"]["sample"]["learner/busy"] == 0
+    for run, names in (("env", {"rollout[0]", "rollout[1]"}),
+                       ("train", {"rollout[0]", "rollout[1]", "inference", "learner", "runner"})):
+        rows = {p["name"]: p for p in result["processes"][run]}
+        assert names <= set(rows), (run, rows)
+        assert all(rows[n]["rss_mib"] > 0 and rows[n]["cpu_percent"] is not None for n in names)
+    assert result["hardware"]["cpu_count"] >= 1 and result["hardware"]["cpu_model"]
+    assert result["bottleneck"] in ("learner", "slots", "inference", "env", "cpu", "latency", "balanced")
+    assert any(word in result["diagnosis"] for word in COMPONENT_WORDS), result["diagnosis"]
+    assert "raw env" in table and f"diagnosis: {result['diagnosis']}" in table
+    assert (out / "prof.png").read_bytes()[:4] == b"\x89PNG"
+    assert_all_exited([p["pid"] for run in ("env", "sample", "train") for p in result["processes"][run]
+                       if p["role"] != "runner"])
+
+
+def test_autotune_fits_its_budget_and_its_settings_validate_and_run(tmp_path):
+    cfg = build_config("cartpole-appo", SMALL)
+    budget = 24.0
+    result = profiler.autotune(cfg, budget_s=budget, trial_seconds=2.0, warmup_s=0.5, log=lambda message: None)
+    assert result["elapsed_s"] <= budget
+    # The profile as given is measured first (again, if a busy machine made it start too late).
+    first_ok = next(t for t in result["trials"] if t["status"] == "ok")
+    assert first_ok["changed"] == {} and first_ok["train_fps"] == result["base_fps"]
+    assert all(t["status"] in ("ok", "invalid", "failed", "late") for t in result["trials"])
+    assert result["best_fps"] >= result["base_fps"] > 0
+    assert all(f"--set {key}=" in result["set_args"] for key in result["best"])
+    # The TOML is a profile: it loads, validates, and runs.
+    (tmp_path / "best.toml").write_text(result["toml"])
+    best = build_config(str(tmp_path / "best.toml"), {"train_for_env_steps": 5_000, "report_every_s": 1.0})
+    validate(best)
+    assert {key: profiler._get_key(best, key) for key in result["best"]} == result["best"]
+    run = train(best, run_dir=tmp_path / "run", quiet=True)
+    assert run.final["env_steps"] >= 5_000
+
+
+# --- bad input: exit code 2, one line -------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--profile", "cartpol-appo"], "did you mean cartpole-appo"),
+    (["--set", "env.num_wrkers=2"], "did you mean env.num_workers"),
+    (["--set", "learner.batch_size=100000000"], "lower learner.batch_size"),
+    (["--budget-seconds", "60"], "add --autotune"),
+    (["--autotune", "--budget-seconds", "5"], "cannot fit one trial"),
+    (["--seconds", "0.1"], "--seconds must be >= 0.5"),
+    (["--json", "/nonexistent/dir/out.json"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(argv, message, capsys):
+    assert profile_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastrl-profile: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_fails_before_measuring(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert profile_main(["--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'fastrl[plot]'" in err and len(err.strip().splitlines()) == 1
