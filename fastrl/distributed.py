@@ -51,9 +51,11 @@ def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None
     """Join the process group of ``role`` ("learner" or "runner") through torchrun's store."""
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("MASTER_PORT", "29500"))
-    # Under torchrun the agent hosts the store; launched by hand, rank 0 hosts it.
+    # Under torchrun the agent hosts the store; launched by hand, rank 0's runner hosts it (its
+    # learner, a child process on the same port, connects as a client).
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(addr, port, info.world_size, is_master=info.rank == 0 and not agent_store,
+    host = info.rank == 0 and role == "runner" and not agent_store
+    store = dist.TCPStore(addr, port, info.world_size, is_master=host,
                           timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     backend = "nccl" if device.startswith("cuda") and role == "learner" else "gloo"
     dist.init_process_group(backend, store=dist.PrefixStore(f"fastrl/{role}", store), rank=info.rank,
@@ -68,6 +70,12 @@ def close_group() -> None:
 def broadcast_parameters(model: torch.nn.Module) -> None:
     """Every rank starts from rank 0's weights (and buffers)."""
     for tensor in list(model.parameters()) + list(model.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (e.g. observation statistics) to every rank."""
+    for tensor in module.buffers():
         dist.broadcast(tensor.data, src=0)
 
 

@@ -77,6 +77,8 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
     configure_child(parent_pid)
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + 7919)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
     arena = Arena.attach(layout, arena_name)
     ready_in, actions_out = channels
     worker_of = {conn: w for w, conn in enumerate(ready_in)}

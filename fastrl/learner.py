@@ -377,7 +377,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     from .process_utils import ProcessExit, configure_child, wait_readable
     from .shm import Arena, Control, set_error
 
-    configure_child(parent_pid, cfg.learner.torch_threads)
+    configure_child(parent_pid)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -389,6 +389,9 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         restore_learner(learner, resume_state)
         wall_before = resume_state["counters"].get("wall_time", 0.0)
     parallel = dist_info is not None and dist_info.enabled
+    normalizer = getattr(learner.model, "normalizer", None)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # NCCL object collectives use the current device
     if parallel:
         distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
         distributed.broadcast_parameters(learner.model)
@@ -417,6 +420,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                 while conn.poll():
                     queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
             while len(queue) >= needed:
+                if not parallel and arena.control[Control.STOP]:
+                    raise ProcessExit  # stop now: queued batches could outlast the shutdown grace
                 if parallel:
                     agreed_stop, progress = distributed.agree(bool(arena.control[Control.STOP]), host.progress(),
                                                               learner.device)
@@ -424,6 +429,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                         raise ProcessExit
                 slot_ids = np.array([queue.popleft() for _ in range(needed)], dtype=np.int64)
                 host.consume(slot_ids, release, progress)
+                if parallel and normalizer is not None:
+                    distributed.broadcast_buffers(normalizer)  # every rank acts with rank 0's statistics
             if host.checkpoint_due():
                 host.checkpoint()
     except ProcessExit:
@@ -432,11 +439,13 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     except NonFiniteTraining as exc:
         set_error(arena, str(exc))
     finally:
-        if parallel and agreed_stop:
-            # Every rank reached the same final update: record that their weights agree.
-            host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
-            host.extra_state["world_size"] = dist_info.world_size
-        host.checkpoint()
+        try:
+            if parallel and agreed_stop:
+                # Every rank reached the same final update: record that their weights agree.
+                host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
+                host.extra_state["world_size"] = dist_info.world_size
+        finally:
+            host.checkpoint()
         if parallel:
             distributed.close_group()
         arena.close()

@@ -1,4 +1,4 @@
-"""What every child process does the same way: thread limits, signals, blocking waits."""
+"""What every child process does the same way: signals, parent checks, blocking waits."""
 from __future__ import annotations
 
 import os
@@ -14,17 +14,12 @@ class ProcessExit(Exception):
     """The run is stopping (stop flag set or the runner is gone): leave the main loop."""
 
 
-def limit_threads(num_threads: int = 1) -> None:
-    """Keep torch, numba and BLAS pools from oversubscribing the cores (measured: torch with two
-    intra-op threads stalls for milliseconds on a 2-vCPU VM). Call before importing them."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = str(num_threads)
+def configure_child(parent_pid: int) -> None:
+    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it.
 
-
-def configure_child(parent_pid: int, num_threads: int = 1) -> None:
-    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it."""
+    Thread pools are sized where they are made: torch.set_num_threads in the batcher and the
+    learner, env.num_threads for envpool; the numba kernels are serial."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    limit_threads(num_threads)
     check_alive(None, parent_pid)
 
 

@@ -21,19 +21,20 @@ class RolloutWorker:
     """The env-side half of the slot protocol, independent of how messages travel.
 
     ``first_slots`` ``[E]`` are the slots the envs fill first; ``take_free_slots(n)`` returns
-    ``n`` more free slot ids of this worker (blocking if it must);
-    ``recv_batch()`` steps the env and returns ``(request_id, full_slot_ids)``;
+    ``n`` more free slot ids of this worker (blocking if it must); ``emit_full(slot_ids)`` hands
+    full slots to the learner; ``recv_batch()`` steps the env and returns a request id;
     ``act(request_id)`` sends the actions the batcher wrote for that request to the envs.
     """
 
     def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, first_slots: np.ndarray,
-                 take_free_slots: Callable[[int], np.ndarray]):
+                 take_free_slots: Callable[[int], np.ndarray], emit_full: Callable[[np.ndarray], None]):
         self.worker_id = worker_id
         self.env = env
         self.arena = arena
         self.rollout = cfg.learner.rollout
         E = cfg.env.envs_per_worker
         self.take_free_slots = take_free_slots
+        self.emit_full = emit_full
         self.env_slot = arena.env_slot[worker_id]
         self.env_t = arena.env_t[worker_id]
         self.request_envs = arena.request_envs[worker_id]
@@ -54,22 +55,22 @@ class RolloutWorker:
     def can_recv(self) -> bool:
         return bool(self.free_requests) and self.batches_in_env > 0
 
-    def recv_batch(self) -> tuple[int, np.ndarray]:
+    def recv_batch(self) -> int:
         start = time.perf_counter()
         obs, rewards, terminated, truncated, env_ids = self.env.recv()
         stepped = time.perf_counter()
         self.batches_in_env -= 1
         slot_wait_before = self.timings[3]
-        full_slots = self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
+        self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
         self.timings[0] += stepped - start
         # record() may wait for free slots (counted in timings[3]); that is not copying.
         self.timings[1] += time.perf_counter() - stepped - (self.timings[3] - slot_wait_before)
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
-        return request, full_slots
+        return request
 
-    def record(self, ids: np.ndarray, obs, rewards, terminated, truncated) -> np.ndarray:
-        """Write one env batch into the slots; returns the ids of slots that became full."""
+    def record(self, ids: np.ndarray, obs, rewards, terminated, truncated) -> None:
+        """Write one env batch into the slots; slots that become full go to ``emit_full``."""
         arena, T = self.arena, self.rollout
         stepped = self.started[ids]
         if not stepped.all():  # first observations after the initial reset
@@ -77,7 +78,7 @@ class RolloutWorker:
             arena.obs[self.env_slot[fresh], 0] = obs[~stepped]
             self.started[fresh] = True
             if not stepped.any():
-                return np.empty(0, dtype=np.int32)
+                return
             ids, obs = ids[stepped], obs[stepped]
             rewards, terminated, truncated = rewards[stepped], terminated[stepped], truncated[stepped]
         slots, ts = self.env_slot[ids], self.env_t[ids]
@@ -96,13 +97,15 @@ class RolloutWorker:
         full = next_t == T
         if not full.any():
             self.env_t[ids] = next_t
-            return np.empty(0, dtype=np.int32)
+            return
         self.env_t[ids] = np.where(full, 0, next_t)
         full_slots = slots[full]
+        # Hand the full slots on before waiting for free ones: a worker that held them while
+        # blocked could leave the learner one trajectory short of a batch, forever.
+        self.emit_full(full_slots)
         new_slots = self.take_free_slots(len(full_slots))
         arena.obs[new_slots, 0] = obs[full]
         self.env_slot[ids[full]] = new_slots
-        return full_slots
 
     def track_episodes(self, ids, rewards, valid, done) -> None:
         self.episode_return[ids] += rewards * valid
@@ -191,13 +194,11 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     env = None
     try:
         env = make_worker_env(cfg, worker_id, rank)
-        worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots)
+        worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots, send_full)
         worker.start()
         while True:
             while worker.can_recv():
-                request, full_slots = worker.recv_batch()
-                if len(full_slots):
-                    send_full(full_slots)
+                request = worker.recv_batch()
                 ready_out.send_bytes(bytes([tag * S + request]))
             waited = time.perf_counter()
             while not wait_readable([actions_in], control, parent_pid):

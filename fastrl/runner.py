@@ -160,11 +160,10 @@ def _raise_interrupt(signum, frame):
 class Supervisor:
     """Watches the children: restarts crashed rollout workers, stops the run on anything else."""
 
-    def __init__(self, cfg: Config, arena: Arena, ctx, make_worker, procs: dict, run_dir: Path | None,
+    def __init__(self, cfg: Config, arena: Arena, make_worker, procs: dict, run_dir: Path | None,
                  process_file: str = "processes.json"):
         self.cfg = cfg
         self.arena = arena
-        self.ctx = ctx
         self.make_worker = make_worker
         self.procs = procs
         self.run_dir = run_dir
@@ -242,7 +241,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet,
               parent)))
     procs["rollout"] = [make_worker(w) for w in range(W)]
     process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
-    supervisor = Supervisor(cfg, arena, ctx, make_worker, procs, run_dir, process_file)
+    supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, process_file)
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     reporter = None
     result = RunResult(run_dir)
@@ -323,7 +322,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, 
         owned = worker_slot_ids(cfg, w)
         spare.append(deque(owned[cfg.env.envs_per_worker:].tolist()))
         workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned[:cfg.env.envs_per_worker],
-                                     _take_from(spare[w])))
+                                     _take_from(spare[w]), lambda slots: queue.extend(slots.tolist())))
     per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
 
     def release(slot_ids):
@@ -343,8 +342,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, 
             ready_workers, ready_requests = [], []
             for w, worker in enumerate(workers):
                 while worker.can_recv():
-                    request, full_slots = worker.recv_batch()
-                    queue.extend(full_slots.tolist())
+                    request = worker.recv_batch()
                     ready_workers.append(w)
                     ready_requests.append(request)
             batcher.refresh_weights()

@@ -98,16 +98,27 @@ def test_nan_observations_never_reach_the_published_weights(tmp_path):
     assert all(torch.isfinite(t).all() for t in state["learner"]["model"].values())
 
 
-def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
-    before = segments()
-    proc = start_cli(tmp_path, "--train-for-env-steps", "100000000")
+def interrupt_training(run_dir, min_updates: int, stop) -> tuple[subprocess.Popen, list[int]]:
+    """Start an endless CLI run, wait until it has made ``min_updates`` updates, then call
+    ``stop(proc)``; returns the trainer and its children's pids."""
+    proc = start_cli(run_dir, "--train-for-env-steps", "100000000")
     try:
-        wait_for(lambda: any(r["learner_updates"] > 5 for r in metrics(tmp_path)), 90, "training to start")
-        pids = children_of(tmp_path)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        wait_for(lambda: any(r["learner_updates"] > min_updates for r in metrics(run_dir)), 90, "training to start")
+        pids = children_of(run_dir)
+        stop(proc)
     finally:
         proc.kill()
+    return proc, pids
+
+
+def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
+    before = segments()
+
+    def sigint(proc):
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+
+    proc, pids = interrupt_training(tmp_path, 5, sigint)
     assert proc.returncode == 0
     assert list_checkpoints(tmp_path)
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
@@ -118,14 +129,12 @@ def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
 
 def test_killed_runner_takes_its_children_along_and_the_next_start_cleans_up(tmp_path):
     before = segments()
-    proc = start_cli(tmp_path, "--train-for-env-steps", "100000000")
-    try:
-        wait_for(lambda: any(r["learner_updates"] > 2 for r in metrics(tmp_path)), 90, "training to start")
-        pids = children_of(tmp_path)
+
+    def sigkill(proc):
         proc.kill()  # SIGKILL: no chance to clean up
         proc.wait(10)
-    finally:
-        proc.kill()
+
+    _, pids = interrupt_training(tmp_path, 2, sigkill)
     wait_for(lambda: not alive(pids), 15, "orphaned children to exit")
     remove_stale_segments()
     assert segments() <= before

@@ -28,15 +28,14 @@ def run_worker(cfg, steps_per_env: int):
     def take(n):
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
 
-    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), owned[:cfg.env.envs_per_worker], take)
-    worker.start()
     full = []
+    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), owned[:cfg.env.envs_per_worker], take,
+                           lambda slots: full.extend(slots.tolist()))
+    worker.start()
     for _ in range(steps_per_env + 1):
         requests = []
         while worker.can_recv():
-            request, full_slots = worker.recv_batch()
-            full += full_slots.tolist()
-            requests.append(request)
+            requests.append(worker.recv_batch())
         for request in requests:
             ids = arena.request_envs[0, request]
             arena.actions[arena.env_slot[0, ids], arena.env_t[0, ids]] = 0

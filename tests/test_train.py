@@ -1,10 +1,8 @@
 """End to end: real processes, real envs, files on disk, processes gone afterwards."""
 import json
-import os
 import subprocess
 import sys
 
-import numpy as np
 import psutil
 import pytest
 import torch
