@@ -1,7 +1,7 @@
 """Configuration: dataclasses with defaults, profile loading, ``--set`` overrides, validation.
 
-A config has top-level keys (``device``, ``seed``, ...) and three sections (``env``, ``model``,
-``learner``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
+A config has top-level keys (``device``, ``seed``, ...) and four sections (``env``, ``model``,
+``learner``, ``replay``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
 overrides one key, parsed by the field's declared type.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ModelConfig:
 
 @dataclass
 class LearnerConfig:
-    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient)
+    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient) | dqn (Ape-X)
     rollout: int = 32  # T: steps per trajectory slot
     batch_size: int = 8192  # env steps per learner batch; a multiple of rollout
     num_epochs: int = 1
@@ -71,6 +71,30 @@ class LearnerConfig:
     max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss
     max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
     torch_threads: int = 1
+    # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
+    # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
+    epsilon: float = 0.4
+    epsilon_alpha: float = 7.0
+    target_update_every: int = 2500  # dqn: gradient steps between target-network copies
+    double_q: bool = True  # dqn: the online network picks the bootstrap action, the target rates it
+
+
+@dataclass
+class ReplaySettings:
+    """The learner's replay memory (fastrl.replay): storage, prioritized sampling, how much."""
+
+    capacity: int = 1_000_000  # records (env steps) kept, over all envs of this learner
+    min_fill: int = 50_000  # records stored before the first replayed batch
+    alpha: float = 0.6  # priority exponent (0 = uniform)
+    beta: float = 0.4  # importance-weight exponent
+    n_step: int = 3  # dqn: steps summed before bootstrapping
+    frame_stack: int = 1  # frames stacked on axis 0 of the observation (Atari: 4); each stored once
+    compress: str = ""  # "" | "lz4" (pip install fastrl[replay])
+    memmap_dir: str = ""  # keep raw frames in a scratch file in this directory (beyond RAM)
+    threads: int = 2  # threads that copy / (de)compress frames
+    batch_size: int = 512  # dqn: transitions per gradient step
+    replay_ratio: float = 1.0  # dqn: transitions sampled per env step added
+    vtrace_fraction: float = 0.0  # appo/impala: share of each batch drawn from replayed trajectories
 
 
 @dataclass
@@ -92,6 +116,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -109,13 +134,14 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig}
+SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings}
 CHOICES = {
     "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
     "model.kind": ("auto", "mlp", "nature_cnn", "impala_resnet"),
     "model.activation": ("tanh", "relu"),
-    "learner.algo": ("appo", "impala"),
+    "learner.algo": ("appo", "impala", "dqn"),
+    "replay.compress": ("", "lz4"),
 }
 
 
@@ -301,6 +327,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"learner.batch_size / learner.rollout ({cfg.trajectories_per_batch} trajectories) must be "
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
+    _validate_replay(cfg)
     if cfg.slots_per_env < 2:
         raise ConfigError(f"slots_per_env must be >= 2 (one filling, one for the learner), got {cfg.slots_per_env}")
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
@@ -311,6 +338,39 @@ def validate(cfg: Config) -> None:
             f"learner.batch_size needs {cfg.trajectories_per_batch} trajectories but the envs can queue "
             f"only {queued} (num_workers x envs_per_worker x (slots_per_env - 1)); lower learner.batch_size "
             f"to <= {queued * cfg.learner.rollout} or add envs/slots")
+
+
+def _validate_replay(cfg: Config) -> None:
+    replay, lcfg = cfg.replay, cfg.learner
+    uses_replay = lcfg.algo == "dqn" or replay.vtrace_fraction > 0
+    for key in ("capacity", "n_step", "frame_stack", "threads", "batch_size"):
+        if getattr(replay, key) < 1:
+            raise ConfigError(f"config key 'replay.{key}' must be >= 1, got {getattr(replay, key)}")
+    for key in ("min_fill", "alpha", "beta", "replay_ratio"):
+        if getattr(replay, key) < 0:
+            raise ConfigError(f"config key 'replay.{key}' must be >= 0, got {getattr(replay, key)}")
+    if not 0.0 <= replay.vtrace_fraction < 1.0:
+        raise ConfigError(f"config key 'replay.vtrace_fraction' must be in [0, 1), got {replay.vtrace_fraction}")
+    if replay.vtrace_fraction > 0 and lcfg.algo == "dqn":
+        raise ConfigError("replay.vtrace_fraction is for learner.algo=appo or impala; dqn replays every batch")
+    if lcfg.algo == "dqn":
+        if replay.replay_ratio <= 0:
+            raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for dqn, got {replay.replay_ratio}")
+        if not 0.0 <= lcfg.epsilon <= 1.0:
+            raise ConfigError(f"config key 'learner.epsilon' must be in [0, 1], got {lcfg.epsilon}")
+        if lcfg.target_update_every < 1:
+            raise ConfigError(f"config key 'learner.target_update_every' must be >= 1, got {lcfg.target_update_every}")
+    if uses_replay and replay.min_fill > replay.capacity:
+        raise ConfigError(f"replay.min_fill ({replay.min_fill}) exceeds replay.capacity ({replay.capacity}): "
+                          f"sampling could never start; lower replay.min_fill")
+    if uses_replay:
+        horizon = replay.n_step if lcfg.algo == "dqn" else lcfg.rollout
+        per_env = replay.capacity // cfg.total_envs
+        if per_env < replay.frame_stack + horizon:
+            raise ConfigError(
+                f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
+                f"each needs >= frame_stack + {'n_step' if lcfg.algo == 'dqn' else 'learner.rollout'} = "
+                f"{replay.frame_stack + horizon}: raise replay.capacity")
 
 
 def to_toml(cfg: Config) -> str:

@@ -8,7 +8,7 @@ import torch
 
 from .checkpoint import load_latest_checkpoint
 from .config import Config, load_run_config
-from .models import ActorCritic, action_head
+from .models import action_head, build_model
 
 
 @torch.no_grad()
@@ -17,8 +17,10 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     """Mean and std of the return over ``episodes`` complete episodes.
 
     Each of the ``n`` parallel envs plays a fixed quota of episodes: taking the first episodes to
-    finish across envs would favour short episodes.
+    finish across envs would favour short episodes. A dqn policy always acts greedily on its
+    Q-values (they are not logits to sample from).
     """
+    deterministic = deterministic or cfg.learner.algo == "dqn"
     from .envs import make_vec_env
 
     n = min(episodes, 8)
@@ -60,7 +62,7 @@ def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, devi
     from .runner import probe_env
 
     spec = probe_env(cfg)
-    model = ActorCritic(spec.observation_space, spec.action_space, cfg.model)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
     model.load_state_dict(state["learner"]["model"])
     result = evaluate_policy(cfg, model, episodes, deterministic, device, seed)
     result["checkpoint"] = str(path)

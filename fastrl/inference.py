@@ -3,7 +3,8 @@
 A request ``(worker, request_id)`` names a batch of envs whose observations sit in the arena at
 their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into one batch, runs
 the policy on the device, and writes action, behaviour log-prob and policy version back into the
-same slot rows.
+same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, with one epsilon
+per env (Ape-X).
 """
 from __future__ import annotations
 
@@ -16,8 +17,20 @@ from .models import action_head, load_flat_state, num_state_values
 from .shm import Arena, WeightBuffer
 
 
+def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:
+    """Ape-X exploration rates ``epsilon ** (1 + alpha * i / (N - 1))`` for envs ``first ..
+    first + num_envs - 1`` of ``N = total`` (float32); a single env gets ``epsilon``."""
+    total = num_envs if total is None else total
+    i = np.arange(first, first + num_envs, dtype=np.float64)
+    exponent = 1.0 + alpha * i / max(total - 1, 1)
+    return (epsilon ** exponent).astype(np.float32)
+
+
 class InferenceBatcher:
-    def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device):
+    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head."""
+
+    def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
+                 epsilons: np.ndarray | None = None):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
@@ -26,6 +39,7 @@ class InferenceBatcher:
         self.weights = WeightBuffer(arena)
         self.flat = np.empty(num_state_values(model), dtype=np.float32)
         self.version = -1
+        self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
         # Columns: fastrl.metrics.INFERENCE_TIMINGS; row W of arena.timings.
         self.timings = arena.timings[arena.env_steps.shape[0]]
 
@@ -56,8 +70,11 @@ class InferenceBatcher:
                 params, _ = self.model(obs)
             else:
                 params, _ = self.model(obs.to(self.device, non_blocking=True))
-            actions = self.head.sample(params)
-            logp = self.head.log_prob(params, actions)
+            if self.epsilons is None:
+                actions = self.head.sample(params)
+                logp = self.head.log_prob(params, actions)
+            else:
+                actions, logp = epsilon_greedy(params.cpu(), self.epsilons[workers[:, None], env_ids].reshape(-1))
             actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
         arena.actions[slots, steps] = actions
         arena.logp[slots, steps] = logp
@@ -65,6 +82,29 @@ class InferenceBatcher:
         self.timings[0] += time.perf_counter() - start
         self.timings[3] += 1
         self.timings[4] += len(requests)
+
+
+def epsilon_greedy(q: torch.Tensor, epsilons: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row b takes a uniformly random action with probability ``epsilons[b]``, else argmax ``q[b]``;
+    returns (actions ``[B]`` int64, the behaviour log-probability of each action ``[B]``)."""
+    num_actions = q.shape[-1]
+    greedy = q.argmax(-1)
+    explore = torch.rand(q.shape[0]) < epsilons
+    actions = torch.where(explore, torch.randint(num_actions, greedy.shape), greedy)
+    prob = epsilons / num_actions + (1.0 - epsilons) * (actions == greedy)
+    return actions, torch.log(prob)
+
+
+def batcher_epsilons(cfg) -> np.ndarray | None:
+    """``[W, E]`` exploration rates of this rank's envs for dqn (numbered across all ranks), else None."""
+    if cfg.learner.algo != "dqn":
+        return None
+    from .distributed import DistInfo
+
+    info = DistInfo.from_env()
+    per_rank = cfg.total_envs
+    return apex_epsilons(per_rank, cfg.learner.epsilon, cfg.learner.epsilon_alpha, first=info.rank * per_rank,
+                         total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
 def inference_process(cfg, layout, arena_name: str, model, action_space, device: str, channels,
@@ -82,7 +122,7 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
     arena = Arena.attach(layout, arena_name)
     ready_in, actions_out = channels
     worker_of = {conn: w for w, conn in enumerate(ready_in)}
-    batcher = InferenceBatcher(arena, model, action_space, torch.device(device))
+    batcher = InferenceBatcher(arena, model, action_space, torch.device(device), batcher_epsilons(cfg))
     try:
         while not batcher.refresh_weights():
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting

@@ -92,7 +92,7 @@ class Learner:
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.device = torch.device(device)
-        self.model = build_model(observation_space, action_space, cfg.model, model).to(self.device)
+        self.model = build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo).to(self.device)
         self.head = action_head(action_space)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.lr, eps=self.lcfg.adam_eps)
         self.version = 0
@@ -103,6 +103,16 @@ class Learner:
         # Data-parallel hook (fastrl.distributed.GradientAverager): averages gradients across
         # ranks, given whether this rank's are finite; returns whether every rank's were.
         self.grad_sync = None
+        # IMPALA-paper replay: replay.vtrace_fraction of every batch are replayed trajectories.
+        self.replay = None
+        if cfg.replay.vtrace_fraction > 0:
+            from .dqn import make_replay_config
+            from .replay import SequenceReplay
+
+            self.replay = SequenceReplay(
+                make_replay_config(cfg), num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
+                obs_dtype=observation_space.dtype, frame_stack=cfg.replay.frame_stack,
+                action_shape=tuple(action_space.shape or ()), action_dtype=action_space.dtype, seed=cfg.seed)
 
     def learning_rate(self, progress: float) -> float:
         """Linear decay to 0 over the run when ``lr_decay``; ``progress`` in [0, 1]."""
@@ -110,13 +120,18 @@ class Learner:
             return self.lcfg.lr
         return self.lcfg.lr * max(0.0, 1.0 - progress)
 
-    def train(self, batch: Trajectories, progress: float = 0.0) -> dict:
-        """One learner step on ``batch`` (all epochs and minibatches); returns statistics."""
+    def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None) -> dict:
+        """One learner step on ``batch`` (all epochs and minibatches); returns statistics.
+
+        ``env_ids`` ``[B]`` (each trajectory's env) is needed only with ``replay.vtrace_fraction``:
+        the batch is then stored for replay and completed with replayed trajectories."""
         batch.validate()
+        valid_lag = (self.version - batch.version)[batch.valid].float()
+        if self.replay is not None:
+            batch = self.with_replayed(batch, env_ids)
         batch = batch.to(self.device)
         lcfg = self.lcfg
         lag = (self.version - batch.version).float()
-        valid_lag = lag[batch.valid]
         loss_mask = batch.valid & (lag <= lcfg.max_policy_lag)
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
@@ -151,6 +166,33 @@ class Learner:
             lr=self.optimizer.param_groups[0]["lr"], learner_updates=self.updates,
             skipped_updates=self.skipped_updates, version=self.version)
         return stats
+
+    def with_replayed(self, batch: Trajectories, env_ids) -> Trajectories:
+        """Store ``batch`` in the sequence replay and append replayed trajectories, so that they
+        make up ``replay.vtrace_fraction`` of the result. Replayed columns carry the current
+        version: V-trace corrects for their behaviour policy (stored log-probs), and the lag mask
+        is for fresh data."""
+        T, B = batch.rewards.shape
+        if env_ids is None or np.shape(env_ids) != (B,):
+            raise ValueError(f"replay.vtrace_fraction needs env_ids [{B}], the env of each trajectory")
+        obs = batch.obs[:T].transpose(0, 1)
+        self.replay.add(np.repeat(np.asarray(env_ids, np.int64), T), obs.reshape(B * T, *obs.shape[2:]).numpy(),
+                        batch.actions.transpose(0, 1).reshape(B * T, *batch.actions.shape[2:]).numpy(),
+                        batch.rewards.T.reshape(-1).numpy(), batch.terminated.T.reshape(-1).numpy(),
+                        batch.truncated.T.reshape(-1).numpy(), batch.logp.T.reshape(-1).numpy())
+        fraction = self.cfg.replay.vtrace_fraction
+        wanted = int(round(B * fraction / (1.0 - fraction)))
+        wanted -= (B + wanted) % self.lcfg.num_minibatches  # keep the minibatches equal
+        replayed = self.replay.sample(wanted) if wanted > 0 else None
+        if replayed is None:
+            return batch
+        extra = Trajectories(
+            obs=torch.from_numpy(replayed.obs), actions=torch.from_numpy(replayed.actions),
+            logp=torch.from_numpy(replayed.logp), rewards=torch.from_numpy(replayed.rewards),
+            terminated=torch.from_numpy(replayed.terminated), truncated=torch.from_numpy(replayed.truncated),
+            valid=torch.from_numpy(replayed.valid), version=torch.full((T, wanted), self.version, dtype=torch.int64))
+        return Trajectories(**{f.name: torch.cat([getattr(batch, f.name), getattr(extra, f.name).to(
+            getattr(batch, f.name).dtype)], dim=1) for f in fields(batch)})
 
     def rewards_and_discounts(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled (and optionally clipped) rewards, and ``gamma * (1 - terminated)``; ``[T, B]``."""
@@ -247,6 +289,17 @@ class Learner:
         self.skipped_updates = state.get("skipped_updates", 0)
 
 
+def make_learner(cfg: Config, observation_space, action_space, model: nn.Module | None = None,
+                 device: torch.device | str = "cpu"):
+    """The learner ``cfg.learner.algo`` names: :class:`Learner` (appo, impala) or
+    :class:`fastrl.dqn.DQNLearner` (dqn)."""
+    if cfg.learner.algo == "dqn":
+        from .dqn import DQNLearner
+
+        return DQNLearner(cfg, observation_space, action_space, model=model, device=device)
+    return Learner(cfg, observation_space, action_space, model=model, device=device)
+
+
 class NonFiniteTraining(RuntimeError):
     """Too many non-finite updates in a row: the run cannot make progress."""
 
@@ -315,9 +368,10 @@ class LearnerHost:
 
         start = time.perf_counter()
         batch = gather_trajectories(self.arena, slot_ids)
+        env_ids = self.arena.slot_env[slot_ids].astype(np.int64)  # read before the slots are reused
         release(slot_ids)
         self.timings["gather_s"] += time.perf_counter() - start
-        stats = self.learner.train(batch, self.progress() if progress is None else progress)
+        stats = self.learner.train(batch, self.progress() if progress is None else progress, env_ids=env_ids)
         if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
             raise NonFiniteTraining(
                 f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "
@@ -383,7 +437,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     np.random.seed(cfg.seed)
     arena = Arena.attach(layout, arena_name)
     full_in, free_out = channels
-    learner = Learner(cfg, *spaces, model=model, device=device)
+    learner = make_learner(cfg, *spaces, model=model, device=device)
     wall_before = 0.0
     if resume_state is not None:
         restore_learner(learner, resume_state)

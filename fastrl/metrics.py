@@ -15,7 +15,7 @@ from .shm import EPISODE_RING, Arena, Control
 LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_loss", "entropy", "grad_norm",
                  "policy_lag_min", "policy_lag_mean", "policy_lag_max", "lr", "skipped_updates",
                  "trained_env_steps", "forward_backward_s", "vtrace_s", "optimizer_s", "gather_s",
-                 "publish_s", "wait_s")
+                 "publish_s", "wait_s", "replay_s", "replay_size", "replayed_batches", "q_mean")
 STAT = {name: i for i, name in enumerate(LEARNER_STATS)}
 
 # Columns of arena.timings: cumulative seconds (and counts) per process. Row w < W is rollout

@@ -1,4 +1,5 @@
-"""Actor-critic networks: MLP, Nature CNN, IMPALA-ResNet encoders; categorical and Gaussian heads.
+"""Actor-critic networks: MLP, Nature CNN, IMPALA-ResNet encoders; categorical and Gaussian heads;
+the dueling Q-network of the dqn learner.
 
 ``ActorCritic(obs)`` returns ``(dist_params, value)``: logits ``[B, n]`` for a Discrete action
 space, ``[B, 2 * d]`` (mean, log_std) for a Box. A user's own ``nn.Module`` can replace it if it
@@ -222,6 +223,27 @@ class ActorCritic(nn.Module):
         return params, self.value(features).squeeze(-1)
 
 
+class DuelingQNetwork(ActorCritic):
+    """Dueling Q-network (Wang et al. 2016) on the same encoders: ``Q = V + A - mean_a A``.
+
+    ``forward(obs)`` returns ``(q_values [B, n], max_a q [B])``, the ``(params, value)`` contract
+    of :class:`ActorCritic`, so the batcher, the weight buffer and checkpoints treat it alike; the
+    batcher acts epsilon-greedily on ``params`` (fastrl.inference)."""
+
+    def __init__(self, observation_space, action_space, cfg: ModelConfig | None = None):
+        if not isinstance(action_space, gymnasium.spaces.Discrete):
+            raise ValueError(f"learner.algo=dqn needs a Discrete action space, got {action_space}; "
+                             f"use learner.algo=appo for continuous actions")
+        super().__init__(observation_space, action_space, cfg)
+        # policy -> advantage stream, value -> state-value stream.
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.encoder(self.preprocess(obs))
+        advantages = self.policy(features)
+        q = self.value(features) + advantages - advantages.mean(-1, keepdim=True)
+        return q, q.max(-1).values
+
+
 def state_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Parameters then floating-point buffers, in a fixed order: what the actors need."""
     return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
@@ -251,9 +273,12 @@ def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
-def build_model(observation_space, action_space, cfg: ModelConfig, user_model: nn.Module | None = None) -> nn.Module:
+def build_model(observation_space, action_space, cfg: ModelConfig, user_model: nn.Module | None = None,
+                algo: str = "appo") -> nn.Module:
+    """The network for ``algo``: an actor-critic, or a dueling Q-network for dqn."""
     if user_model is None:
-        return ActorCritic(observation_space, action_space, cfg)
+        network = DuelingQNetwork if algo == "dqn" else ActorCritic
+        return network(observation_space, action_space, cfg)
     check_user_model(user_model, observation_space, action_space)
     return user_model
 

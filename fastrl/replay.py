@@ -47,9 +47,9 @@ Sampleable indices (the rule every test checks)
     ``t mod stride == 0`` for sequences. The lower bound keeps the S - 1 frames under the
     stack in the ring (conservatively, even where an episode start makes them unneeded: S - 1
     slots per stream); the upper bound waits until every record a sample reads is written. A
-    record's sum-tree priority is positive exactly while this holds: it is set (to the largest
-    priority seen, as PER) when record t + h is written and zeroed when record t - S + 1 is
-    overwritten, so unwritten, stale and invalid slots have priority 0 and are never sampled.
+    record's sum-tree priority is positive exactly while this holds: it is set when record
+    t + h is written (to the arrival priority given to ``add``, else the largest priority seen,
+    as PER) and zeroed when record t - S + 1 is overwritten, so unwritten, stale and invalid slots have priority 0 and are never sampled.
     ``L >= S + h`` is required (then the set of record t precedes its zeroing).
 
 Priorities and importance weights
@@ -247,6 +247,7 @@ class _StreamReplay:
         self._first = np.zeros(C, dtype=bool)
         self._valid = np.zeros(C, dtype=bool)
         self._generation = np.zeros(C, dtype=np.int64)
+        self._arrival = np.full(C, np.nan)  # p^alpha given at add time; NaN: the max priority
         self._written = np.zeros(self.num_streams, dtype=np.int64)  # W per stream
         self._done_last = np.zeros(self.num_streams, dtype=bool)  # last record had a done
         self._final_last = np.zeros(self.num_streams, dtype=bool)  # last record was the final obs
@@ -320,7 +321,7 @@ class _StreamReplay:
 
     # ---------------------------------------------------------------- adding
 
-    def _add(self, env_ids, obs, steps: dict, terminated, truncated) -> None:
+    def _add(self, env_ids, obs, steps: dict, terminated, truncated, priorities=None) -> None:
         env_ids = np.asarray(env_ids).astype(np.int64, copy=False).ravel()
         rows = len(env_ids)
         obs = np.asarray(obs)
@@ -343,11 +344,18 @@ class _StreamReplay:
             if value.shape != (rows, *expected):
                 raise ValueError(f"replay.add: {name} must have shape "
                                  f"{[rows, *expected]}, got {list(value.shape)}")
+        if priorities is not None:
+            priorities = np.asarray(priorities, dtype=np.float64)
+            if priorities.shape != (rows,):
+                raise ValueError(f"replay.add: priorities must have shape [{rows}], got {list(priorities.shape)}")
+            if not ((priorities >= 0) & (priorities <= _MAX_PRIORITY)).all():
+                raise ValueError("replay.add: priorities must be finite and >= 0")
         if not rows:
             return
         if self.frame_stack > 1:
             self._start_streams(env_ids, obs)
-        self._write(env_ids, obs[:, -1] if self.frame_stack > 1 else obs, values, history=False)
+        self._write(env_ids, obs[:, -1] if self.frame_stack > 1 else obs, values, history=False,
+                    priorities=priorities)
 
     def _start_streams(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
         """History records for streams whose first observation is not a reset stack."""
@@ -365,7 +373,7 @@ class _StreamReplay:
             blanks["terminated"] = blanks["truncated"] = np.zeros(count, dtype=bool)
             self._write(np.full(count, stream, dtype=np.int64), stack[:-1], blanks, history=True)
 
-    def _write(self, env_ids, frames, values: dict, history: bool) -> None:
+    def _write(self, env_ids, frames, values: dict, history: bool, priorities=None) -> None:
         rows = len(env_ids)
         slots, times = np.empty(rows, np.int64), np.empty(rows, np.int64)
         first, valid = np.empty(rows, bool), np.empty(rows, bool)
@@ -381,11 +389,17 @@ class _StreamReplay:
         for name, array in self._steps.items():
             array[slots] = values[name]
         self._generation[slots] += 1
+        if priorities is None:
+            self._arrival[slots] = np.nan
+        else:
+            self._arrival[slots] = priorities ** self.config.alpha
+            if rows:
+                self._max_priority = max(self._max_priority, float(priorities.max()))
         changed = np.empty(2 * rows, np.int64)
         priorities = np.empty(2 * rows, np.float64)
         count = _priority_changes(slots, times, self.ring_len, self.frame_stack, self.horizon,
                                   self.stride, self._start_needs_valid, self._valid,
-                                  self._max_priority ** self.config.alpha, changed, priorities)
+                                  self._max_priority ** self.config.alpha, self._arrival, changed, priorities)
         if count:
             self._tree.update(changed[:count], priorities[:count])
         self.added += rows
@@ -424,7 +438,7 @@ class TransitionReplay(_StreamReplay):
                          action_dtype=action_dtype, horizon=config.n_step, stride=1,
                          start_needs_valid=True, step_fields={}, seed=seed)
 
-    def add(self, env_ids, obs, actions, rewards, terminated, truncated) -> None:
+    def add(self, env_ids, obs, actions, rewards, terminated, truncated, priorities=None) -> None:
         """Append one record per row (rows of a stream in time order).
 
         Args:
@@ -432,8 +446,11 @@ class TransitionReplay(_StreamReplay):
             obs: ``[N, *obs_shape]`` the observations the actions were chosen on (obs dtype).
             actions: ``[N, *action_shape]``. rewards: ``[N]``. terminated, truncated: ``[N]``
                 bool, as returned by the step that took the action.
+            priorities: optional ``[N]`` priorities ``p`` (e.g. ``|TD error| + eps`` computed by
+                the actor, as Ape-X): a record enters the tree with ``p^alpha`` once it becomes
+                sampleable. None: the largest priority seen so far (PER).
         """
-        self._add(env_ids, obs, {"actions": actions, "rewards": rewards}, terminated, truncated)
+        self._add(env_ids, obs, {"actions": actions, "rewards": rewards}, terminated, truncated, priorities)
 
     def sample(self, batch_size: int, rng=None, beta: float | None = None,
                out: np.ndarray | None = None) -> TransitionBatch | None:
@@ -540,9 +557,10 @@ def _place_records(env_ids, done, written, done_last, final_last, ring_len, slot
 
 @numba.njit(cache=True)
 def _priority_changes(slots, times, ring_len, stack, horizon, stride, start_needs_valid, valid,
-                      new_priority, changed, priorities):
+                      new_priority, initial, changed, priorities):
     """The tree writes that keep "priority > 0 iff sampleable" after writing each record in
-    order: record t makes t - horizon complete (set to new_priority if it may start a sample)
+    order: record t makes t - horizon complete (set to its arrival priority ``initial[slot]``, or
+    to new_priority where that is NaN, if it may start a sample)
     and pushes the oldest frame under record t - (L - S + 1)'s stack out of the ring (zero).
     Applied in order with the last write winning. Returns the number of writes."""
     count = 0
@@ -559,7 +577,8 @@ def _priority_changes(slots, times, ring_len, stack, horizon, stride, start_need
             slot = base + start % ring_len
             if valid[slot] or not start_needs_valid:
                 changed[count] = slot
-                priorities[count] = new_priority
+                arrival = initial[slot]
+                priorities[count] = new_priority if np.isnan(arrival) else arrival
                 count += 1
     return count
 

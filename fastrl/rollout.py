@@ -45,6 +45,8 @@ class RolloutWorker:
         self.episode_return = np.zeros(E, dtype=np.float64)
         self.episode_length = np.zeros(E, dtype=np.int64)
         self.env_slot[:] = first_slots
+        self.stream_base = worker_id * E
+        arena.slot_env[first_slots] = self.stream_base + np.arange(E, dtype=np.int32)
         self.env_t[:] = 0
         self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
 
@@ -106,6 +108,7 @@ class RolloutWorker:
         new_slots = self.take_free_slots(len(full_slots))
         arena.obs[new_slots, 0] = obs[full]
         self.env_slot[ids[full]] = new_slots
+        arena.slot_env[new_slots] = self.stream_base + ids[full]
 
     def track_episodes(self, ids, rewards, valid, done) -> None:
         self.episode_return[ids] += rewards * valid

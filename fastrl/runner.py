@@ -28,8 +28,8 @@ from . import distributed
 from .checkpoint import load_latest_checkpoint
 from .config import Config, to_toml, validate
 from .distributed import DistInfo
-from .inference import InferenceBatcher, inference_process
-from .learner import Learner, LearnerHost, learner_process, restore_learner
+from .inference import InferenceBatcher, batcher_epsilons, inference_process
+from .learner import LearnerHost, learner_process, make_learner, restore_learner
 from .metrics import Reporter
 from .models import build_model, num_state_values
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
@@ -119,7 +119,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
             raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
         _, resume_state = load_latest_checkpoint(run_dir)
     spec = probe_env(cfg)
-    template = build_model(spec.observation_space, spec.action_space, cfg.model, model)
+    template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
     layout = arena_layout(cfg, spec, num_state_values(template))
     check_memory(cfg, layout.nbytes)
     if run_dir is not None:
@@ -234,7 +234,8 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet,
         target=learner_process, name="fastrl-learner",
         args=(cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
               (ends["full"][0], ends["free"][1]), parent, run_dir if main else None, resume_state, dist_info)))
-    template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model)
+    template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model,
+                                                            algo=cfg.learner.algo)
     procs["inference"].append(ctx.Process(
         target=inference_process, name="fastrl-inference",
         args=(cfg, layout, arena.name, template, spec.action_space, device, (ends["ready"][0], ends["actions"][1]),
@@ -309,13 +310,14 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, 
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = _new_arena(layout, resume_state, shared=False)
-    learner = Learner(cfg, spec.observation_space, spec.action_space, model=model, device=device)
+    learner = make_learner(cfg, spec.observation_space, spec.action_space, model=model, device=device)
     wall_before = 0.0
     if resume_state is not None:
         restore_learner(learner, resume_state)
         wall_before = resume_state["counters"].get("wall_time", 0.0)
     host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
-    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device))
+    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device),
+                               batcher_epsilons(cfg))
     spare = []
     workers = []
     for w in range(cfg.env.num_workers):
