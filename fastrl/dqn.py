@@ -17,7 +17,6 @@ refills it to ``replay.min_fill`` before its first gradient step.
 from __future__ import annotations
 
 import copy
-import math
 import time
 
 import numpy as np
@@ -26,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import Config
+from .learner import gradient_step
 from .models import build_model
 from .replay import ReplayConfig, ReplayRatio, TransitionReplay
 
@@ -203,28 +203,10 @@ class DQNLearner:
         td = targets - taken
         loss = (weights * F.smooth_l1_loss(taken, targets, reduction="none")).mean()
 
-        self.optimizer.zero_grad(set_to_none=True)
-        finite = bool(torch.isfinite(loss))
-        grad_norm = float("nan")
-        if finite:
-            loss.backward()
-        if self.grad_sync is not None:
-            finite = self.grad_sync(finite)
-        if finite:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.lcfg.max_grad_norm))
-            finite = math.isfinite(grad_norm)
-        backward_done = time.perf_counter()
-        if finite:
-            self.optimizer.step()
-            self.updates += 1
-            self.consecutive_skips = 0
-            if self.updates % self.lcfg.target_update_every == 0:
-                self.target.load_state_dict(self.model.state_dict())
-        else:
-            # A non-finite loss or gradient would poison the weights the actors use: skip it.
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_updates += 1
-            self.consecutive_skips += 1
+        updates_before = self.updates
+        grad_norm, backward_done = gradient_step(self, loss, self.lcfg.max_grad_norm)
+        if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())
         optimized = time.perf_counter()
         priorities = td.detach().abs().double().cpu().numpy() + PRIORITY_EPS
         if np.isfinite(priorities).all():

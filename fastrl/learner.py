@@ -84,6 +84,35 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> to
     return (x * mask).sum() / count
 
 
+def gradient_step(learner, loss: torch.Tensor, max_grad_norm: float) -> tuple[float, float]:
+    """Backward, cross-rank gradient averaging (``learner.grad_sync``), norm clipping and an
+    optimizer step, skipped when the loss or the gradient is not finite: such a step would
+    poison the weights the actors use. Counts ``updates`` / ``skipped_updates`` /
+    ``consecutive_skips`` on ``learner``. Returns (gradient norm, NaN if skipped; the
+    ``perf_counter`` time when the backward pass and clipping were done)."""
+    learner.optimizer.zero_grad(set_to_none=True)
+    finite = bool(torch.isfinite(loss))
+    grad_norm = float("nan")
+    if finite:
+        loss.backward()
+    if learner.grad_sync is not None:
+        finite = learner.grad_sync(finite)
+    if finite:
+        grad_norm = float(nn.utils.clip_grad_norm_(learner.model.parameters(), max_grad_norm))
+        finite = math.isfinite(grad_norm)
+    backward_done = time.perf_counter()
+    if finite:
+        learner.optimizer.step()
+        learner.updates += 1
+        learner.consecutive_skips = 0
+    else:
+        learner.optimizer.zero_grad(set_to_none=True)
+        learner.skipped_updates += 1
+        learner.consecutive_skips += 1
+        grad_norm = float("nan")
+    return grad_norm, backward_done
+
+
 class Learner:
     """Owns the model, optimizer and update rule. ``version`` counts published updates."""
 
@@ -249,26 +278,7 @@ class Learner:
         entropy = _masked_mean(self.head.entropy(params.reshape(T * B, -1)).reshape(T, B), maskf, count)
         loss = policy_loss + lcfg.value_coef * value_loss - lcfg.entropy_coef * entropy
 
-        self.optimizer.zero_grad(set_to_none=True)
-        finite = bool(torch.isfinite(loss))
-        grad_norm = float("nan")
-        if finite:
-            loss.backward()
-        if self.grad_sync is not None:
-            finite = self.grad_sync(finite)
-        if finite:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), lcfg.max_grad_norm))
-            finite = math.isfinite(grad_norm)
-        backward_done = time.perf_counter()
-        if finite:
-            self.optimizer.step()
-            self.updates += 1
-            self.consecutive_skips = 0
-        else:
-            # A non-finite loss or gradient would poison the weights the actors use: skip it.
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_updates += 1
-            self.consecutive_skips += 1
+        grad_norm, backward_done = gradient_step(self, loss, lcfg.max_grad_norm)
         end = time.perf_counter()
         self.timings["forward_backward_s"] += backward_done - start - vtrace_time
         self.timings["vtrace_s"] += vtrace_time
