@@ -169,8 +169,11 @@ def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = 
     learner, inference = bd["learner/busy"], bd["inference/busy"]
     saturated = bool(cores_used is not None and cpu_count and cores_used >= CPU_SATURATED * cpu_count)
     if wait_slots >= WAIT and learner >= BUSY:
+        # Only the dqn learner spends time in its replay: its pace is set by the replay ratio.
+        knob = ("lower replay.replay_ratio (fewer gradient steps per env step)" if bd.get("learner/replay", 0) > 0
+                else "raise learner.batch_size")
         return Diagnosis("learner", f"learner-bound: learner busy {_pct(learner)}, workers waiting for slots "
-                                    f"{_pct(wait_slots)} -> raise learner.batch_size or use a GPU (device=cuda)")
+                                    f"{_pct(wait_slots)} -> {knob} or use a GPU (device=cuda)")
     if wait_slots >= WAIT:
         return Diagnosis("slots", f"slot-bound: workers waiting for slots {_pct(wait_slots)} while the learner "
                                   f"is busy {_pct(learner)} -> raise slots_per_env or lower learner.batch_size")

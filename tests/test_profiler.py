@@ -75,6 +75,8 @@ def shares(rollout=0.3, wait_actions=0.1, wait_slots=0.0, inference=0.3, learner
 @pytest.mark.parametrize("bd, cores, bottleneck, says", [
     (shares(wait_slots=0.41, learner=0.97), None, "learner",
      "learner-bound: learner busy 97%, workers waiting for slots 41% -> raise learner.batch_size or use a GPU"),
+    ({**shares(wait_slots=0.5, learner=0.98), "learner/replay": 0.2}, None, "learner",
+     "-> lower replay.replay_ratio (fewer gradient steps per env step) or use a GPU"),
     # The learner rule wins over inference evidence: backpressure is the stronger signal.
     (shares(wait_slots=0.3, learner=0.8, wait_actions=0.5, inference=0.9), None, "learner", "learner-bound"),
     (shares(wait_slots=0.4, learner=0.2), None, "slots", "raise slots_per_env or lower learner.batch_size"),
