@@ -47,3 +47,18 @@ def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_c
                                  str(run_dir), "--episodes", "2"], capture_output=True, text=True, timeout=120)
     assert evaluation.returncode == 0, evaluation.stderr
     assert json.loads(evaluation.stdout)["episodes"] == 2
+
+
+def test_two_dqn_ranks_take_the_same_gradient_steps(tmp_path):
+    # Each rank keeps its own replay; the ranks must still agree on every gradient step.
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "fastrl.cli", "--profile", "cartpole-dqn", "--run-dir", str(run_dir), "--quiet",
+           "--train-for-env-steps", "30000", "--set", "device=cpu", "--set", "env.num_workers=1",
+           "--set", "learner.batch_size=512", "--set", "replay.min_fill=2000", "--set", "report_every_s=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    state = load_checkpoint(list_checkpoints(run_dir)[-1])
+    digests = state["param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1], digests
+    assert state["learner"]["updates"] > 100
