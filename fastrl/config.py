@@ -360,9 +360,12 @@ def _validate_replay(cfg: Config) -> None:
             raise ConfigError(f"config key 'learner.epsilon' must be in [0, 1], got {lcfg.epsilon}")
         if lcfg.target_update_every < 1:
             raise ConfigError(f"config key 'learner.target_update_every' must be >= 1, got {lcfg.target_update_every}")
-    if uses_replay and replay.min_fill > replay.capacity:
-        raise ConfigError(f"replay.min_fill ({replay.min_fill}) exceeds replay.capacity ({replay.capacity}): "
-                          f"sampling could never start; lower replay.min_fill")
+    # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.
+    held = replay.capacity // cfg.total_envs * cfg.total_envs
+    if uses_replay and replay.min_fill > held:
+        raise ConfigError(f"replay.min_fill ({replay.min_fill}) exceeds the {held} records replay.capacity "
+                          f"({replay.capacity}) holds for {cfg.total_envs} envs: sampling could never start; "
+                          f"lower replay.min_fill")
     if uses_replay:
         horizon = replay.n_step if lcfg.algo == "dqn" else lcfg.rollout
         per_env = replay.capacity // cfg.total_envs

@@ -122,14 +122,21 @@ class DQNLearner:
         lag = (self.version - batch.version)[batch.valid].float()
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(progress)
+        start = time.perf_counter()
+        rewards = self.transformed_rewards(batch.rewards)
+        priorities = self.arrival_priorities(batch, rewards)
+        if not (np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())):
+            # NaN/Inf observations or rewards would poison every batch that samples them: the
+            # trajectories are dropped and counted as a skipped update, as Learner.train does.
+            self.skipped_updates += 1
+            self.consecutive_skips += 1
+            self.version += 1
+            return {**self.last_stats, "learner_updates": self.updates, "skipped_updates": self.skipped_updates,
+                    "version": self.version, "replay_size": len(self.replay)}
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
             normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
             self.target.normalizer.load_state_dict(normalizer.state_dict())
-
-        start = time.perf_counter()
-        rewards = self.transformed_rewards(batch.rewards)
-        priorities = self.arrival_priorities(batch, rewards)
         obs = batch.obs[:T].transpose(0, 1)  # trajectory-major: each stream's rows in time order
         self.replay.add(np.repeat(env_ids, T), obs.reshape(B * T, *obs.shape[2:]).numpy(),
                         batch.actions.T.reshape(-1).numpy(), rewards.T.reshape(-1).numpy(),

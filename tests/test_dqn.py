@@ -1,0 +1,568 @@
+"""Ape-X DQN: exploration rates, epsilon-greedy log-probs, n-step windows against a brute-force
+loop, the dueling head, arrival priorities in the replay, the DQN learner (replay ratio, target
+refresh, priorities by hand, checkpoints), V-trace replay in the learner, and the replay config."""
+import copy
+import io
+import math
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from fastrl.config import ConfigError, build_config, load_run_config, to_toml
+from fastrl.dqn import PRIORITY_EPS, DQNLearner, make_replay_config, trajectory_windows
+from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
+from fastrl.learner import Learner, Trajectories, make_learner
+from fastrl.models import ActorCritic, DuelingQNetwork, build_model
+from fastrl.replay import ReplayConfig, ReplayRatio, TransitionReplay
+
+OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+ACTION_SPACE = gymnasium.spaces.Discrete(2)
+T, E = 8, 4  # rollout and envs of the small learner configs
+
+
+# ---------------------------------------------------------------- references and helpers
+
+
+def reference_windows(rewards, terminated, truncated, gamma, n):
+    """Brute force: for every (t, b), walk forward at most n steps, stop after a done or at T."""
+    steps, batch = rewards.shape
+    returns = np.zeros((steps, batch))
+    discounts = np.zeros((steps, batch))
+    ends = np.zeros((steps, batch), dtype=np.int64)
+    for b in range(batch):
+        for t in range(steps):
+            total, m, terminal = 0.0, 0, False
+            for k in range(n):
+                if t + k >= steps:
+                    break
+                total += gamma ** k * rewards[t + k, b]
+                m = k + 1
+                if terminated[t + k, b]:
+                    terminal = True
+                    break
+                if truncated[t + k, b]:
+                    break
+            returns[t, b] = total
+            discounts[t, b] = 0.0 if terminal else gamma ** m
+            ends[t, b] = t + m
+    return returns, discounts, ends
+
+
+def stream_batches(num_batches, seed=0, p_terminate=0.1, p_truncate=0.05, obs_dim=4, num_actions=2):
+    """``num_batches`` consecutive ``[T, B=E]`` batches cut from one continuous stream per env, each
+    batch's columns in a different env order. ``valid`` follows NEXT_STEP autoreset (the step after
+    a done is invalid), so a replay rebuilds exactly these columns. Returns [(batch, env_ids)]."""
+    g = torch.Generator().manual_seed(seed)
+    steps = num_batches * T
+    obs = torch.randn(steps + 1, E, obs_dim, generator=g)
+    actions = torch.randint(0, num_actions, (steps, E), generator=g)
+    logp = -torch.rand(steps, E, generator=g)
+    rewards = torch.randn(steps, E, generator=g)
+    terminated = torch.rand(steps, E, generator=g) < p_terminate
+    truncated = (torch.rand(steps, E, generator=g) < p_truncate) & ~terminated
+    done = terminated | truncated
+    valid = torch.ones(steps, E, dtype=torch.bool)
+    valid[1:] = ~done[:-1]
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(num_batches):
+        env_ids = rng.permutation(E)
+        rows = slice(k * T, (k + 1) * T)
+        cols = torch.from_numpy(env_ids)
+        out.append((Trajectories(
+            obs=obs[k * T:(k + 1) * T + 1][:, cols].clone(), actions=actions[rows][:, cols].clone(),
+            logp=logp[rows][:, cols].clone(), rewards=rewards[rows][:, cols].clone(),
+            terminated=terminated[rows][:, cols].clone(), truncated=truncated[rows][:, cols].clone(),
+            valid=valid[rows][:, cols].clone(), version=torch.full((T, E), k, dtype=torch.int64)), env_ids))
+    return out
+
+
+def dqn_config(**overrides):
+    return build_config("cartpole-dqn", {
+        "env.num_workers": 1, "env.envs_per_worker": E, "env.num_splits": 1, "learner.rollout": T,
+        "learner.batch_size": T * E, "replay.capacity": 64 * E, "replay.min_fill": 64, "replay.batch_size": 32,
+        "replay.replay_ratio": 2.0, "learner.target_update_every": 3, **overrides})
+
+
+def make_dqn(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return DQNLearner(dqn_config(**overrides), OBS_SPACE, ACTION_SPACE)
+
+
+def same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def perturb(module, scale=0.1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+# ---------------------------------------------------------------- exploration
+
+
+def test_apex_epsilons_follow_the_paper_formula():
+    brute = np.array([0.4 ** (1 + 7 * i / 7) for i in range(8)])
+    eps = apex_epsilons(8, 0.4, 7.0)
+    assert eps.dtype == np.float32 and eps.shape == (8,)
+    np.testing.assert_allclose(eps, brute, rtol=1e-6)
+    assert eps[0] == np.float32(0.4) and np.all(np.diff(eps) < 0)
+    # A rank's slice of a larger numbering matches the whole.
+    np.testing.assert_array_equal(apex_epsilons(3, 0.4, 7.0, first=5, total=8), eps[5:])
+    np.testing.assert_allclose(apex_epsilons(4, 0.3, 2.0, first=4, total=12),
+                               [0.3 ** (1 + 2 * i / 11) for i in range(4, 8)], rtol=1e-6)
+    np.testing.assert_array_equal(apex_epsilons(1, 0.4, 7.0), [np.float32(0.4)])
+
+
+def test_batcher_epsilons_number_envs_across_ranks(monkeypatch):
+    cfg = build_config("cartpole-dqn", {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2,
+                                        "learner.batch_size": 64, "replay.capacity": 1000, "replay.min_fill": 10})
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    eps = batcher_epsilons(cfg)
+    assert eps.shape == (2, 4)
+    np.testing.assert_array_equal(eps.reshape(-1), apex_epsilons(16, 0.4, 7.0)[8:])
+    assert batcher_epsilons(build_config("cartpole-appo")) is None
+
+
+def test_epsilon_greedy_with_no_exploration_is_greedy_and_certain():
+    torch.manual_seed(0)
+    q = torch.randn(2000, 5)
+    actions, logp = epsilon_greedy(q, torch.zeros(2000))
+    assert actions.dtype == torch.int64
+    torch.testing.assert_close(actions, q.argmax(-1), rtol=0, atol=0)
+    assert torch.all(logp == 0.0)
+
+
+def test_epsilon_greedy_with_full_exploration_is_uniform():
+    torch.manual_seed(0)
+    rows, n = 20000, 4
+    q = torch.randn(rows, n)
+    actions, logp = epsilon_greedy(q, torch.ones(rows))
+    counts = torch.bincount(actions, minlength=n).double()
+    chi2 = float(((counts - rows / n) ** 2 / (rows / n)).sum())
+    assert chi2 < 21.1, counts  # 99.99% quantile of chi-square with 3 degrees of freedom
+    greedy = actions == q.argmax(-1)
+    assert 0 < int(greedy.sum()) < rows
+    torch.testing.assert_close(logp, torch.full((rows,), math.log(1 / n)))
+
+
+def test_epsilon_greedy_log_probs_mix_uniform_and_greedy():
+    torch.manual_seed(1)
+    rows, n = 20000, 3
+    q = torch.randn(rows, n)
+    eps = torch.rand(rows)
+    actions, logp = epsilon_greedy(q, eps)
+    is_greedy = (actions == q.argmax(-1)).double()
+    expected = torch.log(eps.double() / n + (1 - eps.double()) * is_greedy)
+    torch.testing.assert_close(logp.double(), expected, rtol=1e-6, atol=1e-6)
+    # The greedy action is taken with probability 1 - eps + eps / n.
+    assert abs(float(is_greedy.mean()) - float((1 - eps + eps / n).mean())) < 0.015
+
+
+# ---------------------------------------------------------------- n-step windows
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 9])
+def test_trajectory_windows_match_a_brute_force_loop(n):
+    g = torch.Generator().manual_seed(n)
+    steps, batch, gamma = 7, 5, 0.9
+    rewards = torch.randn(steps, batch, generator=g, dtype=torch.float64)
+    terminated = torch.rand(steps, batch, generator=g) < 0.2
+    truncated = torch.rand(steps, batch, generator=g) < 0.15
+    returns, discounts, ends = trajectory_windows(rewards, terminated, truncated, gamma, n)
+    ref_returns, ref_discounts, ref_ends = reference_windows(rewards.numpy(), terminated.numpy(),
+                                                             truncated.numpy(), gamma, n)
+    assert returns.dtype == discounts.dtype == torch.float64 and ends.dtype == torch.int64
+    np.testing.assert_allclose(returns.numpy(), ref_returns, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(discounts.numpy(), ref_discounts, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(ends.numpy(), ref_ends)
+    assert ends.min() >= 1 and ends.max() <= steps
+
+
+def test_trajectory_windows_by_hand():
+    rewards = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]], dtype=torch.float64)
+    terminated = torch.tensor([[False], [False], [True], [False], [False]])
+    truncated = torch.tensor([[False], [False], [False], [True], [False]])
+    returns, discounts, ends = trajectory_windows(rewards, terminated, truncated, 0.5, 3)
+    # t=0: 1 + .5*2 + .25*4, terminated inside; t=1: 2 + .5*4 terminated; t=2: 4 terminated;
+    # t=3: truncated after one step; t=4: cut by the trajectory's end.
+    np.testing.assert_allclose(returns[:, 0].numpy(), [3.0, 4.0, 4.0, 8.0, 16.0])
+    np.testing.assert_allclose(discounts[:, 0].numpy(), [0.0, 0.0, 0.0, 0.5, 0.5])
+    np.testing.assert_array_equal(ends[:, 0].numpy(), [3, 3, 3, 4, 5])
+
+
+# ---------------------------------------------------------------- dueling network
+
+
+def test_dueling_network_is_value_plus_centred_advantages():
+    torch.manual_seed(0)
+    net = build_model(OBS_SPACE, gymnasium.spaces.Discrete(3), build_config("cartpole-dqn").model, algo="dqn")
+    assert isinstance(net, DuelingQNetwork)
+    perturb(net, scale=0.5)  # the small-gain initial heads would make every check near zero
+    obs = torch.randn(16, 4)
+    q, q_max = net(obs)
+    with torch.no_grad():
+        features = net.encoder(net.preprocess(obs))
+        adv, value = net.policy(features), net.value(features)
+    assert q.shape == (16, 3) and q_max.shape == (16,)
+    torch.testing.assert_close(q, value + adv - adv.mean(-1, keepdim=True))
+    torch.testing.assert_close(q.mean(-1), value.squeeze(-1))
+    torch.testing.assert_close(q_max, q.max(-1).values, rtol=0, atol=0)
+    assert type(build_model(OBS_SPACE, ACTION_SPACE, build_config("cartpole-dqn").model)) is ActorCritic
+
+
+def test_dueling_network_refuses_continuous_actions():
+    box = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    with pytest.raises(ValueError, match="appo"):
+        build_model(OBS_SPACE, box, build_config("cartpole-dqn").model, algo="dqn")
+    with pytest.raises(ValueError, match="Discrete action space"):
+        DuelingQNetwork(OBS_SPACE, box)
+
+
+# ---------------------------------------------------------------- arrival priorities in the replay
+
+
+def one_stream_replay(alpha=0.5, capacity=16):
+    return TransitionReplay(ReplayConfig(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), num_streams=1,
+                            obs_shape=(3,), obs_dtype=np.float32, seed=0)
+
+
+def add_row(replay, priority, value=0.0):
+    replay.add([0], np.full((1, 3), value, np.float32), [0], [1.0], [False], [False],
+               None if priority is None else [priority])
+
+
+def test_arrival_priorities_enter_the_tree_once_sampleable():
+    alpha = 0.5
+    replay = one_stream_replay(alpha)
+    add_row(replay, 4.0)
+    assert replay.priorities([0])[0] == 0.0  # record 1 is not written yet: not sampleable
+    add_row(replay, 0.25)
+    np.testing.assert_allclose(replay.priorities([0, 1]), [4.0 ** alpha, 0.0])
+    add_row(replay, None)  # PER: the largest priority seen so far (4)
+    add_row(replay, 0.0)
+    add_row(replay, 9.0)
+    add_row(replay, None)
+    np.testing.assert_allclose(replay.priorities(np.arange(6)),
+                               [4.0 ** alpha, 0.25 ** alpha, 4.0 ** alpha, 0.0, 9.0 ** alpha, 0.0])
+    drawn = np.concatenate([replay.sample(64, rng=seed).indices for seed in range(10)])
+    assert set(drawn) == {0, 1, 2, 4}  # the zero arrival priority is never sampled
+
+
+def test_without_arrival_priorities_new_records_get_the_initial_max():
+    replay = one_stream_replay(alpha=0.5)
+    for _ in range(4):
+        add_row(replay, None)
+    np.testing.assert_array_equal(replay.priorities(np.arange(4)), [1.0, 1.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("priorities, message", [
+    ([np.nan], "finite and >= 0"), ([-1.0], "finite and >= 0"), ([np.inf], "finite and >= 0"),
+    ([1.0, 2.0], r"priorities must have shape \[1\]"), ([[1.0]], r"priorities must have shape \[1\]"),
+])
+def test_bad_arrival_priorities_are_rejected_before_anything_is_written(priorities, message):
+    replay = one_stream_replay()
+    add_row(replay, 1.0)
+    with pytest.raises(ValueError, match=message):
+        replay.add([0], np.zeros((1, 3), np.float32), [0], [1.0], [False], [False], priorities)
+    assert len(replay) == 1 and replay.added == 1
+
+
+# ---------------------------------------------------------------- the DQN learner
+
+
+def test_make_replay_config_and_make_learner_follow_the_config():
+    cfg = dqn_config(**{"learner.gamma": 0.95, "replay.n_step": 5, "replay.alpha": 0.7})
+    rc = make_replay_config(cfg)
+    assert (rc.capacity, rc.min_fill, rc.alpha, rc.beta, rc.n_step, rc.gamma) == (256, 64, 0.7, 0.4, 5, 0.95)
+    assert rc.sequence_length == rc.sequence_stride == T and rc.compress is None and rc.memmap_dir is None
+    learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
+    assert isinstance(learner, DQNLearner) and isinstance(learner.model, DuelingQNetwork)
+    assert learner.replay.num_streams == E and learner.replay.horizon == 5
+    assert not any(p.requires_grad for p in learner.target.parameters())
+    assert type(make_learner(build_config("cartpole-appo"), OBS_SPACE, ACTION_SPACE)) is Learner
+
+
+def test_replay_ratio_sets_the_number_of_gradient_steps():
+    learner = make_dqn()
+    cfg = learner.cfg
+    ratio = ReplayRatio(cfg.replay.replay_ratio / cfg.replay.batch_size, start=cfg.replay.min_fill)
+    for k, (batch, env_ids) in enumerate(stream_batches(6)):
+        stats = learner.train(batch, env_ids=env_ids)
+        added = (k + 1) * T * E
+        assert learner.replay.added == added and len(learner.replay) == stats["replay_size"] == added
+        expected = ratio.allowed_batches(added, 0)
+        assert expected == max(0, (added - 64) * 2 // 32)
+        assert learner.updates == learner.replayed_batches == stats["learner_updates"] == expected
+        assert learner.version == stats["version"] == k + 1
+        if expected:
+            assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+    assert learner.updates == 8 and learner.skipped_updates == 0
+
+
+def test_target_network_is_refreshed_every_target_update_every_steps():
+    learner = make_dqn()
+    for batch, env_ids in stream_batches(2):  # 64 records: min_fill reached, no step taken yet
+        learner.train(batch, env_ids=env_ids)
+    assert learner.updates == 0 and same_weights(learner.model, learner.target)
+    initial = copy.deepcopy(learner.target.state_dict())
+    target_before = initial
+    for step in range(1, 10):
+        assert learner._update() is not None
+        assert learner.updates == step
+        refreshed = step % 3 == 0
+        assert same_weights(learner.model, learner.target) == refreshed, step
+        target_now = copy.deepcopy(learner.target.state_dict())
+        unchanged = all(torch.equal(target_before[k], target_now[k]) for k in target_now)
+        assert unchanged != refreshed, step  # the target moves at a refresh and only then
+        target_before = target_now
+
+
+def test_a_skipped_update_never_refreshes_the_target():
+    learner = make_dqn()
+    for batch, env_ids in stream_batches(2):
+        learner.train(batch, env_ids=env_ids)
+    for _ in range(3):
+        learner._update()
+    assert learner.updates == 3 and same_weights(learner.model, learner.target)
+    target_before = copy.deepcopy(learner.target.state_dict())
+    with torch.no_grad():
+        learner.model.value.bias.fill_(float("nan"))  # every loss from now on is NaN
+    assert learner._update() is not None
+    assert (learner.updates, learner.skipped_updates, learner.consecutive_skips) == (3, 1, 1)
+    assert all(torch.equal(target_before[k], v) for k, v in learner.target.state_dict().items())
+
+
+def test_a_non_finite_reward_is_dropped_and_counted_as_a_skipped_update():
+    learner = make_dqn()
+    (batch, env_ids), = stream_batches(1)
+    batch.rewards[2, 1] = float("nan")
+    learner.train(batch, env_ids=env_ids)
+    assert learner.version == 1
+    assert (learner.skipped_updates, learner.consecutive_skips) == (1, 1)
+    assert len(learner.replay) == 0  # nothing that could poison later batches was stored
+    assert all(torch.isfinite(p).all() for p in learner.model.parameters())
+
+
+def test_arrival_priorities_are_n_step_double_q_td_errors():
+    learner = make_dqn(**{"learner.reward_scale": 0.5})
+    perturb(learner.target)  # online and target differ: double Q matters
+    (batch, env_ids), = stream_batches(1, seed=3, p_terminate=0.15, p_truncate=0.1)
+    gamma, n = learner.cfg.learner.gamma, learner.cfg.replay.n_step
+    with torch.no_grad():
+        flat = batch.obs.reshape(-1, 4)
+        online = learner.model(flat)[0].double().reshape(T + 1, E, 2).numpy()
+        target = learner.target(flat)[0].double().reshape(T + 1, E, 2).numpy()
+    rewards = 0.5 * batch.rewards.double().numpy()
+    returns, discounts, ends = reference_windows(rewards, batch.terminated.numpy(), batch.truncated.numpy(), gamma, n)
+    expected = np.zeros((T, E))
+    for t in range(T):
+        for b in range(E):
+            end = ends[t, b]
+            bootstrap = target[end, b, online[end, b].argmax()]
+            td = returns[t, b] + discounts[t, b] * bootstrap - online[t, b, batch.actions[t, b]]
+            expected[t, b] = abs(td) + PRIORITY_EPS
+    got = learner.arrival_priorities(batch, learner.transformed_rewards(batch.rewards))
+    assert got.dtype == np.float64 and got.shape == (T, E)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    # train() hands them to the replay: record t of env e sits in slot e * L + t and holds p^alpha
+    # once record t + n is written, if its action was taken (no gradient step yet: min_fill).
+    learner.train(batch, env_ids=env_ids)
+    assert learner.updates == 0
+    alpha, ring = learner.cfg.replay.alpha, learner.replay.ring_len
+    for col, env in enumerate(env_ids):
+        tree = learner.replay.priorities(env * ring + np.arange(T))
+        sampleable = batch.valid[:, col].numpy() & (np.arange(T) <= T - 1 - n)
+        np.testing.assert_allclose(tree, np.where(sampleable, expected[:, col] ** alpha, 0.0), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_train_needs_env_ids_of_the_right_shape():
+    learner = make_dqn()
+    (batch, env_ids), = stream_batches(1)
+    with pytest.raises(ValueError, match="needs env_ids"):
+        learner.train(batch)
+    with pytest.raises(ValueError, match=r"env_ids must have shape \[4\], got \[3\]"):
+        learner.train(batch, env_ids=env_ids[:3])
+    with pytest.raises(ValueError, match=r"env_ids must have shape \[4\]"):
+        learner.train(batch, env_ids=env_ids[None])
+    assert learner.version == 0 and learner.replay.added == 0
+
+
+def test_state_dict_round_trip_restores_networks_and_counters():
+    learner = make_dqn()
+    for batch, env_ids in stream_batches(4):
+        learner.train(batch, env_ids=env_ids)
+    assert learner.updates == 4 and learner.version == 4  # 4 % 3: the target lags the model
+    assert not same_weights(learner.model, learner.target)
+    buffer = io.BytesIO()
+    torch.save(learner.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer)
+
+    restored = make_dqn(seed=123)
+    assert not same_weights(restored.model, learner.model)
+    restored.load_state_dict(state)
+    assert same_weights(restored.model, learner.model) and same_weights(restored.target, learner.target)
+    assert (restored.version, restored.updates, restored.skipped_updates) == (4, 4, 0)
+    mine, theirs = learner.optimizer.state_dict()["state"], restored.optimizer.state_dict()["state"]
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k]["exp_avg"], theirs[k]["exp_avg"]) for k in mine)
+
+    # A checkpoint without a target network (older runs) starts the target from the model.
+    legacy = {k: v for k, v in state.items() if k != "target"}
+    older = make_dqn(seed=7)
+    older.load_state_dict(legacy)
+    assert same_weights(older.target, learner.model)
+
+
+def constant_q(learner):
+    """Q independent of the observation: online [0.5, -0.5], target [-1, 1]."""
+    with torch.no_grad():
+        for net, bias in ((learner.model, [1.0, 0.0]), (learner.target, [0.0, 2.0])):
+            net.policy.weight.zero_()
+            net.value.weight.zero_()
+            net.value.bias.zero_()
+            net.policy.bias.copy_(torch.tensor(bias))
+
+
+@pytest.mark.parametrize("double_q, bootstrap", [(True, -1.0), (False, 1.0)])
+def test_double_q_lets_the_online_network_pick_and_the_target_rate(double_q, bootstrap):
+    learner = make_dqn(**{"learner.double_q": double_q})
+    constant_q(learner)
+    next_obs = torch.randn(6, 4)
+    torch.testing.assert_close(learner.bootstrap_values(next_obs), torch.full((6,), bootstrap))
+
+    # Arrival priorities use the same rule: 1-step, no dones, zero rewards, action 0 (Q = 0.5).
+    learner.rcfg.n_step = 1
+    batch = Trajectories(
+        obs=torch.randn(3, 1, 4), actions=torch.zeros(2, 1, dtype=torch.int64), logp=torch.zeros(2, 1),
+        rewards=torch.zeros(2, 1), terminated=torch.zeros(2, 1, dtype=torch.bool),
+        truncated=torch.zeros(2, 1, dtype=torch.bool), valid=torch.ones(2, 1, dtype=torch.bool),
+        version=torch.zeros(2, 1, dtype=torch.int64))
+    gamma = learner.cfg.learner.gamma
+    np.testing.assert_allclose(learner.arrival_priorities(batch, batch.rewards),
+                               np.full((2, 1), abs(gamma * bootstrap - 0.5) + PRIORITY_EPS), rtol=1e-6)
+
+    # Random networks: compare with the formula row by row.
+    perturb(learner.model, scale=0.5, seed=2)
+    perturb(learner.target, scale=0.5, seed=3)
+    obs = torch.randn(64, 4)
+    with torch.no_grad():
+        online, target = learner.model(obs)[0], learner.target(obs)[0]
+    picked = target.gather(-1, (online if double_q else target).argmax(-1, keepdim=True)).squeeze(-1)
+    torch.testing.assert_close(learner.bootstrap_values(obs), picked)
+
+
+# ---------------------------------------------------------------- V-trace replay in the learner
+
+
+def vtrace_replay_config(fraction, min_fill):
+    return build_config("cartpole-appo", {
+        "replay.vtrace_fraction": fraction, "replay.capacity": 64 * E, "replay.min_fill": min_fill,
+        "env.num_workers": 1, "env.envs_per_worker": E, "env.num_splits": 1, "learner.rollout": T,
+        "learner.batch_size": T * E})
+
+
+FIELDS = ("obs", "actions", "logp", "rewards", "terminated", "truncated", "valid")
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.6])
+def test_learner_appends_replayed_trajectories_of_the_right_stream(fraction):
+    torch.manual_seed(0)
+    learner = Learner(vtrace_replay_config(fraction, min_fill=3 * T * E), OBS_SPACE, ACTION_SPACE)
+    outputs = []
+    original = learner.with_replayed
+
+    def spy(batch, env_ids):
+        out = original(batch, env_ids)
+        outputs.append(out)
+        return out
+
+    learner.with_replayed = spy
+    batches = stream_batches(5, seed=4)
+    wanted = round(E * fraction / (1 - fraction))
+    for k, (batch, env_ids) in enumerate(batches):
+        stats = learner.train(batch, env_ids=env_ids)
+        assert learner.version == k + 1 and math.isfinite(stats["loss"])
+        out = outputs[-1]
+        out.validate()
+        for name in FIELDS + ("version",):  # fresh columns first, unchanged
+            assert torch.equal(getattr(out, name)[:, :E], getattr(batch, name)), name
+        if k < 2:  # below min_fill (3 batches' records): nothing replayed
+            assert out.rewards.shape[1] == E
+            continue
+        assert out.rewards.shape[1] == E + wanted
+        assert torch.all(out.version[:, E:] == k)  # the learner's version when they were replayed
+        # Every replayed column is one earlier trajectory of one env, exactly (batch k's own
+        # sequences need batch k + 1's first observation, so they cannot be sampled yet).
+        earlier = [(b, c) for b, _ in batches[:k] for c in range(E)]
+        for col in range(E, E + wanted):
+            matches = [(b, c) for b, c in earlier if torch.equal(b.obs[:, c], out.obs[:, col])]
+            assert len(matches) == 1, col
+            b, c = matches[0]
+            for name in FIELDS:
+                replayed = getattr(out, name)[:, col]
+                assert torch.equal(replayed, getattr(b, name)[:, c].to(replayed.dtype)), name
+
+
+def test_learner_with_vtrace_replay_needs_env_ids():
+    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    (batch, env_ids), = stream_batches(1)
+    with pytest.raises(ValueError, match=r"needs env_ids \[4\]"):
+        learner.train(batch)
+    with pytest.raises(ValueError, match=r"needs env_ids \[4\]"):
+        learner.train(batch, env_ids=env_ids[:2])
+    assert learner.version == 0 and learner.replay.added == 0
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize("profile, overrides, message", [
+    ("cartpole-appo", {"replay.vtrace_fraction": 1.0}, r"vtrace_fraction' must be in \[0, 1\)"),
+    ("cartpole-appo", {"replay.vtrace_fraction": -0.1}, r"vtrace_fraction' must be in \[0, 1\)"),
+    ("cartpole-dqn", {"replay.vtrace_fraction": 0.5}, "dqn replays every batch"),
+    ("cartpole-dqn", {"replay.min_fill": 200_000}, r"min_fill \(200000\) exceeds the 99968 records replay.capacity"),
+    ("cartpole-appo", {"replay.vtrace_fraction": 0.5, "replay.min_fill": 2_000_000}, "lower replay.min_fill"),
+    ("cartpole-dqn", {"replay.capacity": 64 * 3, "replay.min_fill": 0}, "leaves 3 records per env for 64 envs"),
+    ("cartpole-appo", {"replay.vtrace_fraction": 0.5, "replay.capacity": 2048 * 32, "replay.min_fill": 0},
+     r"frame_stack \+ learner.rollout = 33"),
+    ("cartpole-dqn", {"learner.epsilon": 1.5}, r"learner.epsilon' must be in \[0, 1\]"),
+    ("cartpole-dqn", {"learner.target_update_every": 0}, "target_update_every' must be >= 1"),
+    ("cartpole-dqn", {"replay.replay_ratio": 0.0}, "replay_ratio' must be > 0 for dqn"),
+    ("cartpole-dqn", {"replay.compress": "zip"}, "replay.compress' must be one of"),
+    ("cartpole-dqn", {"replay.n_step": 0}, "replay.n_step' must be >= 1"),
+    ("cartpole-dqn", {"replay.alpha": -1.0}, "replay.alpha' must be >= 0"),
+])
+def test_bad_replay_settings_name_the_fix(profile, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(profile, overrides)
+
+
+def test_min_fill_is_checked_against_the_capacity_the_replay_can_hold():
+    with pytest.raises(ConfigError, match="min_fill"):
+        dqn_config(**{"replay.capacity": 258, "replay.min_fill": 257})
+
+
+def test_replay_settings_matter_only_where_a_replay_is_used():
+    # appo without V-trace replay keeps no replay: its capacity and epsilon are not checked.
+    build_config("cartpole-appo", {"replay.capacity": 1, "replay.min_fill": 5, "learner.epsilon": 1.5})
+
+
+def test_replay_section_round_trips_through_toml(tmp_path):
+    cfg = build_config("cartpole-dqn", {"replay.n_step": 5, "replay.compress": "lz4", "replay.replay_ratio": 0.5,
+                                        "learner.target_update_every": 7, "learner.double_q": False})
+    text = to_toml(cfg)
+    assert "\n[replay]\n" in text and "replay_ratio = 0.5" in text
+    (tmp_path / "config.toml").write_text(text)
+    loaded = load_run_config(tmp_path)
+    assert loaded == cfg
+    assert loaded.replay.compress == "lz4" and loaded.learner.algo == "dqn" and not loaded.learner.double_q
