@@ -70,6 +70,38 @@ def trajectory_windows(rewards: torch.Tensor, terminated: torch.Tensor, truncate
     return returns, torch.where(terminal, torch.zeros_like(scale), scale), ends
 
 
+def add_trajectories(replay, batch, rewards: torch.Tensor, env_ids, fresh=None, **per_step) -> None:
+    """Append the trajectories ``batch`` ``[T, B]`` to ``replay``, column b as T records of stream
+    ``env_ids[b]`` (columns in arrival order, so each stream's records stay in time order).
+
+    ``fresh[b]`` marks an env's first trajectory since its worker (re)started: its episode did
+    not continue the stream's last record, so the stream is restarted before that column
+    (:meth:`fastrl.replay.TransitionReplay.restart_streams`). ``per_step``: further ``[T, B]``
+    numpy arrays for ``add`` (``priorities`` or ``logp``)."""
+    T, B = rewards.shape
+    env_ids = np.asarray(env_ids, dtype=np.int64)
+    fresh = np.zeros(B, bool) if fresh is None else np.asarray(fresh, bool)
+    if fresh.shape != (B,):
+        raise ValueError(f"fresh must have shape [{B}], got {list(fresh.shape)}")
+
+    def add_columns(a: int, c: int) -> None:
+        obs = batch.obs[:T, a:c].transpose(0, 1)
+        actions = batch.actions[:, a:c].transpose(0, 1)
+        replay.add(np.repeat(env_ids[a:c], T), obs.reshape(-1, *obs.shape[2:]).numpy(),
+                   actions.reshape(-1, *actions.shape[2:]).numpy(), rewards[:, a:c].T.reshape(-1).numpy(),
+                   batch.terminated[:, a:c].T.reshape(-1).numpy(), batch.truncated[:, a:c].T.reshape(-1).numpy(),
+                   **{name: np.ascontiguousarray(values[:, a:c].T).reshape(-1) for name, values in per_step.items()})
+
+    start = 0
+    for b in np.flatnonzero(fresh).tolist():
+        if replay.stream_length(env_ids[b]) == 0 and env_ids[b] not in env_ids[start:b]:
+            continue  # a stream's very first records: nothing to cut
+        add_columns(start, b)
+        replay.restart_streams(env_ids[b:b + 1])
+        start = b
+    add_columns(start, B)
+
+
 class DQNLearner:
     """Same interface as :class:`fastrl.learner.Learner` (model, optimizer, version, train,
     state_dict), so :class:`fastrl.learner.LearnerHost` and the runner drive either."""
@@ -109,9 +141,11 @@ class DQNLearner:
             rewards = rewards.clamp(-self.lcfg.reward_clip, self.lcfg.reward_clip)
         return rewards
 
-    def train(self, batch, progress: float = 0.0, env_ids: np.ndarray | None = None) -> dict:
+    def train(self, batch, progress: float = 0.0, env_ids: np.ndarray | None = None,
+              fresh: np.ndarray | None = None) -> dict:
         """Add the trajectories ``batch`` to the replay (``env_ids`` ``[B]``: each column's env, its
-        replay stream), then take the gradient steps the replay ratio allows; returns statistics."""
+        replay stream; ``fresh`` ``[B]``: see :func:`add_trajectories`), then take the gradient
+        steps the replay ratio allows; returns statistics."""
         batch.validate()
         T, B = batch.rewards.shape
         if env_ids is None:
@@ -137,11 +171,7 @@ class DQNLearner:
         if normalizer is not None:
             normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
             self.target.normalizer.load_state_dict(normalizer.state_dict())
-        obs = batch.obs[:T].transpose(0, 1)  # trajectory-major: each stream's rows in time order
-        self.replay.add(np.repeat(env_ids, T), obs.reshape(B * T, *obs.shape[2:]).numpy(),
-                        batch.actions.T.reshape(-1).numpy(), rewards.T.reshape(-1).numpy(),
-                        batch.terminated.T.reshape(-1).numpy(), batch.truncated.T.reshape(-1).numpy(),
-                        priorities.T.reshape(-1))
+        add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
         self.timings["replay_s"] += time.perf_counter() - start
 
         stats = dict(self.last_stats)

@@ -149,15 +149,18 @@ class Learner:
             return self.lcfg.lr
         return self.lcfg.lr * max(0.0, 1.0 - progress)
 
-    def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None) -> dict:
+    def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
+              fresh: np.ndarray | None = None) -> dict:
         """One learner step on ``batch`` (all epochs and minibatches); returns statistics.
 
         ``env_ids`` ``[B]`` (each trajectory's env) is needed only with ``replay.vtrace_fraction``:
-        the batch is then stored for replay and completed with replayed trajectories."""
+        the batch is then stored for replay and completed with replayed trajectories; ``fresh``
+        ``[B]`` marks an env's first trajectory after its worker restarted (see
+        :func:`fastrl.dqn.add_trajectories`)."""
         batch.validate()
         valid_lag = (self.version - batch.version)[batch.valid].float()
         if self.replay is not None:
-            batch = self.with_replayed(batch, env_ids)
+            batch = self.with_replayed(batch, env_ids, fresh)
         batch = batch.to(self.device)
         lcfg = self.lcfg
         lag = (self.version - batch.version).float()
@@ -196,7 +199,7 @@ class Learner:
             skipped_updates=self.skipped_updates, version=self.version)
         return stats
 
-    def with_replayed(self, batch: Trajectories, env_ids) -> Trajectories:
+    def with_replayed(self, batch: Trajectories, env_ids, fresh=None) -> Trajectories:
         """Store ``batch`` in the sequence replay and append replayed trajectories, so that they
         make up ``replay.vtrace_fraction`` of the result. Replayed columns carry the current
         version: V-trace corrects for their behaviour policy (stored log-probs), and the lag mask
@@ -204,11 +207,9 @@ class Learner:
         T, B = batch.rewards.shape
         if env_ids is None or np.shape(env_ids) != (B,):
             raise ValueError(f"replay.vtrace_fraction needs env_ids [{B}], the env of each trajectory")
-        obs = batch.obs[:T].transpose(0, 1)
-        self.replay.add(np.repeat(np.asarray(env_ids, np.int64), T), obs.reshape(B * T, *obs.shape[2:]).numpy(),
-                        batch.actions.transpose(0, 1).reshape(B * T, *batch.actions.shape[2:]).numpy(),
-                        batch.rewards.T.reshape(-1).numpy(), batch.terminated.T.reshape(-1).numpy(),
-                        batch.truncated.T.reshape(-1).numpy(), batch.logp.T.reshape(-1).numpy())
+        from .dqn import add_trajectories
+
+        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, logp=batch.logp.numpy())
         fraction = self.cfg.replay.vtrace_fraction
         wanted = int(round(B * fraction / (1.0 - fraction)))
         wanted -= (B + wanted) % self.lcfg.num_minibatches  # keep the minibatches equal
@@ -378,10 +379,14 @@ class LearnerHost:
 
         start = time.perf_counter()
         batch = gather_trajectories(self.arena, slot_ids)
-        env_ids = self.arena.slot_env[slot_ids].astype(np.int64)  # read before the slots are reused
+        # Read before the slots are reused: each trajectory's env (replay stream), and whether it
+        # is the env's first since its worker (re)started (its stream restarts there).
+        env_ids = self.arena.slot_env[slot_ids].astype(np.int64)
+        fresh = self.arena.slot_fresh[slot_ids].astype(bool)
         release(slot_ids)
         self.timings["gather_s"] += time.perf_counter() - start
-        stats = self.learner.train(batch, self.progress() if progress is None else progress, env_ids=env_ids)
+        stats = self.learner.train(batch, self.progress() if progress is None else progress, env_ids=env_ids,
+                                   fresh=fresh)
         if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
             raise NonFiniteTraining(
                 f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "

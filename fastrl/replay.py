@@ -269,6 +269,28 @@ class _StreamReplay:
                   self._valid, self._generation]
         return self._frames.nbytes + sum(a.nbytes for a in arrays)
 
+    def stream_length(self, stream: int) -> int:
+        """Records written to ``stream`` over the buffer's life."""
+        return int(self._written[stream])
+
+    def restart_streams(self, env_ids) -> None:
+        """The next record of each stream in ``env_ids`` starts a new episode that does not follow
+        the stream's last record (e.g. the env was recreated after its worker crashed).
+
+        Transitions: the last ``n_step`` records become invalid, as their n-step windows would
+        read the new episode as their future; they have no priority yet (the upper bound of the
+        sampleable rule), so none is revoked. Sequences: the last record, whose step leads into
+        the new episode, becomes invalid, which cuts V-trace's trace as an autoreset step does."""
+        for stream in np.unique(np.asarray(env_ids, dtype=np.int64)).tolist():
+            written = int(self._written[stream])
+            if written == 0:
+                continue
+            cut = self.horizon if self._start_needs_valid else 1
+            times = np.arange(max(0, written - cut), written)
+            self._valid[stream * self.ring_len + times % self.ring_len] = False
+            self._done_last[stream] = False
+            self._final_last[stream] = True  # the next record is "first" and valid
+
     def sampleable(self, indices) -> np.ndarray:
         """bool array: which slots may start a sample now (the rule in the module docstring)."""
         indices = np.asarray(indices, dtype=np.int64)

@@ -47,6 +47,7 @@ class RolloutWorker:
         self.env_slot[:] = first_slots
         self.stream_base = worker_id * E
         arena.slot_env[first_slots] = self.stream_base + np.arange(E, dtype=np.int32)
+        arena.slot_fresh[first_slots] = 1
         self.env_t[:] = 0
         self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
 
@@ -109,6 +110,7 @@ class RolloutWorker:
         arena.obs[new_slots, 0] = obs[full]
         self.env_slot[ids[full]] = new_slots
         arena.slot_env[new_slots] = self.stream_base + ids[full]
+        arena.slot_fresh[new_slots] = 0
 
     def track_episodes(self, ids, rewards, valid, done) -> None:
         self.episode_return[ids] += rewards * valid

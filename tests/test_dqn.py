@@ -481,8 +481,8 @@ def test_learner_appends_replayed_trajectories_of_the_right_stream(fraction):
     outputs = []
     original = learner.with_replayed
 
-    def spy(batch, env_ids):
-        out = original(batch, env_ids)
+    def spy(batch, env_ids, fresh=None):
+        out = original(batch, env_ids, fresh)
         outputs.append(out)
         return out
 
@@ -566,3 +566,43 @@ def test_replay_section_round_trips_through_toml(tmp_path):
     loaded = load_run_config(tmp_path)
     assert loaded == cfg
     assert loaded.replay.compress == "lz4" and loaded.learner.algo == "dqn" and not loaded.learner.double_q
+
+
+# --- a worker restart: the env's stream restarts in the replay --------------------------------
+
+
+def test_restart_streams_cuts_the_windows_that_would_read_the_new_episode():
+    n = 3
+    replay = TransitionReplay(ReplayConfig(capacity=64, min_fill=1, n_step=n, gamma=0.5), num_streams=1,
+                              obs_shape=(1,), obs_dtype=np.float32, seed=0)
+    ones = np.ones(10)
+    replay.add(np.zeros(10, int), np.arange(10, dtype=np.float32)[:, None], np.zeros(10, int), ones,
+               np.zeros(10, bool), np.zeros(10, bool))
+    replay.restart_streams([0])
+    replay.add(np.zeros(6, int), np.arange(100, 106, dtype=np.float32)[:, None], np.zeros(6, int), ones[:6],
+               np.zeros(6, bool), np.zeros(6, bool))
+    sampleable = replay.sampleable(np.arange(16))
+    # Records 0-6 keep windows inside the old episode; 7-9 would bootstrap from the new one.
+    assert sampleable[:7].all() and not sampleable[7:10].any()
+    assert sampleable[10:16 - n].all()  # the new episode starts a valid stream of its own
+    drawn = replay.sample(2000)
+    assert not np.isin(drawn.indices, [7, 8, 9]).any()
+    six = drawn.indices == 6
+    assert six.any() and np.all(drawn.next_obs[six] == 9.0)  # record 6 bootstraps from old record 9
+
+
+def test_a_fresh_trajectory_restarts_only_its_own_stream_in_arrival_order():
+    learner = make_dqn()
+    (first, ids_first), (second, ids_second) = stream_batches(2)
+    learner.train(first, env_ids=ids_first, fresh=np.ones(E, bool))  # run start: nothing to cut
+    L, n = learner.replay.ring_len, learner.cfg.replay.n_step
+    assert learner.replay.stream_length(0) == T and learner.replay._valid[:T].sum() == first.valid[:, ids_first == 0].sum()
+    fresh = ids_second == 0  # env 0's worker restarted: its second trajectory begins a new episode
+    learner.train(second, env_ids=ids_second, fresh=fresh)
+    valid = learner.replay._valid
+    assert not valid[T - n:T].any()  # env 0's last n records before the restart
+    assert valid[T] and learner.replay._first[T]  # its first record after the restart
+    for env in range(1, E):  # every other stream continues untouched
+        column = int(np.flatnonzero(ids_second == env)[0])
+        assert np.array_equal(valid[env * L + T:env * L + 2 * T], second.valid[:, column].numpy())
+        assert valid[env * L + T - n:env * L + T].tolist() == first.valid[T - n:, int(np.flatnonzero(ids_first == env)[0])].tolist()
