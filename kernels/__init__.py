@@ -3,9 +3,10 @@
 The torch wrappers live in :mod:`fastrl.kernels.torch_ops`, imported on demand so that
 processes that never touch torch (rollout workers) do not load it.
 """
+from .categorical import sample_categorical
 from .gae import gae
 from .nstep import nstep_targets
 from .sumtree import SumTree
 from .vtrace import vtrace
 
-__all__ = ["SumTree", "gae", "nstep_targets", "vtrace"]
+__all__ = ["SumTree", "gae", "nstep_targets", "sample_categorical", "vtrace"]
