@@ -140,7 +140,7 @@ class CategoricalHead:
         if params.device.type != "cpu":
             actions = self.sample(params)
             return actions, self.log_prob(params, actions)
-        # One compiled pass instead of ~10 torch ops: measured 40 -> 22 us for [576, 2] here.
+        # One compiled pass instead of ~10 torch ops: measured 42 -> 28 us for [640, 2] here.
         actions, logp = sample_categorical(params.numpy(), torch.rand(params.shape[0]).numpy())
         return torch.from_numpy(actions), torch.from_numpy(logp)
 

@@ -11,12 +11,11 @@ import time
 from collections import deque
 from typing import Callable
 
+import numba
 import numpy as np
 
-import numba
-
 from .config import Config
-from .shm import EPISODE_RING, Arena
+from .shm import Arena
 
 
 class RolloutWorker:
@@ -81,8 +80,9 @@ class RolloutWorker:
         arena, w = self.arena, self.worker_id
         obs = np.ascontiguousarray(obs)
         flat_obs = obs.reshape(len(ids), -1)
-        # One compiled pass instead of ~15 numpy scatters: measured 93 us -> ~10 us of worker
-        # CPU per batch of 256 CartPole envs here, a third of the worker's own overhead.
+        # One compiled pass instead of ~15 numpy scatters: they took 93 us of worker CPU per batch
+        # of 256 CartPole envs here (recv and send take ~50 us each); the copy share of a worker's
+        # wall time fell from 12.9% to 4.8% (fastrl-profile --profile cartpole-appo).
         stepped, num_full = _record_steps(
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
             self.env_slot, self.env_t, self.started, self.prev_done, self.episode_return, self.episode_length,
