@@ -2,6 +2,7 @@
 
     python scripts/bench_train.py                       # CartPole: FPS figures + 3 seeds to 475
     python scripts/bench_train.py --pong --seconds 30   # also Pong (atari-appo) on this machine's CPU
+    python scripts/bench_train.py --dqn                 # also cartpole-dqn: FPS + 3 seeds to 400
 
 Every FPS figure is printed next to the raw env throughput of the same process layout, measured
 in the same invocation (fastrl.profiler). Time-to-solve is wall-clock from the train() call
@@ -20,21 +21,39 @@ from fastrl.profiler import hardware, profile
 from fastrl.runner import train
 
 # More envs in flight per worker: each inference batch and worker step amortizes more fixed cost.
-# Not the profile's layout: 2048 x 8 lags ~30 updates behind and solves CartPole later.
+# Not the profile's layout: 2048 x 8 lags ~60 updates behind (~20 for 1024 x 4) and solves later.
 CARTPOLE_SAMPLING_LAYOUT = {"device": "cpu", "env.envs_per_worker": 2048, "env.num_splits": 8}
-TARGETS = {"solve_seconds": 60.0, "train_env_steps_per_s": 100_000, "sample_ratio": 0.5}
+TARGETS = {"solve_seconds": 60.0, "train_env_steps_per_s": 100_000, "sample_ratio": 0.5,
+           "dqn_solve_seconds": 120.0}
+DQN_TARGET_RETURN = 400.0
 PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
                "learner.batch_size": 512}
 
 
-def time_to_target(seed: int, target: float, limit_s: float) -> dict:
-    cfg = build_config("cartpole-appo", {"seed": seed, "device": "cpu", "report_every_s": 1.0,
+def time_to_target(profile_name: str, seed: int, target: float, limit_s: float) -> dict:
+    cfg = build_config(profile_name, {"seed": seed, "device": "cpu", "report_every_s": 1.0,
                                          "train_for_seconds": limit_s, "train_for_env_steps": 0})
     with tempfile.TemporaryDirectory(prefix="fastrl-bench-") as run_dir:
         result = train(cfg, run_dir=run_dir, quiet=True)
     hit = next((r for r in result.reports if (r["episode_return_mean"] or 0) >= target), None)
-    return {"seed": seed, "seconds": hit["wall_time"] if hit else None, "env_steps": hit["env_steps"] if hit else None,
+    return {"profile": profile_name, "seed": seed, "seconds": hit["wall_time"] if hit else None,
+            "env_steps": hit["env_steps"] if hit else None, "policy_lag_mean": hit["policy_lag_mean"] if hit else None,
             "final_return": result.final["episode_return_mean"]}
+
+
+def solve_times(profile_name: str, seeds: int, target: float, limit_s: float) -> tuple[list[dict], float | None]:
+    """One run per seed; the median is None unless every seed reached ``target``."""
+    runs = [time_to_target(profile_name, seed, target, limit_s) for seed in range(seeds)]
+    solved = [r["seconds"] for r in runs if r["seconds"] is not None]
+    return runs, (statistics.median(solved) if len(solved) == len(runs) else None)
+
+
+def print_solve_times(profile_name: str, runs: list[dict], median: float | None, target: float, limit_s: float) -> None:
+    for r in runs:
+        shown = (f"{r['seconds']:.1f} s ({r['env_steps']:,} env steps, policy lag {r['policy_lag_mean']:.1f})"
+                 if r["seconds"] is not None else f"not within {limit_s:g} s")
+        print(f"{profile_name} seed {r['seed']}: return >= {target:g} after {shown}")
+    print(f"{profile_name} median time to {target:g}: " + (f"{median:.1f} s" if median is not None else "not all seeds solved"))
 
 
 def throughput_row(name: str, cfg, seconds: float) -> dict:
@@ -52,15 +71,19 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--limit", type=float, default=60.0, help="wall-clock budget per seed")
     p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) on the CPU")
+    p.add_argument("--dqn", action="store_true", help="also measure cartpole-dqn: throughput and seeds to 400")
+    p.add_argument("--dqn-limit", type=float, default=180.0, help="wall-clock budget per cartpole-dqn seed")
     args = p.parse_args(argv)
 
     rows = [throughput_row("cartpole-appo", build_config("cartpole-appo", {"device": "cpu"}), args.seconds),
             throughput_row("cartpole 2048x8", build_config("cartpole-appo", CARTPOLE_SAMPLING_LAYOUT), args.seconds)]
     if args.pong:
         rows.append(throughput_row("atari-appo (cpu)", build_config("atari-appo", PONG_ON_CPU), args.seconds))
-    seeds = [time_to_target(seed, args.target, args.limit) for seed in range(args.seeds)]
-    solved = [s["seconds"] for s in seeds if s["seconds"] is not None]
-    median = statistics.median(solved) if len(solved) == len(seeds) else None
+    if args.dqn:
+        rows.append(throughput_row("cartpole-dqn", build_config("cartpole-dqn", {"device": "cpu"}), args.seconds))
+    seeds, median = solve_times("cartpole-appo", args.seeds, args.target, args.limit)
+    dqn_seeds, dqn_median = (solve_times("cartpole-dqn", args.seeds, DQN_TARGET_RETURN, args.dqn_limit)
+                             if args.dqn else ([], None))
 
     print(f"\nhardware: {hardware()}")
     print(f"{'profile':<18} {'raw env/s':>11} {'sampling/s':>11} {'ratio':>6} {'training/s':>11} {'ratio':>6}"
@@ -69,21 +92,22 @@ def main(argv=None) -> int:
         print(f"{r['profile']:<18} {r['env_fps']:>11,.0f} {r['sample_fps']:>11,.0f} {r['sample_ratio']:>6.2f} "
               f"{r['train_fps']:>11,.0f} {r['train_ratio']:>6.2f} {r['train_fps'] * r['frame_skip']:>15,.0f}")
         print(f"  diagnosis: {r['diagnosis']}")
-    for s in seeds:
-        shown = f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] else f"not within {args.limit} s"
-        print(f"cartpole-appo seed {s['seed']}: return >= {args.target:g} after {shown}")
-    print(f"median time to {args.target:g}: " + (f"{median:.1f} s" if median is not None else "not all seeds solved"))
+    print_solve_times("cartpole-appo", seeds, median, args.target, args.limit)
+    if args.dqn:
+        print_solve_times("cartpole-dqn", dqn_seeds, dqn_median, DQN_TARGET_RETURN, args.dqn_limit)
     print("targets")
     checks = [("cartpole-appo median seconds to 475", median, "at most", TARGETS["solve_seconds"]),
               ("cartpole-appo training env steps/s", rows[0]["train_fps"], "at least", TARGETS["train_env_steps_per_s"]),
               ("cartpole-appo sampling / raw", rows[0]["sample_ratio"], "at least", TARGETS["sample_ratio"]),
               ("cartpole 2048x8 sampling / raw", rows[1]["sample_ratio"], "at least", TARGETS["sample_ratio"])]
+    if args.dqn:
+        checks.append(("cartpole-dqn median seconds to 400", dqn_median, "at most", TARGETS["dqn_solve_seconds"]))
     for name, value, sense, bound in checks:
         met = value is not None and (value <= bound if sense == "at most" else value >= bound)
         shown = "-" if value is None else f"{value:,.2f}"
         print(f"  {name:<40} {shown:>12}  target {sense} {bound:,g}  {'met' if met else 'NOT met'}")
-    print(json.dumps({"throughput": rows, "time_to_target": seeds, "median_seconds": median,
-                      "hardware": hardware()}))
+    print(json.dumps({"throughput": rows, "time_to_target": seeds + dqn_seeds, "median_seconds": median,
+                      "dqn_median_seconds": dqn_median, "hardware": hardware()}))
     return 0
 
 
