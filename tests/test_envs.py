@@ -1,5 +1,7 @@
 """Env backends: NEXT_STEP autoreset, batch ordering, seeding, errors, Atari preprocessing."""
 
+import warnings
+
 import envpool
 import gymnasium
 import numpy as np
@@ -34,6 +36,16 @@ def run_steps(env, num_recvs, policy=None):
 def parity_policy(obs):
     """Deterministic but irregular CartPole actions, so episodes end at varied times."""
     return (np.abs(obs[:, 0] * 1e4).astype(np.int64) % 2).astype(np.int32)
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_envpool_space_cast_warning_is_not_shown_to_users(async_mode):
+    # envpool's float64 bounds on float32 Boxes made gymnasium warn in every worker of every run.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with make_vec_env("CartPole-v1", 8, 4, seed=0, async_mode=async_mode) as env:
+            run_steps(env, 4)
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize("async_mode", [False, True])

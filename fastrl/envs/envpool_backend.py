@@ -13,6 +13,7 @@ Env i of a group is seeded `seed + i` (mod 2^31) in both modes (envpool seeds en
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import envpool
@@ -54,6 +55,19 @@ def make_envpool_vec_env(
     return EnvpoolSplits(pools, _frame_skip(env_id, pools[0]))
 
 
+def _spaces(pools: list[Any]) -> tuple[Any, Any]:
+    """The pools' (observation space, action space), read from the first.
+
+    envpool builds float32 Boxes from float64 bounds on a pool's first access to its spaces (its
+    first recv() at the latest), and gymnasium warns about the cast for each pool of every worker
+    of every run; the bounds are envpool's own, so the warning tells the user nothing they can act
+    on. Reading every pool's spaces here caches them with the warning silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", category=UserWarning)
+        spaces = [(pool.observation_space, pool.action_space) for pool in pools]
+    return spaces[0]
+
+
 def _frame_skip(env_id: str, pool: Any) -> int:
     # Only Atari's frame_skip counts emulator frames; MuJoCo's counts physics substeps.
     import_path = registry.specs[env_id][0]
@@ -70,8 +84,7 @@ class EnvpoolSplits(SplitVecEnv):
         batch_size = pools[0].config["num_envs"]
         super().__init__(batch_size * len(pools), batch_size)
         self._pools = pools
-        self.observation_space = pools[0].observation_space
-        self.action_space = pools[0].action_space
+        self.observation_space, self.action_space = _spaces(pools)
         self.frame_skip = frame_skip
 
     def _reset_split(self, split: int) -> None:
@@ -101,8 +114,7 @@ class EnvpoolAsync(VecEnv):
         self.num_envs = pool.config["num_envs"]
         self.batch_size = pool.config["batch_size"]
         self._pool = pool
-        self.observation_space = pool.observation_space
-        self.action_space = pool.action_space
+        self.observation_space, self.action_space = _spaces([pool])
         self.frame_skip = frame_skip
         self._awaiting = np.zeros(self.num_envs, dtype=bool)  # returned by recv, not yet sent
         self._in_flight = 0  # envs reset or sent and not yet returned
