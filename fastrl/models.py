@@ -137,11 +137,11 @@ class CategoricalHead:
 
     def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(actions, their log-probs) of one draw: what the inference batcher needs per batch."""
-        if params.device.type != "cpu":
+        if params.device.type != "cpu" or params.dtype not in (torch.float32, torch.float64) or params.ndim != 2:
             actions = self.sample(params)
             return actions, self.log_prob(params, actions)
         # One compiled pass instead of ~10 torch ops: measured 42 -> 28 us for [640, 2] here.
-        actions, logp = sample_categorical(params.numpy(), torch.rand(params.shape[0]).numpy())
+        actions, logp = sample_categorical(params.detach().numpy(), torch.rand(params.shape[0]).numpy())
         return torch.from_numpy(actions), torch.from_numpy(logp)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,11 @@
-"""fastrl.kernels.sample_categorical against a brute-force inverse-CDF reference."""
+"""fastrl.kernels.sample_categorical against a brute-force inverse-CDF reference, and the
+categorical head that uses it."""
 import numpy as np
 import pytest
+import torch
 
 from fastrl.kernels import sample_categorical
+from fastrl.models import CategoricalHead
 
 
 def reference(logits, uniforms):
@@ -55,3 +58,18 @@ def test_shape_errors_name_the_arrays():
         sample_categorical(np.zeros((4, 2), np.float32), np.zeros(3))
     with pytest.raises(ValueError, match="logits"):
         sample_categorical(np.zeros(4, np.float32), np.zeros(4))
+
+
+@pytest.mark.parametrize("shape, dtype, requires_grad", [
+    ((64, 5), torch.float32, False),   # the batcher's case: the compiled sampler
+    ((64, 5), torch.float32, True),    # a caller's model output, still attached to the graph
+    ((64, 5), torch.bfloat16, False),  # a dtype the sampler does not take: torch's path
+    ((4, 16, 5), torch.float32, False),
+])
+def test_head_sample_with_log_prob_agrees_with_log_prob(shape, dtype, requires_grad):
+    head = CategoricalHead()
+    params = torch.randn(shape, dtype=dtype).requires_grad_(requires_grad)
+    actions, logp = head.sample_with_log_prob(params)
+    assert actions.shape == shape[:-1] and logp.shape == shape[:-1]
+    assert int(actions.min()) >= 0 and int(actions.max()) < shape[-1]
+    torch.testing.assert_close(logp.float(), head.log_prob(params, actions).detach().float(), rtol=1e-2, atol=1e-2)
