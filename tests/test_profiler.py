@@ -128,7 +128,8 @@ def test_random_actions_stay_in_the_action_space():
     rng = np.random.default_rng(0)
     discrete = profiler.random_action_table(gymnasium.spaces.Discrete(3, start=1), 8, 4, rng)
     assert discrete.shape == (4, 8) and discrete.dtype == np.int64 and set(np.unique(discrete)) <= {1, 2, 3}
-    box = gymnasium.spaces.Box(low=np.array([-2.0, -np.inf], np.float32), high=np.array([2.0, np.inf], np.float32), dtype=np.float32)
+    box = gymnasium.spaces.Box(low=np.array([-2.0, -np.inf], np.float32), high=np.array([2.0, np.inf], np.float32),
+                               dtype=np.float32)
     continuous = profiler.random_action_table(box, 8, 4, rng)
     assert continuous.shape == (4, 8, 2) and continuous.dtype == np.float32
     assert np.abs(continuous[..., 0]).max() <= 2.0 and np.abs(continuous[..., 1]).max() <= 1.0
