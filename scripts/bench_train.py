@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 from fastrl.config import build_config
+from fastrl.evaluate import evaluate_run
 from fastrl.profiler import hardware, profile
 from fastrl.runner import train
 
@@ -26,24 +27,31 @@ CARTPOLE_SAMPLING_LAYOUT = {"device": "cpu", "env.envs_per_worker": 2048, "env.n
 TARGETS = {"solve_seconds": 60.0, "train_env_steps_per_s": 100_000, "sample_ratio": 0.5,
            "dqn_solve_seconds": 120.0}
 DQN_TARGET_RETURN = 400.0
+# The training mean of an Ape-X run averages actors with epsilon up to 0.4: the greedy policy's
+# return on the final checkpoint is measured beside it.
+GREEDY_EVAL_EPISODES = 20
 PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
                "learner.batch_size": 512}
 
 
-def time_to_target(profile_name: str, seed: int, target: float, limit_s: float) -> dict:
+def time_to_target(profile_name: str, seed: int, target: float, limit_s: float, greedy_episodes: int = 0) -> dict:
     cfg = build_config(profile_name, {"seed": seed, "device": "cpu", "report_every_s": 1.0,
-                                         "train_for_seconds": limit_s, "train_for_env_steps": 0})
+                                      "train_for_seconds": limit_s, "train_for_env_steps": 0})
     with tempfile.TemporaryDirectory(prefix="fastrl-bench-") as run_dir:
         result = train(cfg, run_dir=run_dir, quiet=True)
+        greedy = (evaluate_run(run_dir, greedy_episodes, deterministic=True)["episode_return_mean"]
+                  if greedy_episodes else None)
     hit = next((r for r in result.reports if (r["episode_return_mean"] or 0) >= target), None)
     return {"profile": profile_name, "seed": seed, "seconds": hit["wall_time"] if hit else None,
             "env_steps": hit["env_steps"] if hit else None, "policy_lag_mean": hit["policy_lag_mean"] if hit else None,
-            "final_return": result.final["episode_return_mean"]}
+            "final_return": result.final["episode_return_mean"], "final_greedy_return": greedy,
+            "greedy_episodes": greedy_episodes}
 
 
-def solve_times(profile_name: str, seeds: int, target: float, limit_s: float) -> tuple[list[dict], float | None]:
+def solve_times(profile_name: str, seeds: int, target: float, limit_s: float,
+                greedy_episodes: int = 0) -> tuple[list[dict], float | None]:
     """One run per seed; the median is None unless every seed reached ``target``."""
-    runs = [time_to_target(profile_name, seed, target, limit_s) for seed in range(seeds)]
+    runs = [time_to_target(profile_name, seed, target, limit_s, greedy_episodes) for seed in range(seeds)]
     solved = [r["seconds"] for r in runs if r["seconds"] is not None]
     return runs, (statistics.median(solved) if len(solved) == len(runs) else None)
 
@@ -53,6 +61,9 @@ def print_solve_times(profile_name: str, runs: list[dict], median: float | None,
         shown = (f"{r['seconds']:.1f} s ({r['env_steps']:,} env steps, policy lag {r['policy_lag_mean']:.1f})"
                  if r["seconds"] is not None else f"not within {limit_s:g} s")
         print(f"{profile_name} seed {r['seed']}: return >= {target:g} after {shown}")
+        greedy = ("" if r["final_greedy_return"] is None
+                  else f", greedy policy {r['final_greedy_return']:.1f} over {r['greedy_episodes']} episodes")
+        print(f"  after {limit_s:g} s: training mean {r['final_return'] or 0:.1f}{greedy}")
     print(f"{profile_name} median time to {target:g}: " + (f"{median:.1f} s" if median is not None else "not all seeds solved"))
 
 
@@ -82,8 +93,8 @@ def main(argv=None) -> int:
     if args.dqn:
         rows.append(throughput_row("cartpole-dqn", build_config("cartpole-dqn", {"device": "cpu"}), args.seconds))
     seeds, median = solve_times("cartpole-appo", args.seeds, args.target, args.limit)
-    dqn_seeds, dqn_median = (solve_times("cartpole-dqn", args.seeds, DQN_TARGET_RETURN, args.dqn_limit)
-                             if args.dqn else ([], None))
+    dqn_seeds, dqn_median = (solve_times("cartpole-dqn", args.seeds, DQN_TARGET_RETURN, args.dqn_limit,
+                                         GREEDY_EVAL_EPISODES) if args.dqn else ([], None))
 
     print(f"\nhardware: {hardware()}")
     print(f"{'profile':<18} {'raw env/s':>11} {'sampling/s':>11} {'ratio':>6} {'training/s':>11} {'ratio':>6}"
