@@ -8,34 +8,50 @@ import operator
 import numba
 import numpy as np
 
-from .vtrace import time_major_inputs
+from .vtrace import time_major_inputs, valid_mask
 
 
-def nstep_targets(rewards, discounts, n):
+def nstep_targets(rewards, discounts, n, valid=None):
     r"""Discounted n-step returns and how to bootstrap them, cut at episode ends.
 
-    With ``m_t = min(n, T - t)`` steps available from ``t`` inside the ``[T, B]`` window,
+    With ``m_t`` the number of steps of the window from ``t``: at most ``n``, at most the
+    ``T - t`` steps left in the ``[T, B]`` window, and only valid steps (the window stops before
+    the first invalid step),
 
         G_t = sum_{k<m_t} (prod_{j<k} discount_{t+j}) r_{t+k},
         bootstrap_discount_t = prod_{j<m_t} discount_{t+j},
         bootstrap_index_t = t + m_t,
 
-    so the n-step target is ``G_t + bootstrap_discount_t * Q(x_{t + m_t})``, e.g.
-    ``returns + bootstrap_discounts * q[bootstrap_indices]`` with ``q`` of shape ``[T + 1, B]``
-    whose last row holds the values of the state after the window. ``discounts`` hold
-    ``gamma * (1 - terminated_t)``: a 0 inside the window drops every later reward and makes
-    the bootstrap discount 0 (the index is then irrelevant), so returns never cross an episode.
+    so the n-step target is ``G_t + bootstrap_discount_t * Q(x_{t + m_t})``, with ``q`` of shape
+    ``[T + 1, B]`` whose last row holds the values of the state after the window.
+
+    Episode ends under next-step autoreset (gymnasium 1.x, envpool), where ``x_{t+1}`` after a
+    done step ``t`` is the final observation and step ``t + 1`` is the reset step:
+
+    - terminated step: ``discount = 0`` drops every later reward and makes the bootstrap
+      discount 0 (the index is then irrelevant).
+    - truncated step ``t`` (time limit): its discount is gamma, and the window stops after it
+      only because step ``t + 1`` is invalid: the target bootstraps from ``Q(x_{t+1})``, the
+      final observation. Without ``valid`` the window runs on into the next episode.
+    - invalid step ``t`` (the autoreset step: its action was discarded): an empty window,
+      ``m_t = 0``: ``G_t = 0``, bootstrap discount 1, bootstrap index ``t``. It must not be
+      trained on (mask it out of the losses), and no window runs across it.
 
     Args:
         rewards: ``[T, B]``.
         discounts: ``[T, B]`` gamma * (1 - terminated_t), same dtype as rewards.
         n: number of steps, an integer >= 1 (1 gives the one-step TD target).
+        valid: ``[T, B]`` bool, or numbers with 0 for invalid: False on the autoreset step after
+            a done. None (the default) means every step is valid.
 
-    All arrays share one dtype, float32 or float64, and any strides.
+    The float arrays share one dtype, float32 or float64, and any strides.
 
     Returns:
         ``(returns, bootstrap_discounts, bootstrap_indices)``: ``[T, B]`` arrays of the input
-        dtype, and ``[T]`` int64 time indices t + m_t in ``[1, T]`` (the same for every column).
+        dtype, and int64 time indices ``t + m_t``. Without ``valid`` the indices are ``[T]``, in
+        ``[1, T]`` and the same for every column (``q[bootstrap_indices]`` gathers the rows);
+        with ``valid`` they are ``[T, B]`` in ``[0, T]``
+        (``np.take_along_axis(q, bootstrap_indices, axis=0)``).
 
     Raises:
         ValueError: when shapes or dtypes disagree, or n < 1.
@@ -45,28 +61,40 @@ def nstep_targets(rewards, discounts, n):
     n = operator.index(n)
     if n < 1:
         raise ValueError(f"nstep_targets: n must be an integer >= 1, got {n}")
-    returns, bootstrap_discounts = _nstep_sums(rewards, discounts, n)
-    num_steps = rewards.shape[0]
-    bootstrap_indices = np.minimum(np.arange(num_steps, dtype=np.int64) + n, num_steps)
+    mask = valid_mask("nstep_targets", valid, rewards.shape, "rewards")
+    returns, bootstrap_discounts, bootstrap_indices = _nstep_sums(rewards, discounts, mask, n)
+    if valid is None:
+        # Every column then has the same windows: keep the [T] indices callers index rows with.
+        num_steps = rewards.shape[0]
+        bootstrap_indices = np.minimum(np.arange(num_steps, dtype=np.int64) + n, num_steps)
     return returns, bootstrap_discounts, bootstrap_indices
 
 
 @numba.njit(cache=True)
-def _nstep_sums(rewards, discounts, n):
+def _nstep_sums(rewards, discounts, valid, n):
     num_steps = rewards.shape[0]
     returns = np.zeros_like(rewards)
     bootstrap_discounts = np.ones_like(rewards)
+    bootstrap_indices = np.empty(rewards.shape, dtype=np.int64)
+    open_windows = np.empty(rewards.shape[1], dtype=np.bool_)
     # O(T B n) forward sums: n is small in practice (3-10), and unlike a backward recursion
     # this never divides by a discount that may be 0.
     for t in range(num_steps):
+        bootstrap_indices[t] = t
+        open_windows[:] = True
         for k in range(min(n, num_steps - t)):
-            _add_step(returns[t], bootstrap_discounts[t], rewards[t + k], discounts[t + k])
-    return returns, bootstrap_discounts
+            _add_step(returns[t], bootstrap_discounts[t], bootstrap_indices[t], open_windows,
+                      rewards[t + k], discounts[t + k], valid[t + k])
+    return returns, bootstrap_discounts, bootstrap_indices
 
 
 @numba.njit(cache=True)
-def _add_step(returns, bootstrap_discounts, rewards, discounts):
+def _add_step(returns, bootstrap_discounts, bootstrap_indices, open_windows, rewards, discounts,
+              valid):
     # A function of 1-D rows so that LLVM vectorizes it over B (see vtrace._vtrace_step).
     for b in range(returns.shape[0]):
-        returns[b] += bootstrap_discounts[b] * rewards[b]
-        bootstrap_discounts[b] *= discounts[b]
+        open_windows[b] = open_windows[b] and valid[b]
+        if open_windows[b]:
+            returns[b] += bootstrap_discounts[b] * rewards[b]
+            bootstrap_discounts[b] *= discounts[b]
+            bootstrap_indices[b] += 1

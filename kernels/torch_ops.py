@@ -34,14 +34,17 @@ def vtrace_torch(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch
 
 
 def gae_torch(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torch.Tensor,
-              discounts: torch.Tensor, lambda_: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`fastrl.kernels.gae` on tensors: ``[T, B]`` inputs, ``[B]`` bootstrap_value.
+              discounts: torch.Tensor, lambda_: float,
+              valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fastrl.kernels.gae` on tensors: ``[T, B]`` inputs, ``[B]`` bootstrap_value,
+    optional ``[T, B]`` bool ``valid`` (False on the autoreset step; None: all valid).
 
     Returns:
         ``(advantages, returns)``, ``[T, B]`` tensors on the device and dtype of ``rewards``.
     """
     advantages, returns = gae(_to_numpy(rewards), _to_numpy(values), _to_numpy(bootstrap_value),
-                              _to_numpy(discounts), lambda_)
+                              _to_numpy(discounts), lambda_,
+                              valid=None if valid is None else _to_numpy(valid))
     return _like(advantages, rewards), _like(returns, rewards)
 
 

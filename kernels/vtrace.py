@@ -52,6 +52,21 @@ def time_major_inputs(caller: str, bootstrap_value,
     return contiguous, np.ascontiguousarray(bootstrap_value)
 
 
+def valid_mask(caller: str, valid, shape: tuple, ref_name: str) -> np.ndarray:
+    """``valid`` as a C-contiguous bool ``[T, B]`` array (nonzero means valid), or all True when
+    None.
+
+    Raises:
+        ValueError: when its shape is not ``shape``, the shape of ``ref_name``.
+    """
+    if valid is None:
+        return np.ones(shape, dtype=np.bool_)
+    valid = np.asarray(valid)
+    if valid.shape != shape:
+        raise ValueError(f"{caller}: valid has shape {valid.shape} but {ref_name} has {shape}")
+    return np.ascontiguousarray(valid != 0)
+
+
 def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip_rho_threshold=1.0,
            clip_pg_rho_threshold=1.0, clip_c_threshold=1.0, lambda_=1.0):
     r"""V-trace targets ``vs`` and policy-gradient advantages (IMPALA, Espeholt et al. 2018).

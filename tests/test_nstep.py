@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from fastrl.kernels import nstep_targets
+from tests.autoreset import autoreset_flags
 
 
 def nstep_reference(rewards, discounts, n):
@@ -48,3 +49,76 @@ def test_episode_end_cuts_the_return_and_the_bootstrap():
 def test_n_must_be_positive():
     with pytest.raises(ValueError, match="n must be an integer >= 1"):
         nstep_targets(np.zeros((3, 2)), np.ones((3, 2)), 0)
+
+
+def nstep_episodes_reference(rewards, terminated, truncated, valid, gamma, n):
+    """n-step targets walking each env's episodes: the window from a valid step t takes up to n
+    steps of t's own episode inside the ``[T, B]`` window, up to and including the step that
+    terminates it (bootstrap discount 0) or truncates it (bootstrap from the final observation
+    at the next index). The autoreset step after a done belongs to no episode: its window is
+    empty (return 0, bootstrap discount 1, bootstrap index t)."""
+    num_steps, batch = rewards.shape
+    returns = np.zeros((num_steps, batch))
+    bootstrap_discounts = np.ones((num_steps, batch))
+    bootstrap_indices = np.zeros((num_steps, batch), dtype=np.int64)
+    for b in range(batch):
+        for t in range(num_steps):
+            m = 0
+            while valid[t, b] and m < n and t + m < num_steps:
+                returns[t, b] += bootstrap_discounts[t, b] * rewards[t + m, b]
+                bootstrap_discounts[t, b] *= 0.0 if terminated[t + m, b] else gamma
+                m += 1
+                if terminated[t + m - 1, b] or truncated[t + m - 1, b]:
+                    break
+            bootstrap_indices[t, b] = t + m
+    return returns, bootstrap_discounts, bootstrap_indices
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(np.float64, 1e-12), (np.float32, 1e-6)])
+@pytest.mark.parametrize("num_steps,batch", [(1, 1), (9, 4), (40, 6)])
+@pytest.mark.parametrize("n", [1, 3, 25])
+def test_autoreset_steps_cut_the_windows_like_episode_ends(dtype, tolerance, num_steps, batch, n):
+    gamma = 0.99
+    rng = np.random.default_rng(num_steps * n + batch)
+    rewards = rng.normal(size=(num_steps, batch)).astype(dtype)
+    terminated, truncated, valid = autoreset_flags(rng, num_steps, batch)
+    discounts = (gamma * ~terminated).astype(dtype)
+    returns, bootstrap_discounts, bootstrap_indices = nstep_targets(rewards, discounts, n,
+                                                                    valid=valid)
+    assert returns.dtype == bootstrap_discounts.dtype == dtype
+    assert bootstrap_indices.dtype == np.int64 and bootstrap_indices.shape == (num_steps, batch)
+    ref_returns, ref_discounts, ref_indices = nstep_episodes_reference(
+        rewards, terminated, truncated, valid, np.float64(dtype(gamma)), n)
+    np.testing.assert_allclose(returns, ref_returns, rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(bootstrap_discounts, ref_discounts, rtol=tolerance, atol=tolerance)
+    np.testing.assert_array_equal(bootstrap_indices, ref_indices)
+
+
+def test_truncated_step_bootstraps_from_its_final_observation_only():
+    # Step 1 is truncated, step 2 the autoreset step, step 3 the next episode's first step.
+    rewards = np.array([[1.0], [2.0], [4.0], [8.0]])
+    discounts = np.full((4, 1), 0.5)
+    valid = np.array([[True], [True], [False], [True]])
+    returns, bootstrap_discounts, bootstrap_indices = nstep_targets(rewards, discounts, 3,
+                                                                    valid=valid)
+    # q[2] holds Q of the final observation: steps 0 and 1 bootstrap from it and stop there.
+    np.testing.assert_array_equal(returns[:, 0], [1.0 + 0.5 * 2.0, 2.0, 0.0, 8.0])
+    np.testing.assert_array_equal(bootstrap_discounts[:, 0], [0.25, 0.5, 1.0, 0.5])
+    np.testing.assert_array_equal(bootstrap_indices[:, 0], [2, 2, 2, 4])
+
+
+def test_all_valid_matches_no_mask():
+    rng = np.random.default_rng(7)
+    rewards = rng.normal(size=(11, 3))
+    discounts = 0.9 * (rng.random((11, 3)) > 0.3)
+    expected = nstep_targets(rewards, discounts, 4)
+    returns, bootstrap_discounts, bootstrap_indices = nstep_targets(
+        rewards, discounts, 4, valid=np.ones((11, 3), np.float32))
+    np.testing.assert_array_equal(returns, expected[0])
+    np.testing.assert_array_equal(bootstrap_discounts, expected[1])
+    np.testing.assert_array_equal(bootstrap_indices, np.repeat(expected[2][:, None], 3, axis=1))
+
+
+def test_bad_valid_shape_raises_naming_it():
+    with pytest.raises(ValueError, match=r"nstep_targets: valid has shape \(3,\) but rewards"):
+        nstep_targets(np.zeros((3, 2)), np.ones((3, 2)), 2, valid=np.ones(3, bool))
