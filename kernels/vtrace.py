@@ -83,9 +83,15 @@ def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip_rho_thres
 
     computed by the backward recursion
     ``vs_t - V(x_t) = delta_t + discount_t c_t (vs_{t+1} - V(x_{t+1}))`` with
-    ``V(x_T) = vs_T = bootstrap_value``. The policy-gradient advantages (section 4.2) are
+    ``V(x_T) = vs_T = bootstrap_value``. The policy-gradient advantages (section 4.2) estimate
+    Q(x_t, a_t) with a bootstrap that mixes the targets and the values by lambda (Remark 2 of
+    the paper; rlax's ``vtrace_td_error_and_advantage``):
 
-        pg_advantages_t = min(pg_rho_bar, exp(log_rhos_t)) (r_t + discount_t vs_{t+1} - V(x_t)).
+        pg_advantages_t = min(pg_rho_bar, exp(log_rhos_t))
+                          (r_t + discount_t (lambda vs_{t+1} + (1 - lambda) V(x_{t+1})) - V(x_t)),
+
+    which is ``r_t + discount_t vs_{t+1}`` for the paper's lambda = 1 and the one-step target
+    ``r_t + discount_t V(x_{t+1})`` for lambda = 0.
 
     A transition marked invalid with ``log_rhos_t = -inf`` gets ``rho_t = c_t = 0``, hence
     ``vs_t = V(x_t)``, a zero advantage, and no trace through it to the targets before it.
@@ -152,8 +158,10 @@ def _vtrace_step(rhos, discounts, rewards, values, next_values, vs_minus_v, vs, 
         rho = rhos[b]
         discount = discounts[b]
         acc = vs_minus_v[b]
+        # lambda vs_{t+1} + (1 - lambda) V(x_{t+1}) = V(x_{t+1}) + lambda (vs_{t+1} - V(x_{t+1})),
+        # bit for bit the paper's vs_{t+1} when lambda = 1.
         pg_advantages[b] = min(rho, pg_rho_bar) * (
-            rewards[b] + discount * (next_values[b] + acc) - values[b])
+            rewards[b] + discount * (next_values[b] + lambda_ * acc) - values[b])
         delta = min(rho, rho_bar) * (rewards[b] + discount * next_values[b] - values[b])
         acc = delta + discount * lambda_ * min(rho, c_bar) * acc
         vs_minus_v[b] = acc

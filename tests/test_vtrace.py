@@ -12,7 +12,13 @@ def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, rho_
     """Espeholt et al. 2018, eq. 1, truncated at the end of the trajectory, in float64:
 
     vs_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} discount_i c_i) delta_t,
-    delta_t = rho_t (r_t + discount_t V(x_{t+1}) - V(x_t)), V(x_T) = bootstrap_value.
+    delta_t = rho_t (r_t + discount_t V(x_{t+1}) - V(x_t)), V(x_T) = bootstrap_value,
+
+    and the policy-gradient advantage of section 4.2 with the lambda of its Remark 2 (as rlax's
+    vtrace_td_error_and_advantage): the bootstrap mixes vs and V,
+
+    pg_s = pg_rho_s (r_s + discount_s (lambda vs_{s+1} + (1 - lambda) V(x_{s+1})) - V(x_s)),
+    vs_T = V(x_T).
     """
     def clip(x, bar):
         return x if bar is None else min(bar, x)
@@ -33,8 +39,9 @@ def vtrace_reference(log_rhos, discounts, rewards, values, bootstrap_value, rho_
             vs[s, b] = total
         for s in range(num_steps):
             vs_next = vs[s + 1, b] if s + 1 < num_steps else v[num_steps]
+            bootstrap = lambda_ * vs_next + (1.0 - lambda_) * v[s + 1]
             pg_advantages[s, b] = clip(rhos[s], pg_rho_bar) * (
-                rewards[s, b] + discounts[s, b] * vs_next - v[s])
+                rewards[s, b] + discounts[s, b] * bootstrap - v[s])
     return vs, pg_advantages
 
 
@@ -132,6 +139,24 @@ def test_on_policy_gives_bootstrapped_returns_and_gae_lambda_one():
     vs_next = np.concatenate([vs[1:], bootstrap_value[None]])
     np.testing.assert_allclose(pg_advantages, rewards + discounts * vs_next - values,
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("lambda_", [0.0, 0.5, 0.9])
+def test_pg_advantages_bootstrap_from_lambda_mix_of_targets_and_values(dtype, lambda_):
+    inputs = random_inputs(17, 6, dtype, seed=7)
+    log_rhos, discounts, rewards, values, bootstrap_value = inputs
+    vs, pg_advantages = vtrace(*inputs, clip_rho_threshold=1.5, clip_pg_rho_threshold=0.8,
+                               clip_c_threshold=1.2, lambda_=lambda_)
+    ref_vs, ref_pg = vtrace_reference(*inputs, 1.5, 0.8, 1.2, lambda_)
+    assert_close(vs, ref_vs, dtype)
+    assert_close(pg_advantages, ref_pg, dtype)
+    if lambda_ == 0.0:
+        # c = 0 cuts every trace: vs is the one-step target, and so is the pg bootstrap.
+        next_values = np.concatenate([values[1:], bootstrap_value[None]]).astype(np.float64)
+        one_step = np.minimum(0.8, np.exp(log_rhos.astype(np.float64))) * (
+            rewards + discounts * next_values - values)
+        assert_close(pg_advantages, one_step, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
