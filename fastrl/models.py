@@ -22,6 +22,26 @@ from .kernels import sample_categorical
 LOG_STD_RANGE = (-5.0, 2.0)
 
 
+def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
+    """Smooth bound of a raw log-std into ``LOG_STD_RANGE = (lo, hi)``:
+    ``lo + softplus(raw - lo) - softplus(raw - hi)``.
+
+    Within the range it is close to the identity (off by at most ``softplus(-distance to the
+    nearer bound)``, e.g. -0.12 at 0), so a head's (mean, log_std) outputs keep their meaning; unlike
+    a hard clamp, its gradient never vanishes outside the range (``sigmoid(raw - lo) -
+    sigmoid(raw - hi) > 0``), so a log-std pushed past a bound can come back."""
+    lo, hi = LOG_STD_RANGE
+    return lo + F.softplus(raw - lo) - F.softplus(raw - hi)
+
+
+def raw_log_std(log_std: float) -> float:
+    """Inverse of :func:`bounded_log_std` for ``lo < log_std < hi``: the raw value bounded to
+    ``log_std`` (with ``c = exp(log_std - lo)``: ``lo + log((c - 1) / (1 - c exp(lo - hi)))``)."""
+    lo, hi = LOG_STD_RANGE
+    c = math.exp(log_std - lo)
+    return lo + math.log((c - 1.0) / (1.0 - c * math.exp(lo - hi)))
+
+
 def _activation(name: str) -> type[nn.Module]:
     return {"tanh": nn.Tanh, "relu": nn.ReLU}[name]
 
@@ -150,12 +170,13 @@ class CategoricalHead:
 
 
 class GaussianHead:
-    """Box actions; ``params`` are ``[B, 2d]`` = (mean, log_std); actions ``[B, d]`` float32,
-    unclipped (the env backend clips to the bounds), so their log-probs are exact."""
+    """Box actions; ``params`` are ``[B, 2d]`` = (mean, raw log_std), the std being
+    ``exp(bounded_log_std(raw))``; actions ``[B, d]`` float32, unclipped (the env backend clips to
+    the bounds), so their log-probs are exact."""
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = params.chunk(2, dim=-1)
-        return mean, log_std.clamp(*LOG_STD_RANGE)
+        return mean, bounded_log_std(log_std)
 
     def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         mean, log_std = self._split(params)
@@ -218,7 +239,7 @@ class ActorCritic(nn.Module):
         else:
             dim = int(np.prod(action_space.shape))
             self.policy = _orthogonal(nn.Linear(features, dim), gain=0.01)
-            self.log_std = nn.Parameter(torch.zeros(dim))
+            self.log_std = nn.Parameter(torch.full((dim,), raw_log_std(0.0)))  # initial std 1
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
