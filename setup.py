@@ -21,6 +21,7 @@ setup(
         "torch>=2.1",
         "psutil>=5.9",
         "tomli>=2.0; python_version<'3.11'",
+        "tomli-w>=1.0",
     ],
     extras_require={
         "test": ["pytest>=7"],

@@ -2,12 +2,14 @@
 
 A config has top-level keys (``device``, ``seed``, ...) and four sections (``env``, ``model``,
 ``learner``, ``replay``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
-overrides one key, parsed by the field's declared type.
+overrides one key, parsed by the field's declared type. ``RANGES`` holds every numeric key's
+allowed values; ``validate`` checks them and the cross-key rules before any process starts.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -17,6 +19,8 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+import tomli_w
 
 DEFAULT_PROFILE = "cartpole-appo"
 
@@ -145,6 +149,93 @@ CHOICES = {
 }
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key allows: ``low`` to ``high``, each end included unless open.
+    NaN and infinities are never inside (no key means infinity)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value) -> bool:
+        if not (isinstance(value, int) or math.isfinite(value)):
+            return False
+        above = self.low < value if self.low_open else self.low <= value
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.low == -math.inf and self.high == math.inf:
+            return "finite"
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
+# A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
+SECONDS = Range(0, 10**9, low_open=True)
+# Every numeric key's allowed values (for a list key: each entry's), checked by validate().
+RANGES = {
+    "seed": Range(0, 2**32 - 1),  # numpy's np.random.seed takes 32 bits
+    "train_for_env_steps": NON_NEGATIVE,  # 0 = no step limit
+    "train_for_seconds": Range(0, 10**9),  # 0 = no time limit
+    "slots_per_env": Range(2),  # one filling, at least one queued for the learner
+    "report_every_s": SECONDS,
+    "checkpoint_every_s": SECONDS,
+    "keep_checkpoints": AT_LEAST_1,
+    "max_worker_restarts": NON_NEGATIVE,
+    "restart_window_s": SECONDS,
+    "dist_timeout_s": SECONDS,
+    "env.num_workers": AT_LEAST_1,
+    "env.envs_per_worker": AT_LEAST_1,
+    # A worker sends generation_tag * num_splits + request in one byte (fastrl.rollout): at most
+    # 128 splits leave two tags, so a restarted worker ignores replies meant for the one it replaced.
+    "env.num_splits": Range(1, 128),
+    "env.num_threads": NON_NEGATIVE,  # 0 = envpool's default
+    "model.hidden_sizes": AT_LEAST_1,
+    "learner.rollout": AT_LEAST_1,
+    "learner.batch_size": AT_LEAST_1,
+    "learner.num_epochs": AT_LEAST_1,
+    "learner.num_minibatches": AT_LEAST_1,
+    "learner.lr": POSITIVE,
+    "learner.adam_eps": POSITIVE,
+    "learner.gamma": UNIT,
+    "learner.vtrace_lambda": UNIT,
+    "learner.clip_rho": POSITIVE,
+    "learner.clip_c": POSITIVE,
+    "learner.clip_pg_rho": POSITIVE,
+    "learner.ppo_clip": POSITIVE,
+    "learner.value_coef": NON_NEGATIVE,
+    "learner.entropy_coef": NON_NEGATIVE,
+    # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
+    "learner.max_grad_norm": POSITIVE,
+    "learner.reward_clip": NON_NEGATIVE,  # 0 = off
+    "learner.reward_scale": POSITIVE,
+    "learner.max_policy_lag": NON_NEGATIVE,
+    "learner.max_consecutive_skips": AT_LEAST_1,
+    "learner.torch_threads": AT_LEAST_1,
+    "learner.epsilon": UNIT,
+    "learner.epsilon_alpha": NON_NEGATIVE,
+    "learner.target_update_every": AT_LEAST_1,
+    "replay.capacity": AT_LEAST_1,
+    "replay.min_fill": NON_NEGATIVE,
+    "replay.alpha": NON_NEGATIVE,  # 0 = uniform sampling
+    "replay.beta": NON_NEGATIVE,
+    "replay.n_step": AT_LEAST_1,
+    "replay.frame_stack": AT_LEAST_1,
+    "replay.threads": AT_LEAST_1,
+    "replay.batch_size": AT_LEAST_1,
+    "replay.replay_ratio": NON_NEGATIVE,  # > 0 for dqn, checked in _validate_replay
+    "replay.vtrace_fraction": Range(0, 1, high_open=True),
+}
+# Keys only dqn reads: appo/impala ignore them, so there any finite value passes.
+DQN_ONLY = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
+FINITE = Range(-math.inf)
+
+
 def _field_types(cls) -> dict[str, typing.Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -155,6 +246,11 @@ def _known_keys() -> list[str]:
     for section, cls in SECTIONS.items():
         keys += [f"{section}.{k}" for k in _field_types(cls)]
     return keys
+
+
+def _value(cfg: Config, key: str):
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(cfg, section) if section else cfg, name)
 
 
 def _unknown_key_error(key: str) -> ConfigError:
@@ -285,34 +381,21 @@ def validate(cfg: Config) -> None:
     for key, choices in CHOICES.items():
         if choices is None:
             continue
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = _value(cfg, key)
         if value not in choices:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}, got '{value}'")
     dev = cfg.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
-    positive = {
-        "env.num_workers": cfg.env.num_workers, "env.envs_per_worker": cfg.env.envs_per_worker,
-        "env.num_splits": cfg.env.num_splits, "learner.rollout": cfg.learner.rollout,
-        "learner.batch_size": cfg.learner.batch_size, "learner.num_epochs": cfg.learner.num_epochs,
-        "learner.num_minibatches": cfg.learner.num_minibatches, "learner.lr": cfg.learner.lr,
-        "learner.torch_threads": cfg.learner.torch_threads, "report_every_s": cfg.report_every_s,
-        "checkpoint_every_s": cfg.checkpoint_every_s, "keep_checkpoints": cfg.keep_checkpoints,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"config key '{key}' must be > 0, got {value}")
-    for key, value in {"train_for_env_steps": cfg.train_for_env_steps,
-                       "train_for_seconds": cfg.train_for_seconds,
-                       "learner.entropy_coef": cfg.learner.entropy_coef,
-                       "learner.reward_clip": cfg.learner.reward_clip,
-                       "learner.max_policy_lag": cfg.learner.max_policy_lag,
-                       "env.num_threads": cfg.env.num_threads}.items():
-        if value < 0:
-            raise ConfigError(f"config key '{key}' must be >= 0, got {value}")
-    if not 0.0 <= cfg.learner.gamma <= 1.0:
-        raise ConfigError(f"config key 'learner.gamma' must be in [0, 1], got {cfg.learner.gamma}")
+    for key, allowed in RANGES.items():
+        if key in DQN_ONLY and cfg.learner.algo != "dqn":
+            allowed = FINITE
+        value = _value(cfg, key)
+        if isinstance(value, list):
+            if not all(v in allowed for v in value):
+                raise ConfigError(f"config key '{key}' entries must be {allowed}, got {value!r}")
+        elif value not in allowed:
+            raise ConfigError(f"config key '{key}' must be {allowed}, got {value!r}")
     if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
         raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
     if cfg.env.envs_per_worker % cfg.env.num_splits:
@@ -328,8 +411,6 @@ def validate(cfg: Config) -> None:
             f"learner.batch_size / learner.rollout ({cfg.trajectories_per_batch} trajectories) must be "
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
-    if cfg.slots_per_env < 2:
-        raise ConfigError(f"slots_per_env must be >= 2 (one filling, one for the learner), got {cfg.slots_per_env}")
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
     queued = cfg.total_envs * (cfg.slots_per_env - 1)
@@ -343,23 +424,10 @@ def validate(cfg: Config) -> None:
 def _validate_replay(cfg: Config) -> None:
     replay, lcfg = cfg.replay, cfg.learner
     uses_replay = lcfg.algo == "dqn" or replay.vtrace_fraction > 0
-    for key in ("capacity", "n_step", "frame_stack", "threads", "batch_size"):
-        if getattr(replay, key) < 1:
-            raise ConfigError(f"config key 'replay.{key}' must be >= 1, got {getattr(replay, key)}")
-    for key in ("min_fill", "alpha", "beta", "replay_ratio"):
-        if getattr(replay, key) < 0:
-            raise ConfigError(f"config key 'replay.{key}' must be >= 0, got {getattr(replay, key)}")
-    if not 0.0 <= replay.vtrace_fraction < 1.0:
-        raise ConfigError(f"config key 'replay.vtrace_fraction' must be in [0, 1), got {replay.vtrace_fraction}")
     if replay.vtrace_fraction > 0 and lcfg.algo == "dqn":
         raise ConfigError("replay.vtrace_fraction is for learner.algo=appo or impala; dqn replays every batch")
-    if lcfg.algo == "dqn":
-        if replay.replay_ratio <= 0:
-            raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for dqn, got {replay.replay_ratio}")
-        if not 0.0 <= lcfg.epsilon <= 1.0:
-            raise ConfigError(f"config key 'learner.epsilon' must be in [0, 1], got {lcfg.epsilon}")
-        if lcfg.target_update_every < 1:
-            raise ConfigError(f"config key 'learner.target_update_every' must be >= 1, got {lcfg.target_update_every}")
+    if lcfg.algo == "dqn" and replay.replay_ratio <= 0:
+        raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for dqn, got {replay.replay_ratio}")
     # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.
     held = replay.capacity // cfg.total_envs * cfg.total_envs
     if uses_replay and replay.min_fill > held:
@@ -377,26 +445,13 @@ def _validate_replay(cfg: Config) -> None:
 
 
 def to_toml(cfg: Config) -> str:
-    """Serialize the full resolved config (top-level keys first, then one table per section)."""
-
-    def fmt(value) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, str):
-            return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(value, float):
-            return repr(value)
-        if isinstance(value, (list, tuple)):
-            return "[" + ", ".join(fmt(v) for v in value) + "]"
-        if isinstance(value, dict):
-            return "{" + ", ".join(f"{k} = {fmt(v)}" for k, v in value.items()) + "}"
-        return str(value)
-
-    data = cfg.to_dict()
-    lines = [f"{k} = {fmt(v)}" for k, v in data.items() if k not in SECTIONS]
-    for section in SECTIONS:
-        lines += ["", f"[{section}]"] + [f"{k} = {fmt(v)}" for k, v in data[section].items()]
-    return "\n".join(lines) + "\n"
+    """The full resolved config as TOML: top-level keys first, then one table per section.
+    tomli_w quotes keys and escapes strings, so any env.kwargs made of TOML values round-trips."""
+    try:
+        return tomli_w.dumps(cfg.to_dict())
+    except TypeError as exc:  # only env.kwargs can hold values TOML has no type for (None, objects)
+        raise ConfigError(f"config.toml cannot hold env.kwargs {cfg.env.kwargs!r}: {exc}; use strings, "
+                          f"numbers, booleans, lists and tables") from None
 
 
 def load_run_config(run_dir: Path) -> Config:

@@ -2,7 +2,8 @@ import tomllib
 
 import pytest
 
-from fastrl.config import ConfigError, available_profiles, build_config, load_profile, set_key, to_toml
+from fastrl.config import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
+                           set_key, to_toml)
 
 
 def test_every_profile_loads_and_states_its_expected_result():
@@ -65,3 +66,140 @@ def test_resolved_config_round_trips_through_toml():
     assert data["model"]["hidden_sizes"] == cfg.model.hidden_sizes
     assert data["env"]["kwargs"] == {"max_episode_steps": 100}
     assert data["device"] == cfg.device
+
+
+# --- every numeric key has a declared range; NaN and infinities never pass ------------------
+
+NAN, INF = float("nan"), float("inf")
+NON_FINITE = (NAN, INF, -INF)
+# Finite values outside each key's range; every float key also gets NaN, inf and -inf.
+BAD_FLOATS = {
+    "train_for_seconds": [-1.0],
+    "report_every_s": [0.0, -5.0, 1e10],
+    "checkpoint_every_s": [0.0],
+    "restart_window_s": [0.0, -1.0],
+    "dist_timeout_s": [0.0, 1e20],  # beyond datetime.timedelta: the collective's setup would raise
+    "learner.lr": [0.0, -1e-3],
+    "learner.adam_eps": [0.0, -1e-8],
+    "learner.gamma": [-0.01, 1.01],
+    "learner.vtrace_lambda": [-0.5, 1.5],
+    "learner.clip_rho": [0.0],
+    "learner.clip_c": [-1.0],
+    "learner.clip_pg_rho": [0.0],
+    "learner.ppo_clip": [0.0, -0.2],
+    "learner.value_coef": [-0.5],
+    "learner.entropy_coef": [-0.01],
+    "learner.max_grad_norm": [-1.0, 0.0],  # clip_grad_norm_ would flip or zero every gradient
+    "learner.reward_clip": [-1.0],
+    "learner.reward_scale": [0.0, -1.0],
+    "learner.epsilon": [-0.1, 1.5],
+    "learner.epsilon_alpha": [-1.0],
+    "replay.alpha": [-0.6],
+    "replay.beta": [-0.4],
+    "replay.replay_ratio": [-1.0],
+    "replay.vtrace_fraction": [1.0, 2.0],
+}
+BAD_INTS = {
+    "seed": [-1, 2**32],  # numpy seeds are 32-bit: the learner process would crash
+    "train_for_env_steps": [-1],
+    "slots_per_env": [1, 0],
+    "keep_checkpoints": [0],
+    "max_worker_restarts": [-1],
+    "env.num_workers": [0, -2],
+    "env.envs_per_worker": [0],
+    "env.num_splits": [0, 256, 512],  # 1024 envs divide evenly: only the range stops them
+    "env.num_threads": [-1],
+    "model.hidden_sizes": [[64, 0], [-1]],
+    "learner.rollout": [0],
+    "learner.num_epochs": [0],
+    "learner.num_minibatches": [0],
+    "learner.max_policy_lag": [-1],
+    "learner.max_consecutive_skips": [0],
+    "learner.torch_threads": [0],
+    "learner.target_update_every": [0],
+    "replay.capacity": [0],
+    "replay.min_fill": [-1],
+    "replay.n_step": [0],
+    "replay.frame_stack": [0],
+    "replay.threads": [0],
+    "replay.batch_size": [0],
+}
+DQN_KEYS = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
+OUT_OF_RANGE = ([(key, value) for key, values in BAD_FLOATS.items() for value in (*NON_FINITE, *values)]
+                + [(key, value) for key, values in BAD_INTS.items() for value in values])
+
+
+@pytest.mark.parametrize("key, value", OUT_OF_RANGE, ids=[f"{k}={v!r}" for k, v in OUT_OF_RANGE])
+def test_out_of_range_values_name_the_key_the_range_and_the_value(key, value):
+    profile = "cartpole-dqn" if key in DQN_KEYS else "cartpole-appo"
+    with pytest.raises(ConfigError) as info:
+        build_config(profile, {key: value})
+    message = str(info.value)
+    assert f"config key '{key}' " in message and " must be " in message, message
+    assert repr(value) in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("key", ["learner.epsilon", "learner.epsilon_alpha"])
+@pytest.mark.parametrize("value", NON_FINITE)
+def test_keys_an_algo_ignores_still_reject_non_finite_values(key, value):
+    with pytest.raises(ConfigError, match=f"config key '{key}' must be"):
+        build_config("cartpole-appo", {key: value})
+
+
+def test_every_numeric_key_has_a_range():
+    from fastrl.config import RANGES, _known_keys, _value
+
+    cfg = Config()
+    numeric = [key for key in _known_keys()
+                if isinstance(_value(cfg, key), (int, float, list)) and not isinstance(_value(cfg, key), bool)]
+    assert numeric and sorted(RANGES) == sorted(numeric)
+
+
+def test_num_splits_fits_the_one_byte_request_ids_with_a_restart_tag():
+    # A worker sends generation_tag * S + request in one byte (fastrl.rollout): S <= 128 leaves
+    # at least two tags, so a restarted worker tells its replies from its predecessor's.
+    build_config("cartpole-appo", {"env.num_splits": 128})
+    with pytest.raises(ConfigError, match=r"'env.num_splits' must be in \[1, 128\], got 256"):
+        build_config("cartpole-appo", {"env.num_splits": 256})
+
+
+# --- config.toml: written by a TOML library, so any config round-trips ---------------------
+
+AWKWARD_KWARGS = [
+    {"max_episode_steps": 100},
+    {"a key with spaces": 1, "dotted.key": 2, 'quote"key': 3, "it's": 4, "": "empty key"},
+    {"text": 'she said "hi"\\n', "newlines": "two\nlines\r\n", "controls": "\x00\x07\t\x1b\x7f"},
+    {"unicode ключ ✓": "ünïcødé 🎮", "tab\tkey": "x"},
+    {"injection": '"\n[learner]\nlr = 1.0\n# ', "x = 1": "]"},
+    {"nested": {"inner table": {"deep.er": [1, 2.5, "s"]}, "empty": {}}, "list of tables": [{"a": 1}, {"b": "x"}]},
+    {"floats": [1e-5, -0.0, 1e300, 5e-324, 0.1], "ints": [0, -1, 2**63 - 1], "lists": [[1, 2], [], ["a"]]},
+    {"flags": [True, False], "flag": False},
+]
+
+
+def round_trip(cfg, tmp_path):
+    (tmp_path / "config.toml").write_text(to_toml(cfg), encoding="utf-8")
+    return load_run_config(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs", AWKWARD_KWARGS)
+def test_env_kwargs_round_trip_through_config_toml(kwargs, tmp_path):
+    cfg = build_config("cartpole-appo", {"env.kwargs": kwargs, "learner.lr": 1e-5, "expected": 'a "quoted"\nline'})
+    assert round_trip(cfg, tmp_path) == cfg
+
+
+@pytest.mark.parametrize("profile", available_profiles())
+def test_every_profile_round_trips_through_config_toml(profile, tmp_path):
+    cfg = build_config(profile)
+    text = to_toml(cfg)
+    assert round_trip(cfg, tmp_path) == cfg
+    # Readable: top-level keys first, then one table per section, in order.
+    headers = [text.index(f"\n[{section}]\n") for section in ("env", "model", "learner", "replay")]
+    assert text.startswith("device = ") and text.index("\nseed = ") < headers[0] and headers == sorted(headers)
+
+
+def test_a_value_toml_cannot_hold_is_a_config_error():
+    cfg = build_config("cartpole-appo", {"env.kwargs": {"render_mode": "rgb_array"}})
+    cfg.env.kwargs["render_mode"] = None  # research code may set any Python value
+    with pytest.raises(ConfigError, match="env.kwargs"):
+        to_toml(cfg)
