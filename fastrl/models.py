@@ -117,28 +117,42 @@ class ImpalaResNet(nn.Module):
         return self.fc(self.conv(x))
 
 
+def scale_obs(obs: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Observations in the env dtype -> float ``obs * scale`` (``[n, *obs_shape]`` either way)."""
+    x = obs.to(dtype)
+    return x * scale if scale != 1.0 else x
+
+
 class ObsNormalizer(nn.Module):
     """Running mean/variance of observations (parallel-variance update of Chan et al.); kept as
-    buffers so that they travel with the published weights and the checkpoints."""
+    buffers so that they travel with the published weights and the checkpoints.
 
-    def __init__(self, shape: tuple, clip: float = 10.0):
+    Both :meth:`update` and :meth:`forward` take observations in the env dtype and scale them by
+    ``scale`` first (the model's input scaling, 1/255 for uint8 images), so the statistics
+    describe exactly the tensor they normalize: statistics of raw 0-255 pixels applied to pixels
+    in [0, 1] would shift every input by about -mean/std."""
+
+    def __init__(self, shape: tuple, scale: float = 1.0, clip: float = 10.0):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("var", torch.ones(shape))
         self.register_buffer("count", torch.full((), 1e-4))
+        self.scale = scale
         self.clip = clip
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """``x``: ``[n, *shape]`` observations."""
-        x = x.to(self.mean.dtype)
+    def update(self, obs: torch.Tensor) -> None:
+        """``obs``: ``[n, *shape]`` observations, env dtype."""
+        x = scale_obs(obs, self.scale, self.mean.dtype)
         batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta, total = batch_mean - self.mean, self.count + n
         self.mean += delta * n / total
         self.var.copy_((self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total)
         self.count.copy_(total)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs`` ``[B, *shape]``, env dtype -> normalized float ``[B, *shape]``, clipped to +-clip."""
+        x = scale_obs(obs, self.scale, self.mean.dtype)
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
 
 
@@ -224,8 +238,8 @@ class ActorCritic(nn.Module):
         if kind in ("nature_cnn", "impala_resnet") and len(obs_shape) != 3:
             raise ValueError(f"model.kind={kind} needs image observations [C, H, W], got shape {obs_shape}; "
                              f"use model.kind=mlp")
-        self.scale_uint8 = observation_space.dtype == np.uint8
-        self.normalizer = ObsNormalizer(obs_shape) if cfg.normalize_obs else None
+        self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
+        self.normalizer = ObsNormalizer(obs_shape, self.obs_scale) if cfg.normalize_obs else None
         if kind == "mlp":
             self.encoder = MLPEncoder(int(np.prod(obs_shape)), cfg.hidden_sizes, cfg.activation)
         elif kind == "nature_cnn":
@@ -243,12 +257,11 @@ class ActorCritic(nn.Module):
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float()
-        if self.scale_uint8:
-            x = x * (1.0 / 255.0)
+        """The encoder's float input: ``obs`` scaled (uint8 to [0, 1]), then normalized with
+        ``model.normalize_obs`` (the normalizer scales first: its statistics are in that space)."""
         if self.normalizer is not None:
-            x = self.normalizer(x)
-        return x
+            return self.normalizer(obs)
+        return scale_obs(obs, self.obs_scale)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.encoder(self.preprocess(obs))

@@ -1,14 +1,53 @@
-"""Networks and heads: the Gaussian head's smooth log-std bound."""
+"""Networks and heads: observation normalization on images, the Gaussian head's smooth log-std
+bound."""
+import math
+
 import gymnasium
 import numpy as np
 import pytest
 import torch
 
 from fastrl.config import build_config
+from fastrl.learner import Trajectories, make_learner
 from fastrl.models import LOG_STD_RANGE, ActorCritic, GaussianHead, bounded_log_std
+from tests.test_dqn import dqn_config
 
 BOX_ACTIONS = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
 VECTOR_OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+
+# ---------------------------------------------------------------- observation normalization
+
+IMAGES = gymnasium.spaces.Box(0, 255, (2, 5, 5), np.uint8)
+
+
+def image_batch(T, B, seed=0):
+    """uint8 images ``[T+1, B, 2, 5, 5]``: every pixel has its own mean (20..230) and spread."""
+    g = torch.Generator().manual_seed(seed)
+    centre = torch.randint(20, 230, IMAGES.shape, generator=g).float()
+    spread = torch.randint(8, 25, IMAGES.shape, generator=g).float()
+    obs = (centre + spread * torch.randn(T + 1, B, *IMAGES.shape, generator=g)).round().clamp(0, 255)
+    return Trajectories(
+        obs=obs.to(torch.uint8), actions=torch.randint(0, 2, (T, B), generator=g),
+        logp=torch.full((T, B), math.log(0.5)), rewards=torch.randn(T, B, generator=g),
+        terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
+        valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("algo", ["appo", "dqn"])
+def test_normalized_images_reach_the_network_with_zero_mean_and_unit_std(algo):
+    model = {"model.kind": "mlp", "model.normalize_obs": True}
+    if algo == "dqn":
+        cfg, (T, B) = dqn_config(**model), (8, 4)
+    else:
+        cfg, (T, B) = build_config("cartpole-appo", model), (8, 16)
+    learner = make_learner(cfg, IMAGES, gymnasium.spaces.Discrete(2))
+    batch = image_batch(T, B)
+    learner.train(batch, env_ids=np.arange(B))  # the learner's statistics update, on uint8 images
+    seen = learner.model.preprocess(batch.obs[:-1].reshape(T * B, *IMAGES.shape))  # the encoder's input
+    torch.testing.assert_close(seen.mean(0), torch.zeros(IMAGES.shape), atol=1e-3, rtol=0)
+    # Not exactly 1: the statistics start from a prior (var 1, count 1e-4) that weighs ~1e-4 / n.
+    torch.testing.assert_close(seen.std(0, unbiased=False), torch.ones(IMAGES.shape), atol=1e-2, rtol=0)
 
 
 # ---------------------------------------------------------------- Gaussian head
