@@ -1,13 +1,18 @@
-"""Checkpoints: atomic writes (temporary file, fsync, rename) and loading with fallback.
+"""Checkpoints: atomic writes (exclusive temporary file, fsync, rename) and safe loading with fallback.
 
 A checkpoint is ``RUN_DIR/checkpoints/ckpt_<env_steps:012d>.pt``: learner state (model,
-optimizer, version, updates), counters, RNG states and the config it was trained with.
+optimizer, version, updates), counters, RNG states and the config it was trained with, all as
+tensors and plain data. It is loaded with ``torch.load(weights_only=True)``, which refuses
+pickled objects: a checkpoint file cannot run code (one that needs more is treated as corrupt).
 """
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CHECKPOINT_DIR = "checkpoints"
@@ -15,6 +20,11 @@ CHECKPOINT_DIR = "checkpoints"
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint; the message says where we looked and what to do."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint is sound but does not fit what was asked (another env or model): every
+    checkpoint of the run would say the same, so there is nothing to fall back to."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -27,21 +37,43 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(directory.glob("ckpt_*.pt")) if directory.is_dir() else []
 
 
-def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Path:
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Temporary files of saves that a killed process never finished."""
     directory = checkpoint_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    if directory.is_dir():
+        for tmp in directory.glob(".ckpt_*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Path:
+    """Write ``state`` as the checkpoint at ``env_steps`` and keep the newest ``keep``.
+
+    Raises CheckpointError naming the path and the OS error (a full disk, say); no temporary
+    file is left behind."""
+    directory = checkpoint_dir(run_dir)
     path = directory / f"ckpt_{env_steps:012d}.pt"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
+    tmp = None
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        directory.mkdir(parents=True, exist_ok=True)
+        # mkstemp creates the file exclusively (O_EXCL, no symlink followed) under a fresh name.
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}; free space (or fix the "
+                              f"directory), then continue the run with --resume") from None
     finally:
-        os.close(dir_fd)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path
@@ -49,23 +81,67 @@ def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Pa
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as exc:  # truncated zip, bad pickle, ...
-        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated ({type(exc).__name__})") from None
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # truncated zip, a pickle that weights_only refuses, ...
+        raise CheckpointError(f"checkpoint '{path}' is corrupt, truncated or holds more than tensors and plain "
+                              f"data ({type(exc).__name__})") from None
     if not isinstance(state, dict) or "learner" not in state or "counters" not in state:
         raise CheckpointError(f"checkpoint '{path}' is not a fastrl checkpoint")
     return state
 
 
-def load_latest_checkpoint(run_dir: Path, map_location="cpu", warn=print) -> tuple[Path, dict]:
-    """The newest checkpoint that loads; corrupt ones are reported and skipped."""
+def warn(message: str) -> None:
+    """Warnings go to stderr: the commands' stdout carries their JSON result alone."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_latest_checkpoint(run_dir: Path, map_location="cpu", warn=warn, check=None) -> tuple[Path, dict]:
+    """The newest checkpoint that loads and passes ``check(state)``; corrupt or unfitting ones
+    are reported and skipped, except a CheckpointMismatch, which ``check`` raises to stop."""
     candidates = list_checkpoints(run_dir)
     if not candidates:
         raise CheckpointError(f"no checkpoint in '{checkpoint_dir(run_dir)}': train first, or pass the run "
                               f"directory that fastrl-train wrote")
     for path in reversed(candidates):
         try:
-            return path, load_checkpoint(path, map_location)
+            state = load_checkpoint(path, map_location)
+            if check is not None:
+                check(state)
+            return path, state
+        except CheckpointMismatch:
+            raise
         except CheckpointError as exc:
             warn(f"fastrl: {exc}; falling back to the previous checkpoint")
-    raise CheckpointError(f"every checkpoint in '{checkpoint_dir(run_dir)}' is corrupt; start a new run")
+    raise CheckpointError(f"no checkpoint in '{checkpoint_dir(run_dir)}' is usable (see above); start a new run")
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path_hint: str = "the checkpoint") -> None:
+    """Load a checkpoint's model weights into ``model``; CheckpointError if they do not fit."""
+    try:
+        model.load_state_dict(state["learner"]["model"])
+    except (KeyError, RuntimeError, TypeError) as exc:
+        first = str(exc).strip().splitlines()
+        detail = first[1].strip() if len(first) > 1 else (first[0] if first else type(exc).__name__)
+        raise CheckpointError(f"{path_hint} does not fit this model ({detail[:200]})") from None
+
+
+def model_fit_check(model: torch.nn.Module):
+    """A ``check`` for load_latest_checkpoint: the weights load into ``model`` (loaded into it)."""
+    return lambda state: load_model_state(model, state)
+
+
+def capture_rng() -> dict:
+    """torch's and numpy's global RNG states as tensors and plain data (loadable with weights_only)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def restore_rng(rng: dict) -> None:
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    saved = rng.get("numpy")
+    if isinstance(saved, dict):
+        np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                             saved["has_gauss"], saved["cached_gaussian"]))

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import load_latest_checkpoint
+from .checkpoint import load_latest_checkpoint, model_fit_check
 from .config import Config, load_run_config
 from .models import action_head, build_model
 
@@ -58,12 +58,11 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
                  seed: int = 12345) -> dict:
     cfg = load_run_config(run_dir)
-    path, state = load_latest_checkpoint(run_dir)
     from .runner import probe_env
 
     spec = probe_env(cfg)
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
-    model.load_state_dict(state["learner"]["model"])
+    path, state = load_latest_checkpoint(run_dir, check=model_fit_check(model))
     result = evaluate_policy(cfg, model, episodes, deterministic, device, seed)
     result["checkpoint"] = str(path)
     result["env_steps"] = state["counters"]["env_steps"]

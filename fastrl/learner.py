@@ -405,7 +405,8 @@ class LearnerHost:
                 or bool(self.arena.control[Control.CHECKPOINT]))
 
     def checkpoint(self):
-        from .checkpoint import save_checkpoint
+        """Save a checkpoint (rank 0); raises CheckpointError when it cannot be written."""
+        from .checkpoint import capture_rng, save_checkpoint
         from .shm import Control
 
         if self.run_dir is None:
@@ -414,7 +415,7 @@ class LearnerHost:
             "learner": self.learner.state_dict(),
             "counters": {"env_steps": self.env_steps(), "trained_env_steps": self.trained_env_steps,
                          "wall_time": self.wall_time_before + time.time() - self.start},
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+            "rng": capture_rng(),
             "config": self.cfg.to_dict(),
             **self.extra_state,
         }
@@ -426,12 +427,10 @@ class LearnerHost:
 
 def restore_learner(learner: Learner, state: dict) -> None:
     """Weights, optimizer, counters and RNG from a checkpoint dict."""
+    from .checkpoint import restore_rng
+
     learner.load_state_dict(state["learner"])
-    rng = state.get("rng", {})
-    if "torch" in rng:
-        torch.set_rng_state(rng["torch"])
-    if "numpy" in rng:
-        np.random.set_state(rng["numpy"])
+    restore_rng(state.get("rng", {}))
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
@@ -443,6 +442,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     from collections import deque
 
     from . import distributed
+    from .checkpoint import CheckpointError
     from .process_utils import ProcessExit, configure_child, wait_readable
     from .shm import Arena, Control, set_error
 
@@ -471,6 +471,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     queue: deque[int] = deque()
     needed = cfg.trajectories_per_batch
     agreed_stop = False
+    checkpoint_failed = False
     progress = None
 
     def release(slot_ids: np.ndarray) -> None:
@@ -505,7 +506,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     except ProcessExit:
         if parallel and not agreed_stop:
             agreed_stop, _ = distributed.agree(True, host.progress(), learner.device)
-    except NonFiniteTraining as exc:
+    except (NonFiniteTraining, CheckpointError) as exc:
+        checkpoint_failed = isinstance(exc, CheckpointError)
         set_error(arena, str(exc))
     finally:
         try:
@@ -514,7 +516,11 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                 host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
                 host.extra_state["world_size"] = dist_info.world_size
         finally:
-            host.checkpoint()
+            if not checkpoint_failed:
+                try:
+                    host.checkpoint()
+                except CheckpointError as exc:
+                    set_error(arena, str(exc))
         if parallel:
             distributed.close_group()
         arena.close()
