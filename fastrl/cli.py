@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ConfigError, _known_keys, available_profiles
+from .console import write_best_effort
 
 
 def _fail(prog: str, exc: Exception) -> int:
-    print(f"{prog}: error: {exc}", file=sys.stderr)
+    write_best_effort(sys.stderr, f"{prog}: error: {exc}")
     return 2
 
 
@@ -40,10 +40,17 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastrl-train", description="Train an agent with fastrl.")
     add_config_arguments(p)
-    p.add_argument("--run-dir", help="output directory (default runs/<profile>-<time>)")
-    p.add_argument("--train-for-env-steps", type=int)
-    p.add_argument("--train-for-seconds", type=float)
+    p.add_argument("--run-dir", help="output directory (default: a new runs/<profile>-<date>-<time>); one that "
+                                     "already holds a run needs --resume or --overwrite")
+    p.add_argument("--train-for-env-steps", type=int,
+                   help="stop when the run has this many env steps, counted from its start: a resumed run counts "
+                        "the steps it did before the resume")
+    p.add_argument("--train-for-seconds", type=float,
+                   help="stop after this many seconds of training, counted from the run's start: a resumed run "
+                        "counts the time it trained before the resume (start-up is not counted)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --run-dir (its config, metrics, logs and checkpoints are deleted)")
     p.add_argument("--seed", type=int)
     p.add_argument("--serial", action="store_true", help="run everything in one process (debugging)")
     p.add_argument("--quiet", action="store_true", help="no status line")
@@ -81,19 +88,31 @@ def train_main(argv=None) -> int:
     if args.list_keys:
         print("\n".join(_known_keys()))
         return 0
+    made_dir = None
     try:
+        from .run_dir import RunDirError, default_run_dir
         from .runner import train
 
         cfg = resolve_train_config(args)
-        run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"{Path(args.profile).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet)
-    except _user_errors() as exc:
+        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.profile)
+        made_dir = None if args.run_dir else run_dir
+        result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    except (*_user_errors(), RunDirError) as exc:
+        if made_dir is not None:
+            _remove_if_empty(made_dir)
         return _fail("fastrl-train", exc)
     final = result.final
-    print(json.dumps({"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
-                      "episode_return_mean": final.get("episode_return_mean"),
-                      "wall_time": final.get("wall_time")}))
+    write_best_effort(sys.stdout, json.dumps({"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
+                                              "episode_return_mean": final.get("episode_return_mean"),
+                                              "wall_time": final.get("wall_time")}))
     return 0
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # not empty: the run wrote something the user may want
 
 
 def eval_main(argv=None) -> int:
@@ -112,7 +131,7 @@ def eval_main(argv=None) -> int:
         result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, args.device, args.seed)
     except _user_errors() as exc:
         return _fail("fastrl-eval", exc)
-    print(json.dumps(result))
+    write_best_effort(sys.stdout, json.dumps(result))
     return 0
 
 
@@ -143,7 +162,7 @@ def profile_main(argv=None) -> int:
                        args.plot_path, args.autotune, args.budget_seconds)
     except _user_errors() as exc:
         return _fail("fastrl-profile", exc)
-    print(text)
+    write_best_effort(sys.stdout, text)
     return 0
 
 

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
+from .console import Console
 from .shm import EPISODE_RING, Arena, Control
+
+# Reports kept in memory for RunResult.reports (metrics.jsonl has every one): about 3 hours at the
+# default report_every_s, a few MiB, so a run of weeks does not grow without bound.
+HISTORY_REPORTS = 2000
 
 # Slots of arena.learner_stats, written by the learner after every update.
 LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_loss", "entropy", "grad_norm",
@@ -43,18 +48,29 @@ def read_learner_stats(arena: Arena) -> dict:
     return {name: float(arena.learner_stats[i]) for name, i in STAT.items()}
 
 
+class MetricsWriteError(RuntimeError):
+    """metrics.jsonl could not be written (a full disk, say); the message names the path and the error."""
+
+
 class Reporter:
-    """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl."""
+    """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl, and
+    owns the run's clocks: ``wall_time`` and the ``train_for_seconds`` budget both count from the
+    start of the run, summed over resumes (``wall_before`` is what the resumed checkpoint had)."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
-                 target_seconds: float, quiet: bool = False, launched_at: float | None = None, aggregate=None):
+                 target_seconds: float, console: Console | None = None, launched_at: float | None = None,
+                 aggregate=None, wall_before: float = 0.0):
         self.arena = arena
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
         self.target_seconds = target_seconds
-        self.quiet = quiet
+        self.console = console if console is not None else Console(None, quiet=True)
         # wall_time counts from the train() call: process start-up is part of the user's wait.
         self.start = launched_at if launched_at is not None else time.time()
+        self.wall_before = wall_before
+        # The time budget counts from when the processes run (start_training), so that spawning
+        # and the env probe do not eat into a short budget.
+        self.training_started = time.time()
         self.last_time = time.time()
         self.last_steps = self.env_steps()
         self.episodes_seen = self.arena.episode_count.copy()
@@ -62,13 +78,28 @@ class Reporter:
         self.length_mean = math.nan
         self.path = Path(run_dir) / "metrics.jsonl" if run_dir else None
         self.tb = _tensorboard_writer(run_dir) if run_dir else None
-        self.history: list[dict] = []
+        self.history: deque[dict] = deque(maxlen=HISTORY_REPORTS)
+        self.metrics_ok = True  # False once metrics.jsonl could not be written
         # Distributed runs: all ranks' counter vectors -> [world_size, k] (fastrl.distributed).
         self.aggregate = aggregate
         self.stop_agreed = False
 
     def env_steps(self) -> int:
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+
+    def start_training(self) -> None:
+        self.training_started = time.time()
+
+    def trained_seconds(self) -> float:
+        """Seconds counted against ``train_for_seconds``: this session's and the run's before it."""
+        return self.wall_before + time.time() - self.training_started
+
+    def time_up(self) -> bool:
+        return bool(self.target_seconds) and self.trained_seconds() >= self.target_seconds
+
+    def budget_reached(self) -> bool:
+        """This rank's own view: its steps (with the resumed count) or the time budget."""
+        return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up()
 
     def recent_episodes(self) -> tuple[np.ndarray, np.ndarray]:
         """Episodes finished since the last report (at most the ring's size per worker)."""
@@ -82,10 +113,11 @@ class Reporter:
         self.episodes_seen = counts
         return np.concatenate(returns), np.concatenate(lengths)
 
-    def report(self, extra: dict | None = None, time_up: bool = False) -> dict:
+    def report(self, extra: dict | None = None) -> dict:
         """One report. In a distributed run this is a collective: every rank calls it in step,
         and ``stop_agreed`` tells all of them the same answer (time up anywhere, or the summed
-        env steps reached the target)."""
+        env steps reached the target). Raises MetricsWriteError if metrics.jsonl cannot be written."""
+        time_up = self.time_up()
         now = time.time()
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
@@ -106,7 +138,7 @@ class Reporter:
             "episode_length_mean": self.length_mean, "episodes": int(self.arena.episode_count.sum()),
             "policy_lag_mean": learner["policy_lag_mean"], "policy_lag_min": learner["policy_lag_min"],
             "policy_lag_max": learner["policy_lag_max"], "learner_updates": int(learner["learner_updates"]),
-            "wall_time": now - self.start,
+            "wall_time": self.wall_before + now - self.start,
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
@@ -115,25 +147,35 @@ class Reporter:
         record.update(read_timings(self.arena))
         record.update(extra or {})
         self.history.append(record)
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(_finite(record)) + "\n")
+        if self.path and self.metrics_ok:
+            self._append(record)
         if self.tb:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.tb.add_scalar(key, value, steps)
             self.tb.flush()
-        if not self.quiet:
-            print(self.status_line(record), file=sys.stderr, flush=True)
+        self.console.status(self.status_line(record))
         return record
 
+    def _append(self, record: dict) -> None:
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(_finite(record)) + "\n")
+        except OSError as exc:
+            self.metrics_ok = False  # one error, not one per report while the run stops
+            raise MetricsWriteError(f"cannot write {self.path}: {exc.strerror or exc}; free space (or fix the "
+                                    f"path), then continue the run with --resume") from None
+
     def status_line(self, r: dict) -> str:
+        """The console line; its ETA is the nearer of the two budgets, both counted from the
+        start of the run (a resumed run counts what it did before)."""
         target = f"/{self.target_env_steps:,}" if self.target_env_steps else ""
-        eta = ""
+        etas = []
         if self.target_env_steps and r["env_steps_per_s"] > 0:
-            eta = f"  ETA {max(0.0, (self.target_env_steps - r['env_steps']) / r['env_steps_per_s']):.0f}s"
-        elif self.target_seconds:
-            eta = f"  ETA {max(0.0, self.target_seconds - r['wall_time']):.0f}s"
+            etas.append((self.target_env_steps - r["env_steps"]) / r["env_steps_per_s"])
+        if self.target_seconds:
+            etas.append(self.target_seconds - self.trained_seconds())
+        eta = f"  ETA {max(0.0, min(etas)):.0f}s" if etas else ""
         return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
                 f"return {r['episode_return_mean']:.2f}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
                 f"updates {r['learner_updates']}{eta}")
@@ -141,6 +183,7 @@ class Reporter:
     def close(self) -> None:
         if self.tb:
             self.tb.close()
+        self.console.close()
 
 
 def _finite(record: dict) -> dict:

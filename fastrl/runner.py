@@ -14,7 +14,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,14 +24,18 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import load_latest_checkpoint
-from .config import Config, to_toml, validate
+from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
+                         remove_partial_checkpoints)
+from .config import SECTIONS, Config, to_toml, validate
+from .console import Console
 from .distributed import DistInfo
 from .inference import InferenceBatcher, batcher_epsilons, inference_process
 from .learner import LearnerHost, learner_process, make_learner, restore_learner
-from .metrics import Reporter
+from .metrics import MetricsWriteError, Reporter
 from .models import build_model, num_state_values
+from .resources import ResourceError, check_resources
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
+from .run_dir import RunDirError, prepare_run_dir, write_atomic
 from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
 
 SHUTDOWN_GRACE_S = 15.0
@@ -92,44 +95,78 @@ def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int):
         envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights)
 
 
-def check_memory(cfg: Config, nbytes: int) -> None:
-    import psutil
+# Config keys a checkpoint's weights depend on: a resumed run must keep them.
+MODEL_KEY_SECTIONS = ("model",)
+MODEL_KEYS = ("env.id", "env.kwargs", "learner.algo")
 
-    available = psutil.virtual_memory().available
-    if nbytes > 0.8 * available:
-        raise RunError(
-            f"trajectory slots need {nbytes / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB is available; "
-            f"lower slots_per_env, env.envs_per_worker or learner.rollout")
+
+def _flat_config(data: dict) -> dict:
+    flat = {k: v for k, v in data.items() if k not in SECTIONS}
+    for section in SECTIONS:
+        flat.update({f"{section}.{k}": v for k, v in data.get(section, {}).items()})
+    return flat
+
+
+def resume_mismatch(saved: dict, cfg: Config) -> str:
+    """``key: saved -> asked`` for every key that shapes the weights and differs; "" if none."""
+    before, now = _flat_config(saved), _flat_config(cfg.to_dict())
+    keys = [k for k in now if k in MODEL_KEYS or k.split(".")[0] in MODEL_KEY_SECTIONS]
+    return ", ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in keys if before.get(k) != now[k])
+
+
+def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> dict:
+    """The newest checkpoint of ``run_dir`` that fits ``cfg`` and ``template`` (checked on a copy)."""
+    probe = copy.deepcopy(template)
+
+    def check(state: dict) -> None:
+        differs = resume_mismatch(state.get("config", {}), cfg)
+        if differs:
+            raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
+                                     f"drop those overrides to continue it, or start a new run with another --run-dir")
+        load_model_state(probe, state)
+
+    remove_partial_checkpoints(run_dir)
+    return load_latest_checkpoint(run_dir, check=check)[1]
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, model: torch.nn.Module | None = None,
-          quiet: bool = False) -> RunResult:
-    """Train with ``cfg``. ``run_dir`` receives config.toml, metrics.jsonl, processes.json and
-    checkpoints; ``model`` replaces the built-in actor-critic (see fastrl.models)."""
+          quiet: bool = False, overwrite: bool = False) -> RunResult:
+    """Train with ``cfg``. ``run_dir`` receives config.toml, metrics.jsonl, train.log,
+    processes.json and checkpoints; ``model`` replaces the built-in actor-critic (see
+    fastrl.models). A ``run_dir`` that holds a run needs ``resume`` (continue it) or
+    ``overwrite`` (replace it). What the user can get wrong is checked before any process
+    starts and raises RunError (or ConfigError) with one line that says what to do."""
     launched_at = time.time()
     validate(cfg)
     dist_info = DistInfo.from_env()
-    device = resolve_device(cfg.device, dist_info.local_rank)
     run_dir = Path(run_dir) if run_dir is not None else None
     if dist_info.enabled and (run_dir is None or cfg.serial):
         raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
-    resume_state = None
-    if resume:
-        if run_dir is None:
-            raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
-        _, resume_state = load_latest_checkpoint(run_dir)
-    spec = probe_env(cfg)
-    template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
-    layout = arena_layout(cfg, spec, num_state_values(template))
-    check_memory(cfg, layout.nbytes)
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if dist_info.is_main:
-            (run_dir / "config.toml").write_text(to_toml(cfg))
+    if resume and run_dir is None:
+        raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+    try:
+        if run_dir is not None:
+            prepare_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
+        device = resolve_device(cfg.device, dist_info.local_rank)
+        spec = probe_env(cfg)
+        template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
+        resume_state = load_resume_state(run_dir, cfg, template) if resume else None
+        layout = arena_layout(cfg, spec, num_state_values(template))
+        check_resources(cfg, layout.nbytes, spec.observation_space, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        if run_dir is not None and dist_info.is_main:
+            write_atomic(run_dir / "config.toml", to_toml(cfg))
+    except (RunDirError, ResourceError, CheckpointError) as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:
+        raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
     remove_stale_segments()
+    console = Console(run_dir if dist_info.is_main else None, quiet or not dist_info.is_main)
+    wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
     if cfg.serial:
-        return _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at)
-    return _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at, dist_info)
+        return _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
+                           wall_before)
+    return _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
+                        wall_before, dist_info)
 
 
 def _new_arena(layout, resume_state, shared: bool, dist_info: DistInfo = DistInfo()) -> Arena:
@@ -141,12 +178,6 @@ def _new_arena(layout, resume_state, shared: bool, dist_info: DistInfo = DistInf
         arena.control[Control.ENV_STEPS_OFFSET] = done // ranks + (done % ranks if dist_info.is_main else 0)
         arena.control[Control.RUN_ENV_STEPS] = done
     return arena
-
-
-def _done(cfg: Config, reporter: Reporter, started: float, wall_before: float) -> bool:
-    if cfg.train_for_env_steps and reporter.env_steps() >= cfg.train_for_env_steps:
-        return True
-    return bool(cfg.train_for_seconds) and wall_before + time.time() - started >= cfg.train_for_seconds
 
 
 class _Interrupted(Exception):
@@ -161,8 +192,9 @@ class Supervisor:
     """Watches the children: restarts crashed rollout workers, stops the run on anything else."""
 
     def __init__(self, cfg: Config, arena: Arena, make_worker, procs: dict, run_dir: Path | None,
-                 process_file: str = "processes.json"):
+                 console: Console, process_file: str = "processes.json"):
         self.cfg = cfg
+        self.console = console
         self.arena = arena
         self.make_worker = make_worker
         self.procs = procs
@@ -208,12 +240,12 @@ class Supervisor:
         self.procs["rollout"][w] = replacement
         self.worker_restarts += 1
         self.write_process_file()
-        print(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as pid "
-              f"{replacement.pid} (restart {self.worker_restarts})", file=sys.stderr, flush=True)
+        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as "
+                            f"pid {replacement.pid} (restart {self.worker_restarts})")
 
 
-def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at,
-                 dist_info: DistInfo) -> RunResult:
+def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
+                 wall_before: float, dist_info: DistInfo) -> RunResult:
     ctx = mp.get_context("spawn")
     arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
     W = cfg.env.num_workers
@@ -242,7 +274,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet,
               parent)))
     procs["rollout"] = [make_worker(w) for w in range(W)]
     process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
-    supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, process_file)
+    supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     reporter = None
     result = RunResult(run_dir)
@@ -255,38 +287,46 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet,
         if dist_info.enabled:
             distributed.init_group(dist_info, "runner", "cpu", cfg.dist_timeout_s)
             aggregate = distributed.gather_counters
-        wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
         reporter = Reporter(arena, run_dir if main else None, spec.frame_skip, cfg.train_for_env_steps,
-                            cfg.train_for_seconds, quiet or not main, launched_at, aggregate)
-        started = time.time()
-        next_report = started + cfg.report_every_s
+                            cfg.train_for_seconds, console, launched_at, aggregate, wall_before)
+        next_report = time.time() + cfg.report_every_s
         while True:
-            if not dist_info.enabled and _done(cfg, reporter, started, wall_before):
+            if not dist_info.enabled and reporter.budget_reached():
                 break
             supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
             if time.time() >= next_report:
-                time_up = bool(cfg.train_for_seconds) and wall_before + time.time() - started >= cfg.train_for_seconds
-                reporter.report({"worker_restarts": supervisor.worker_restarts}, time_up=time_up)
+                reporter.report({"worker_restarts": supervisor.worker_restarts})
                 next_report += cfg.report_every_s
                 # Distributed: every rank leaves at the same report, on the same aggregated figures.
                 if dist_info.enabled and reporter.stop_agreed:
                     break
         clean = True
     except _Interrupted as exc:
-        if not quiet:
-            print(f"[fastrl] {exc}: stopping, writing a final checkpoint", file=sys.stderr, flush=True)
+        console.notice(f"[fastrl] {exc}: stopping, writing a final checkpoint")
+    except MetricsWriteError as exc:
+        raise RunError(str(exc)) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        # A last report is a collective in a distributed run: only when every rank gets there.
-        if reporter is not None and (clean or not dist_info.enabled):
-            reporter.report({"worker_restarts": supervisor.worker_restarts})
-            reporter.close()
-            result.reports = reporter.history
-        _stop_processes(arena, procs)
-        if dist_info.enabled:
-            distributed.close_group()
-        arena.close()
+        try:
+            # A last report is a collective in a distributed run: only when every rank gets there.
+            if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
+                reporter.report({"worker_restarts": supervisor.worker_restarts})
+        except MetricsWriteError as exc:
+            console.notice(f"[fastrl] {exc}")
+        finally:
+            if reporter is not None:
+                reporter.close()
+                result.reports = list(reporter.history)
+            console.close()
+            _stop_processes(arena, procs)
+            # The learner's final checkpoint is written while the others stop: its error, if any.
+            late_error = get_error(arena) if arena.control[Control.ERROR] else ""
+            if dist_info.enabled:
+                distributed.close_group()
+            arena.close()
+    if late_error:
+        raise RunError(late_error)
     return result
 
 
@@ -305,16 +345,15 @@ def _stop_processes(arena: Arena, procs: dict) -> None:
                 p.join(5)
 
 
-def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, launched_at) -> RunResult:
+def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
+                wall_before: float) -> RunResult:
     """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = _new_arena(layout, resume_state, shared=False)
     learner = make_learner(cfg, spec.observation_space, spec.action_space, model=model, device=device)
-    wall_before = 0.0
     if resume_state is not None:
         restore_learner(learner, resume_state)
-        wall_before = resume_state["counters"].get("wall_time", 0.0)
     host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device),
                                batcher_epsilons(cfg))
@@ -331,16 +370,15 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, 
         for slot in slot_ids.tolist():
             spare[slot // per_worker].append(slot)
 
-    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, quiet,
-                            launched_at)
+    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
+                        launched_at, wall_before=wall_before)
     queue: deque[int] = deque()
     host.publish()
-    started = time.time()
-    next_report = started + cfg.report_every_s
+    next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:
             worker.start()
-        while not _done(cfg, reporter, started, wall_before):
+        while not reporter.budget_reached():
             ready_workers, ready_requests = [], []
             for w, worker in enumerate(workers):
                 while worker.can_recv():
@@ -359,13 +397,18 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, quiet, 
                 next_report += cfg.report_every_s
             if host.checkpoint_due():
                 host.checkpoint()
+    except MetricsWriteError as exc:
+        raise RunError(str(exc)) from None
     finally:
         for worker in workers:
             worker.env.close()
-        host.checkpoint()
-        reporter.report()
-        reporter.close()
-    return RunResult(run_dir, reporter.history)
+        try:
+            host.checkpoint()
+            if reporter.metrics_ok:
+                reporter.report()
+        finally:
+            reporter.close()
+    return RunResult(run_dir, list(reporter.history))
 
 
 def _take_from(spare: deque):

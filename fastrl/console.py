@@ -1,0 +1,97 @@
+"""Console output that can never stop a run, and its copy in ``RUN_DIR/train.log``.
+
+Long runs outlive their terminals: ``fastrl-train ... | head``, a ``tee`` whose reader went away,
+an ssh session that closed. Writing to such a stream raises (EPIPE, EBADF, EIO); a run that let
+that escape once stopped reporting metrics and ignored its budget. So every console write here is
+best-effort: the first failure points the stream at /dev/null (so that the interpreter's own
+flush at exit cannot fail either) and the run goes on quietly, its status lines still going to
+``train.log`` for ``tail -f``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+LOG_NAME = "train.log"
+# train.log is rotated once past this size: train.log.1 keeps the previous part, so a run that
+# goes on for weeks holds at most twice this on disk.
+LOG_MAX_BYTES = 8 * 2**20
+
+
+def write_best_effort(stream, text: str) -> bool:
+    """Write ``text`` and a newline to ``stream``; False (and the stream silenced) if it is gone."""
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+        return True
+    except (OSError, ValueError):  # EPIPE / EBADF / EIO, or a stream already closed
+        _silence(stream)
+        return False
+
+
+def _silence(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null and drop what its buffer still holds."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    try:
+        stream.flush()  # now lands in /dev/null, so interpreter shutdown does not fail on it
+    except (OSError, ValueError):
+        pass
+
+
+class Console:
+    """Status lines and notices of a run: to stderr unless ``quiet``, and to ``RUN_DIR/train.log``."""
+
+    def __init__(self, run_dir: Path | None, quiet: bool = False, max_log_bytes: int = LOG_MAX_BYTES):
+        self.quiet = quiet
+        self.max_log_bytes = max_log_bytes
+        self.log_path = Path(run_dir) / LOG_NAME if run_dir is not None else None
+        self.log = None
+        if self.log_path is not None:
+            try:
+                self.log = open(self.log_path, "a", encoding="utf-8")
+            except OSError as exc:
+                self.notice(f"[fastrl] cannot write {self.log_path} ({exc.strerror}); status lines go to the "
+                            f"console only")
+
+    def notice(self, text: str) -> None:
+        """A line the user should see even with ``quiet`` (restarts, stops)."""
+        write_best_effort(sys.stderr, text)
+        self._log(text)
+
+    def status(self, text: str) -> None:
+        if not self.quiet:
+            write_best_effort(sys.stderr, text)
+        self._log(text)
+
+    def _log(self, text: str) -> None:
+        if self.log is None:
+            return
+        try:
+            if self.log.tell() >= self.max_log_bytes:
+                self.log.close()
+                os.replace(self.log_path, self.log_path.with_name(LOG_NAME + ".1"))
+                self.log = open(self.log_path, "a", encoding="utf-8")
+            self.log.write(text + "\n")
+            self.log.flush()
+        except OSError as exc:
+            # The log is a copy of the console: losing it must not stop training (a full disk is
+            # caught where metrics and checkpoints are written).
+            self.close()
+            write_best_effort(sys.stderr, f"[fastrl] stopped writing {self.log_path} ({exc.strerror})")
+
+    def close(self) -> None:
+        if self.log is not None:
+            try:
+                self.log.close()
+            except OSError:
+                pass
+            self.log = None

@@ -1,0 +1,110 @@
+"""Run directories: a run is never started over another, resumes are checked before anything is written."""
+import os
+import threading
+
+import pytest
+
+from fastrl.checkpoint import list_checkpoints
+from fastrl.cli import train_main
+from fastrl.config import build_config, load_run_config
+from fastrl.run_dir import RunDirError, default_run_dir, prepare_run_dir, write_atomic
+from fastrl.runner import RunError, train
+
+TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
+        "learner.batch_size": 512, "train_for_env_steps": 4096, "report_every_s": 0.2}
+
+
+def tiny_config(**overrides):
+    return build_config("cartpole-appo", {**TINY, **overrides})
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run directory with a config, metrics and a final checkpoint (serial: quick, one process)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(tiny_config(serial=True), run_dir=run_dir, quiet=True)
+    assert list_checkpoints(run_dir)
+    return run_dir
+
+
+def test_a_directory_that_holds_a_run_is_refused_before_the_env_is_even_made(finished_run):
+    before = {p.name: p.stat().st_mtime_ns for p in finished_run.iterdir()}
+    cfg = tiny_config()
+    cfg.env.id = "NoSuchEnv-v0"  # an env probe would fail first if the run dir were checked late
+    with pytest.raises(RunError, match="already holds a run: pass --resume to continue it, --overwrite"):
+        train(cfg, run_dir=finished_run, quiet=True)
+    assert {p.name: p.stat().st_mtime_ns for p in finished_run.iterdir()} == before
+
+
+def test_overwrite_removes_only_what_fastrl_wrote(tmp_path):
+    for name in ("config.toml", "metrics.jsonl", "train.log", "processes.json", "notes.txt"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt_000000000001.pt").write_text("old")
+    prepare_run_dir(tmp_path, resume=False, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("resume,overwrite,setup,match", [
+    (False, False, "file", "is a file"),
+    (True, False, "missing", "does not exist"),
+    (True, True, "empty", "pass one of them"),
+])
+def test_run_dir_mistakes_are_one_line_errors(tmp_path, resume, overwrite, setup, match):
+    run_dir = tmp_path / "run"
+    if setup == "file":
+        run_dir.write_text("not a directory")
+    elif setup == "empty":
+        run_dir.mkdir()
+    with pytest.raises(RunDirError, match=match) as info:
+        prepare_run_dir(run_dir, resume, overwrite)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_reports_a_file_as_run_dir_without_a_traceback(tmp_path, capsys):
+    path = tmp_path / "run"
+    path.write_text("x")
+    assert train_main(["--run-dir", str(path), "--set", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file" in err and "Traceback" not in err
+
+
+def test_default_run_dirs_never_collide_within_a_second(tmp_path):
+    made = []
+
+    def make():
+        made.append(default_run_dir("cartpole-appo", tmp_path))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 8 and all(p.is_dir() for p in made)
+
+
+def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("old")
+    write_atomic(path, "new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["config.toml"]
+
+
+def test_resume_with_another_model_is_refused_before_config_toml_changes(finished_run):
+    config_before = (finished_run / "config.toml").read_text()
+    cfg = load_run_config(finished_run)
+    cfg.model.hidden_sizes = [16]
+    cfg.serial = True
+    with pytest.raises(RunError, match=r"model\.hidden_sizes: \[64, 64\] -> \[16\]") as info:
+        train(cfg, run_dir=finished_run, resume=True, quiet=True)
+    assert "\n" not in str(info.value) and "--run-dir" in str(info.value)
+    assert (finished_run / "config.toml").read_text() == config_before
+
+
+def test_resume_with_its_own_config_continues_from_the_checkpoint(finished_run):
+    cfg = load_run_config(finished_run)
+    cfg.serial = True
+    cfg.train_for_env_steps = 8192
+    result = train(cfg, run_dir=finished_run, resume=True, quiet=True)
+    assert result.final["env_steps"] >= 8192
+    assert list_checkpoints(finished_run)[-1].name >= "ckpt_000000008192.pt"
