@@ -161,7 +161,11 @@ class DQNLearner:
         priorities = self.arrival_priorities(batch, rewards)
         if not (np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())):
             # NaN/Inf observations or rewards would poison every batch that samples them: the
-            # trajectories are dropped and counted as a skipped update, as Learner.train does.
+            # trajectories are dropped and counted as a skipped update, as Learner.train does. Their
+            # envs' streams restart, as after a worker restart: the next records do not follow the
+            # stored ones, and an n-step window across the gap would skip the dropped steps.
+            ended = (batch.terminated[-1] | batch.truncated[-1]).cpu().numpy()
+            self.replay.restart_streams(env_ids, ended=ended)
             self.skipped_updates += 1
             self.consecutive_skips += 1
             self.version += 1

@@ -273,23 +273,33 @@ class _StreamReplay:
         """Records written to ``stream`` over the buffer's life."""
         return int(self._written[stream])
 
-    def restart_streams(self, env_ids) -> None:
-        """The next record of each stream in ``env_ids`` starts a new episode that does not follow
-        the stream's last record (e.g. the env was recreated after its worker crashed).
+    def restart_streams(self, env_ids, ended=None) -> None:
+        """The next record of each stream in ``env_ids`` does not follow the stream's last record
+        (e.g. the env was recreated after its worker crashed, or the learner dropped the steps in
+        between).
 
         Transitions: the last ``n_step`` records become invalid, as their n-step windows would
         read the new episode as their future; they have no priority yet (the upper bound of the
         sampleable rule), so none is revoked. Sequences: the last record, whose step leads into
-        the new episode, becomes invalid, which cuts V-trace's trace as an autoreset step does."""
-        for stream in np.unique(np.asarray(env_ids, dtype=np.int64)).tolist():
+        the new episode, becomes invalid, which cuts V-trace's trace as an autoreset step does.
+
+        ``ended`` (``[len(env_ids)]`` bool, default all False): the last step before the gap ended
+        an episode, so the next record is its final observation, whose action the autoreset
+        discards (not valid), and the record after it starts the new episode. Otherwise the next
+        record starts one. Where a stream appears twice, its last entry counts."""
+        env_ids = np.asarray(env_ids, dtype=np.int64).ravel()
+        ended = np.zeros(len(env_ids), bool) if ended is None else np.asarray(ended, bool).ravel()
+        if ended.shape != env_ids.shape:
+            raise ValueError(f"restart_streams: ended must have shape [{len(env_ids)}], got "
+                             f"{list(ended.shape)}")
+        for stream, stream_ended in dict(zip(env_ids.tolist(), ended.tolist())).items():
             written = int(self._written[stream])
-            if written == 0:
-                continue
-            cut = self.horizon if self._start_needs_valid else 1
-            times = np.arange(max(0, written - cut), written)
-            self._valid[stream * self.ring_len + times % self.ring_len] = False
-            self._done_last[stream] = False
-            self._final_last[stream] = True  # the next record is "first" and valid
+            if written:
+                cut = self.horizon if self._start_needs_valid else 1
+                times = np.arange(max(0, written - cut), written)
+                self._valid[stream * self.ring_len + times % self.ring_len] = False
+                self._final_last[stream] = True  # the next record is "first"
+            self._done_last[stream] = stream_ended  # ... and valid unless it follows a done
 
     def sampleable(self, indices) -> np.ndarray:
         """bool array: which slots may start a sample now (the rule in the module docstring)."""

@@ -606,3 +606,44 @@ def test_a_fresh_trajectory_restarts_only_its_own_stream_in_arrival_order():
         column = int(np.flatnonzero(ids_second == env)[0])
         assert np.array_equal(valid[env * L + T:env * L + 2 * T], second.valid[:, column].numpy())
         assert valid[env * L + T - n:env * L + T].tolist() == first.valid[T - n:, int(np.flatnonzero(ids_first == env)[0])].tolist()
+
+
+# --- a dropped batch: its envs' streams restart in the replay ---------------------------------
+
+
+def test_a_dropped_batch_restarts_its_envs_streams_so_no_window_spans_the_gap():
+    learner = make_dqn()
+    gamma = learner.cfg.learner.gamma
+    (first, ids0), (dropped, ids1), (third, ids2) = stream_batches(3, seed=5)
+    ended_env = int(ids1[2])  # its last dropped step ends an episode: the next record is an autoreset step
+    dropped.terminated[-1, 2], dropped.truncated[-1, 2] = True, False
+    third.valid[0, int(np.flatnonzero(ids2 == ended_env)[0])] = False
+    # The truth, per env and stream time: obs -> (env, time), rewards, dones, valid.
+    where, rewards, done, valid = {}, np.zeros((E, 3 * T)), np.zeros((E, 3 * T), bool), np.zeros((E, 3 * T), bool)
+    for k, (batch, env_ids) in enumerate(((first, ids0), (dropped, ids1), (third, ids2))):
+        for col, env in enumerate(env_ids):
+            times = slice(k * T, (k + 1) * T)
+            for t in range(T + 1):
+                where[batch.obs[t, col].numpy().tobytes()] = (env, k * T + t)
+            rewards[env, times] = batch.rewards[:, col].numpy()
+            done[env, times] = (batch.terminated[:, col] | batch.truncated[:, col]).numpy()
+            valid[env, times] = batch.valid[:, col].numpy()
+    dropped.rewards[3, 1] = float("nan")
+
+    learner.train(first, env_ids=ids0)
+    learner.train(dropped, env_ids=ids1)
+    assert learner.skipped_updates == 1 and len(learner.replay) == T * E
+    learner.train(third, env_ids=ids2)
+    assert learner.updates == 0 and len(learner.replay) == 2 * T * E  # min_fill reached, no step yet
+
+    sample = learner.replay.sample(4000, rng=0)
+    starts = {where[o.tobytes()] for o in sample.obs}
+    assert len(starts) > 20 and all(valid[env, t] and t // T != 1 for env, t in starts)
+    assert (ended_env, 2 * T) not in starts  # the autoreset step after the gap is never a transition
+    for b in range(len(sample.indices)):
+        env, t = where[sample.obs[b].tobytes()]
+        m = int(sample.bootstrap_steps[b])
+        assert where[sample.next_obs[b].tobytes()] == (env, t + m), (env, t, m)  # no window spans the gap
+        assert not done[env, t:t + m - 1].any()
+        np.testing.assert_allclose(sample.returns[b], sum(gamma ** k * rewards[env, t + k] for k in range(m)),
+                                   rtol=1e-5)
