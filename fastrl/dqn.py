@@ -9,7 +9,8 @@ from its n-step TD error under the current networks (Ape-X computes it in the ac
 learner holds the networks and the whole trajectory, so it is computed once, batched, on the
 learner's device). Then the learner takes as many gradient steps as ``replay.replay_ratio``
 allows, updates the sampled priorities after each step, and copies the online network into the
-target network every ``learner.target_update_every`` steps.
+target network every ``learner.target_update_every`` steps (its observation statistics included:
+they change only then).
 
 The replay is not saved in checkpoints (a million Atari frames is gigabytes); a resumed run
 refills it to ``replay.min_fill`` before its first gradient step.
@@ -173,8 +174,9 @@ class DQNLearner:
                     "version": self.version, "replay_size": len(self.replay)}
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
+            # The target's statistics stay frozen with its weights until the next refresh: the
+            # target network is one fixed function between refreshes.
             normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
-            self.target.normalizer.load_state_dict(normalizer.state_dict())
         add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
         self.timings["replay_s"] += time.perf_counter() - start
 

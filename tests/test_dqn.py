@@ -647,3 +647,25 @@ def test_a_dropped_batch_restarts_its_envs_streams_so_no_window_spans_the_gap():
         assert not done[env, t:t + m - 1].any()
         np.testing.assert_allclose(sample.returns[b], sum(gamma ** k * rewards[env, t + k] for k in range(m)),
                                    rtol=1e-5)
+
+
+def test_target_observation_statistics_change_only_at_a_target_refresh():
+    learner = make_dqn(**{"model.normalize_obs": True})
+    online, target = learner.model.normalizer, learner.target.normalizer
+
+    def snapshot():
+        return {key: value.clone() for key, value in target.state_dict().items()}
+
+    initial = snapshot()
+    refreshes = 0
+    for k, (batch, env_ids) in enumerate(stream_batches(8, seed=2)):
+        before = snapshot()
+        learner.train(batch, env_ids=env_ids)  # statistics update, then 2 gradient steps from the 3rd batch on
+        if learner.updates // 3 > refreshes:  # refreshed (every 3 steps) after this batch's statistics update
+            refreshes = learner.updates // 3
+            assert same_weights(online, target), k
+        else:
+            assert all(torch.equal(before[key], value) for key, value in target.state_dict().items()), k
+            assert not same_weights(online, target), k  # while the online statistics moved on
+    assert refreshes == 4 and learner.updates == 12 and learner.skipped_updates == 0
+    assert not all(torch.equal(initial[key], value) for key, value in target.state_dict().items())
