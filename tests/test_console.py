@@ -1,0 +1,58 @@
+"""Console output never stops a run: closed pipes are survived, train.log keeps the lines, bounded."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from fastrl.console import Console, write_best_effort
+
+
+def test_writing_to_a_closed_pipe_is_survived_and_silences_the_stream():
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w")
+    os.close(read_end)
+    assert write_best_effort(stream, "status") is False
+    assert write_best_effort(stream, "again") is True  # now /dev/null: no more errors
+    stream.close()
+
+
+def test_train_log_is_rotated_at_its_size_bound(tmp_path):
+    console = Console(tmp_path, quiet=True, max_log_bytes=1000)
+    for i in range(100):
+        console.status(f"line {i:03d} " + "x" * 40)
+    console.close()
+    log, previous = tmp_path / "train.log", tmp_path / "train.log.1"
+    assert log.stat().st_size <= 1000 + 60 and previous.stat().st_size <= 1000 + 60
+    assert log.read_text().splitlines()[-1].startswith("line 099")
+
+
+def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_to_the_end(tmp_path):
+    budget_s = 20.0
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
+           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.5",
+           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    started = time.time()
+    try:
+        proc.stderr.readline()  # the first status line: the run is reporting
+        proc.stdout.close()  # the reader goes away, as with `| head -1`
+        proc.stderr.close()
+        rc = proc.wait(timeout=budget_s + 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    wall = time.time() - started
+    # Reports go on after the pipes closed, up to the budget (the time budget excludes start-up).
+    assert records[-1]["wall_time"] >= budget_s and len(records) >= budget_s / 0.5 * 0.8
+    assert records[-1]["env_steps"] > 0 and records[-1]["learner_updates"] > 0
+    assert wall < budget_s + 90
+    log_lines = (tmp_path / "train.log").read_text().splitlines()
+    assert len(log_lines) >= len(records) - 1 and log_lines[-1].startswith("[fastrl] steps")
+    pids = [pid for group in json.loads((tmp_path / "processes.json").read_text()).values() for pid in group]
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
