@@ -69,10 +69,10 @@ def print_solve_times(profile_name: str, runs: list[dict], median: float | None,
 
 def throughput_row(name: str, cfg, seconds: float) -> dict:
     figures = profile(cfg, seconds=seconds, profile_name=name, log=lambda m: print(f"  {m}", file=sys.stderr))
-    return {"profile": name, "env_fps": figures["env_fps"], "sample_fps": figures["sample_fps"],
-            "train_fps": figures["train_fps"], "sample_ratio": figures["sample_ratio"],
-            "train_ratio": figures["train_ratio"], "frame_skip": figures["frame_skip"],
-            "diagnosis": figures["diagnosis"]}
+    return {"profile": name, "env_fps": figures.env_fps, "sample_fps": figures.sample_fps,
+            "train_fps": figures.train_fps, "sample_ratio": figures.sample_ratio,
+            "train_ratio": figures.train_ratio, "frame_skip": figures.frame_skip,
+            "diagnosis": figures.diagnosis}
 
 
 def main(argv=None) -> int:

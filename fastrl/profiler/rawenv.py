@@ -1,0 +1,118 @@
+"""Raw env throughput of a run's process layout: its env groups stepped with random actions in
+as many processes as rollout workers, with no trainer around them: the honest limit of that layout."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import Config
+from ..process_utils import configure_child
+from ..rollout import make_worker_env
+from .diagnosis import ProfileError
+from .sampling import ProcessSampler, cores_used
+
+ENV_START_TIMEOUT_S = 120.0
+ACTION_TABLE = 64  # batches of random actions drawn up front, cycled in the raw env loop
+
+
+@dataclass
+class EnvMeasurement:
+    """Raw env throughput, summed over the env processes."""
+    env_steps_per_s: float
+    frames_per_s: float
+    frame_skip: int
+    window_s: float
+    processes: list[dict]  # see ProcessSampler.processes
+    cores_used: float
+
+
+def random_action_table(space, batch_size: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` batches of uniform random actions: [count, batch_size, *space.shape]. Box bounds
+    that are infinite are replaced by [-1, 1]."""
+    if not space.shape:  # Discrete
+        return rng.integers(space.start, space.start + space.n, size=(count, batch_size), dtype=np.int64)
+    low = np.where(np.isfinite(space.low), space.low, -1.0)
+    high = np.where(np.isfinite(space.high), space.high, 1.0)
+    return rng.uniform(low, high, size=(count, batch_size, *space.shape)).astype(np.float32)
+
+
+def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: float, barrier, results,
+                     parent_pid: int) -> None:
+    """One raw env process: the env group of rollout worker ``worker_id``, random actions, and
+    the same double buffering (``num_splits`` batches in flight). Puts (worker_id, result)."""
+    configure_child(parent_pid)
+    try:
+        env = make_worker_env(cfg, worker_id)
+    except Exception as exc:
+        results.put((worker_id, {"error": f"{type(exc).__name__}: {exc}"}))
+        barrier.abort()
+        return
+    try:
+        table = random_action_table(env.action_space, env.batch_size, ACTION_TABLE,
+                                    np.random.default_rng(cfg.seed + worker_id))
+        barrier.wait(ENV_START_TIMEOUT_S)
+        env.async_reset()
+        start = time.time()
+        steps, i = 0, 0
+        t_a, steps_a = None, 0
+        while True:
+            _, _, _, _, env_ids = env.recv()
+            env.send(table[i % ACTION_TABLE], env_ids)
+            steps += len(env_ids)
+            i += 1
+            now = time.time()
+            if t_a is None and now >= start + warmup_s:
+                t_a, steps_a = now, steps
+            elif t_a is not None and now >= t_a + window_s:
+                break
+        results.put((worker_id, {"env_steps": steps - steps_a, "t_a": t_a, "t_b": now,
+                                 "frame_skip": env.frame_skip}))
+    except Exception as exc:
+        results.put((worker_id, {"error": f"{type(exc).__name__}: {exc}"}))
+    finally:
+        env.close()
+
+
+def measure_env(cfg: Config, seconds: float, warmup_s: float) -> EnvMeasurement:
+    """Raw env throughput of ``cfg``'s rollout layout with random actions, summed over workers:
+    ``seconds`` measured after ``warmup_s``, once every process has built its envs."""
+    ctx = mp.get_context("spawn")
+    W = cfg.env.num_workers
+    barrier, results = ctx.Barrier(W), ctx.Queue()
+    procs = [ctx.Process(target=_raw_env_process, name=f"fastrl-rawenv-{w}", daemon=True,
+                         args=(w, cfg, warmup_s, seconds, barrier, results, os.getpid()))
+             for w in range(W)]
+    got: dict[int, dict] = {}
+    try:
+        for p in procs:
+            p.start()
+        with ProcessSampler(lambda: {"rollout": [p.pid for p in procs]}) as sampler:
+            deadline = time.time() + ENV_START_TIMEOUT_S + warmup_s + seconds
+            while len(got) < W:
+                try:
+                    worker_id, result = results.get(timeout=max(0.1, deadline - time.time()))
+                except queue.Empty:
+                    raise ProfileError(f"raw env processes did not finish within "
+                                       f"{ENV_START_TIMEOUT_S + warmup_s + seconds:.0f} s; "
+                                       f"check the env settings (env.id, env.kwargs)") from None
+                if "error" in result:
+                    raise ProfileError(f"raw env process {worker_id} failed: {result['error']}")
+                got[worker_id] = result
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        results.close()
+    rate = sum(r["env_steps"] / (r["t_b"] - r["t_a"]) for r in got.values())
+    frame_skip = got[0]["frame_skip"]
+    t_a, t_b = max(r["t_a"] for r in got.values()), min(r["t_b"] for r in got.values())
+    processes = sampler.processes(t_a, t_b)
+    return EnvMeasurement(env_steps_per_s=rate, frames_per_s=rate * frame_skip, frame_skip=frame_skip,
+                          window_s=seconds, processes=processes, cores_used=cores_used(processes))
