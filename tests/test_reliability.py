@@ -138,3 +138,23 @@ def test_killed_runner_takes_its_children_along_and_the_next_start_cleans_up(tmp
     wait_for(lambda: not alive(pids), 15, "orphaned children to exit")
     remove_stale_segments()
     assert segments() <= before
+
+
+def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
+    before = segments()
+    first = start_cli(tmp_path, "--train-for-env-steps", "100000")
+    first.communicate(timeout=180)
+    assert first.returncode == 0 and list_checkpoints(tmp_path)
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write fails with ENOSPC
+    proc = start_cli(tmp_path, "--resume", "--train-for-env-steps", "100000000")
+    try:
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2
+    assert err.strip().count("\n") == 0 and "metrics.jsonl: No space left on device" in err, err
+    assert "--resume" in err
+    wait_for(lambda: not alive(children_of(tmp_path)), 15, "children to exit")
+    assert segments() <= before
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
