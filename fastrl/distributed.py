@@ -13,6 +13,9 @@ different prefixes:
 
 A collective that waits longer than ``dist_timeout_s`` raises, so a dead rank ends the others'
 runs with an error instead of a hang; torchrun then stops the job.
+
+Only tensors travel between ranks (no pickled objects), but torch's TCPStore listens on every
+interface of the rank-0 host and trusts whoever connects: run multi-node jobs on a trusted network.
 """
 from __future__ import annotations
 
@@ -130,9 +133,14 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def gather_digests(model: torch.nn.Module) -> list[str]:
-    digests = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, parameter_digest(model))
-    return digests
+    """Every rank's parameter digest. Sent as one int64 tensor, never as a pickled object:
+    all_gather_object would unpickle whatever a peer sends."""
+    device = next(model.parameters()).device
+    local = torch.tensor([int.from_bytes(bytes.fromhex(parameter_digest(model)), "big", signed=True)],
+                         dtype=torch.int64, device=device)
+    out = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, local)
+    return [int(t.item()).to_bytes(8, "big", signed=True).hex() for t in out]
 
 
 def gather_counters(local: np.ndarray) -> np.ndarray:

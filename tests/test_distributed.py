@@ -62,3 +62,22 @@ def test_two_dqn_ranks_take_the_same_gradient_steps(tmp_path):
     digests = state["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1], digests
     assert state["learner"]["updates"] > 100
+
+
+def test_digests_travel_as_tensors_never_as_pickled_objects(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from fastrl import distributed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickled object was exchanged between ranks")
+
+    for name in ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"):
+        monkeypatch.setattr(dist, name, refuse)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 3)
+        assert distributed.gather_digests(model) == [distributed.parameter_digest(model)]
+    finally:
+        dist.destroy_process_group()
