@@ -83,8 +83,8 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated zip, a pickle that weights_only refuses, ...
-        raise CheckpointError(f"checkpoint '{path}' is corrupt, truncated or holds more than tensors and plain "
-                              f"data ({type(exc).__name__})") from None
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated, or holds more than tensors and "
+                              f"plain data ({type(exc).__name__})") from None
     if not isinstance(state, dict) or "learner" not in state or "counters" not in state:
         raise CheckpointError(f"checkpoint '{path}' is not a fastrl checkpoint")
     return state

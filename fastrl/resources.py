@@ -11,6 +11,7 @@ import os
 import shutil
 
 import numpy as np
+import psutil
 
 from .config import Config
 from .shm import SHM_DIR
@@ -76,8 +77,6 @@ def check_shared_memory(arena_bytes: int, shm_dir: str = SHM_DIR) -> None:
 
 
 def check_memory(arena_bytes: int, replay_bytes: int) -> None:
-    import psutil
-
     available = psutil.virtual_memory().available
     if arena_bytes + replay_bytes > RAM_SHARE * available:
         parts = f"trajectory slots {_gib(arena_bytes)}" + (f" + replay {_gib(replay_bytes)}" if replay_bytes else "")
