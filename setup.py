@@ -9,7 +9,7 @@ setup(
     python_requires=">=3.10",
     # kernels/ is a top-level folder of the repo but is installed as fastrl.kernels so that we
     # never install a top-level module called `kernels` (another PyPI package owns that name).
-    packages=["fastrl", "fastrl.envs", "fastrl.kernels", "fastrl.profiler", "fastrl.profiles"],
+    packages=["fastrl", "fastrl.learner", "fastrl.envs", "fastrl.kernels", "fastrl.profiler", "fastrl.profiles"],
     package_dir={"fastrl": "fastrl", "fastrl.kernels": "kernels", "fastrl.profiles": "profiles"},
     package_data={"fastrl.profiles": ["*.toml"]},
     install_requires=[

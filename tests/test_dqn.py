@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastrl.config import ConfigError, build_config, load_run_config, to_toml
-from fastrl.dqn import PRIORITY_EPS, DQNLearner, make_replay_config, trajectory_windows
+from fastrl.learner import PRIORITY_EPS, DQNLearner, make_replay_config, trajectory_windows
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
 from fastrl.learner import Learner, Trajectories, make_learner
 from fastrl.models import ActorCritic, DuelingQNetwork, build_model
@@ -73,7 +73,7 @@ def stream_batches(num_batches, seed=0, p_terminate=0.1, p_truncate=0.05, obs_di
         cols = torch.from_numpy(env_ids)
         out.append((Trajectories(
             obs=obs[k * T:(k + 1) * T + 1][:, cols].clone(), actions=actions[rows][:, cols].clone(),
-            logp=logp[rows][:, cols].clone(), rewards=rewards[rows][:, cols].clone(),
+            behaviour_logp=logp[rows][:, cols].clone(), rewards=rewards[rows][:, cols].clone(),
             terminated=terminated[rows][:, cols].clone(), truncated=truncated[rows][:, cols].clone(),
             valid=valid[rows][:, cols].clone(), version=torch.full((T, E), k, dtype=torch.int64)), env_ids))
     return out
@@ -314,7 +314,7 @@ def test_target_network_is_refreshed_every_target_update_every_steps():
     initial = copy.deepcopy(learner.target.state_dict())
     target_before = initial
     for step in range(1, 10):
-        assert learner._update() is not None
+        assert learner.update() is not None
         assert learner.updates == step
         refreshed = step % 3 == 0
         assert same_weights(learner.model, learner.target) == refreshed, step
@@ -329,12 +329,12 @@ def test_a_skipped_update_never_refreshes_the_target():
     for batch, env_ids in stream_batches(2):
         learner.train(batch, env_ids=env_ids)
     for _ in range(3):
-        learner._update()
+        learner.update()
     assert learner.updates == 3 and same_weights(learner.model, learner.target)
     target_before = copy.deepcopy(learner.target.state_dict())
     with torch.no_grad():
         learner.model.value.bias.fill_(float("nan"))  # every loss from now on is NaN
-    assert learner._update() is not None
+    assert learner.update() is not None
     assert (learner.updates, learner.skipped_updates, learner.consecutive_skips) == (3, 1, 1)
     assert all(torch.equal(target_before[k], v) for k, v in learner.target.state_dict().items())
 
@@ -443,7 +443,7 @@ def test_double_q_lets_the_online_network_pick_and_the_target_rate(double_q, boo
     # Arrival priorities use the same rule: 1-step, no dones, zero rewards, action 0 (Q = 0.5).
     learner.rcfg.n_step = 1
     batch = Trajectories(
-        obs=torch.randn(3, 1, 4), actions=torch.zeros(2, 1, dtype=torch.int64), logp=torch.zeros(2, 1),
+        obs=torch.randn(3, 1, 4), actions=torch.zeros(2, 1, dtype=torch.int64), behaviour_logp=torch.zeros(2, 1),
         rewards=torch.zeros(2, 1), terminated=torch.zeros(2, 1, dtype=torch.bool),
         truncated=torch.zeros(2, 1, dtype=torch.bool), valid=torch.ones(2, 1, dtype=torch.bool),
         version=torch.zeros(2, 1, dtype=torch.int64))
@@ -471,7 +471,7 @@ def vtrace_replay_config(fraction, min_fill):
         "learner.batch_size": T * E})
 
 
-FIELDS = ("obs", "actions", "logp", "rewards", "terminated", "truncated", "valid")
+FIELDS = ("obs", "actions", "behaviour_logp", "rewards", "terminated", "truncated", "valid")
 
 
 @pytest.mark.parametrize("fraction", [0.25, 0.6])

@@ -60,7 +60,7 @@ def random_batch(T=8, B=16, obs_dim=4, n_actions=2, version=0, seed=0):
     g = torch.Generator().manual_seed(seed)
     return Trajectories(
         obs=torch.randn(T + 1, B, obs_dim, generator=g), actions=torch.randint(0, n_actions, (T, B), generator=g),
-        logp=torch.full((T, B), math.log(1 / n_actions)), rewards=torch.randn(T, B, generator=g),
+        behaviour_logp=torch.full((T, B), math.log(1 / n_actions)), rewards=torch.randn(T, B, generator=g),
         terminated=torch.rand(T, B, generator=g) < 0.1, truncated=torch.zeros(T, B, dtype=torch.bool),
         valid=torch.ones(T, B, dtype=torch.bool), version=torch.full((T, B), version))
 

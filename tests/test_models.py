@@ -29,7 +29,7 @@ def image_batch(T, B, seed=0):
     obs = (centre + spread * torch.randn(T + 1, B, *IMAGES.shape, generator=g)).round().clamp(0, 255)
     return Trajectories(
         obs=obs.to(torch.uint8), actions=torch.randint(0, 2, (T, B), generator=g),
-        logp=torch.full((T, B), math.log(0.5)), rewards=torch.randn(T, B, generator=g),
+        behaviour_logp=torch.full((T, B), math.log(0.5)), rewards=torch.randn(T, B, generator=g),
         terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
         valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64))
 

@@ -1,0 +1,29 @@
+"""The learner family. Imports point one way:
+
+- process shell: :mod:`.process` (the learner process loop and how ranks agree to stop) and
+  :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
+- algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
+  :mod:`.dqn` (Ape-X DQN); both build on :mod:`.base` (optimizer, counters, schedule, reward
+  transform, lag statistics, gradient step, state dict)
+- pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
+  :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay, fastrl.models and
+  fastrl.kernels.
+
+``fastrl.learner.Learner`` is the V-trace learner, as it always was.
+"""
+from .base import BaseLearner
+from .batch import Trajectories, gather_trajectories
+from .dqn import PRIORITY_EPS, DQNLearner, trajectory_windows
+from .factory import LEARNERS, make_learner
+from .host import LearnerHost, NonFiniteTraining, restore_learner
+from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
+from .process import learner_process
+from .replay_feed import add_trajectories, make_replay_config
+from .vtrace import VTraceLearner
+
+Learner = VTraceLearner
+
+__all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerHost", "NonFiniteTraining", "PRIORITY_EPS",
+           "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
+           "learner_process", "make_learner", "make_replay_config", "restore_learner", "td_loss",
+           "trajectory_windows", "vtrace_targets"]

@@ -1,0 +1,68 @@
+"""The learner's batch: time-major trajectories, and their copy out of the shared arena."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Trajectories:
+    """A learner batch, time-major: ``T`` steps of ``B`` trajectories.
+
+    obs ``[T+1, B, *obs_shape]`` (env dtype; ``obs[T]`` follows the last step), actions
+    ``[T, B, *action_shape]``, behaviour_logp ``[T, B]`` log-probs of the actions under the policy
+    that chose them (the behaviour policy), rewards ``[T, B]``, terminated / truncated / valid
+    ``[T, B]`` bool, version ``[T, B]`` int64 policy version that acted.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    behaviour_logp: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    valid: torch.Tensor
+    version: torch.Tensor
+
+    def to(self, device: torch.device) -> "Trajectories":
+        non_blocking = device.type == "cuda"
+        return Trajectories(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                               for f in fields(self)})
+
+    def columns(self, index: torch.Tensor) -> "Trajectories":
+        return Trajectories(**{f.name: getattr(self, f.name)[:, index] for f in fields(self)})
+
+    def concat(self, other: "Trajectories") -> "Trajectories":
+        """This batch with ``other``'s trajectories appended (``other``'s fields cast to ours)."""
+        return Trajectories(**{f.name: torch.cat([getattr(self, f.name),
+                                                  getattr(other, f.name).to(getattr(self, f.name).dtype)], dim=1)
+                               for f in fields(self)})
+
+    def validate(self) -> None:
+        T, B = self.rewards.shape
+        expect = {"obs": (T + 1, B), "actions": (T, B), "behaviour_logp": (T, B), "terminated": (T, B),
+                  "truncated": (T, B), "valid": (T, B), "version": (T, B)}
+        for name, lead in expect.items():
+            shape = tuple(getattr(self, name).shape[:2])
+            if shape != lead:
+                raise ValueError(f"Trajectories.{name} has leading shape {shape}, expected {lead} "
+                                 f"(time-major, T={T}, B={B}, obs has T+1 rows)")
+
+
+def gather_trajectories(arena, slot_ids: np.ndarray) -> Trajectories:
+    """Copy the trajectory slots ``slot_ids`` ``[B]`` out of the arena into a time-major batch
+    (one copy per field: the broadcast index ``[t, slot]`` lays rows out time-major directly)."""
+    T = arena.rewards.shape[1]
+    slots = np.asarray(slot_ids)[None, :]
+    steps = np.arange(T + 1)[:, None]
+
+    def take(array, rows):
+        return torch.from_numpy(array[slots, steps[:rows]])
+
+    return Trajectories(
+        obs=take(arena.obs, T + 1), actions=take(arena.actions, T), behaviour_logp=take(arena.logp, T),
+        rewards=take(arena.rewards, T), terminated=take(arena.terminated, T).bool(),
+        truncated=take(arena.truncated, T).bool(), valid=take(arena.valid, T).bool(),
+        version=take(arena.version, T))

@@ -1,0 +1,122 @@
+"""The learner inside a run: turns full arena slots into updates, publishes weights, checkpoints."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..checkpoint import capture_rng, restore_rng, save_checkpoint
+from ..config import Config
+from ..metrics import write_learner_stats
+from ..models import num_state_values, state_to_flat
+from ..shm import Control, WeightBuffer
+from .base import BaseLearner
+from .batch import gather_trajectories
+
+
+class NonFiniteTraining(RuntimeError):
+    """Too many non-finite updates in a row: the run cannot make progress."""
+
+
+class LearnerHost:
+    """Wraps any learner of the family for a run: arena in, weights and checkpoints out."""
+
+    def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, wall_time_before: float = 0.0,
+                 world_size: int = 1):
+        self.cfg = cfg
+        self.arena = arena
+        self.learner = learner
+        self.run_dir = run_dir
+        self.world_size = world_size
+        self.weights = WeightBuffer(arena)
+        self.flat = torch.empty(num_state_values(learner.model), dtype=torch.float32)
+        self.start = time.time()
+        self.wall_time_before = wall_time_before
+        self.last_checkpoint = time.time()
+        self.timings = {"gather_s": 0.0, "publish_s": 0.0, "wait_s": 0.0}
+        self.trained_env_steps = 0
+        self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
+
+    def env_steps(self) -> int:
+        """Env steps of the run: this arena's, or with several ranks the count of the last report."""
+        if self.world_size > 1:
+            return int(self.arena.control[Control.RUN_ENV_STEPS])
+        return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+
+    def progress(self) -> float:
+        """Share of the run's budget done, in [0, 1] (the learning-rate schedule's clock)."""
+        cfg = self.cfg
+        parts = [0.0]
+        if cfg.train_for_env_steps:
+            parts.append(self.env_steps() / cfg.train_for_env_steps)
+        if cfg.train_for_seconds:
+            parts.append((self.wall_time_before + time.time() - self.start) / cfg.train_for_seconds)
+        return min(1.0, max(parts))
+
+    def publish(self) -> bool:
+        """Publish the current weights; non-finite weights are never sent to the actors."""
+        start = time.perf_counter()
+        state_to_flat(self.learner.model, self.flat)
+        ok = bool(torch.isfinite(self.flat).all())
+        if ok:
+            self.weights.publish(self.flat.numpy(), self.learner.version)
+        self.timings["publish_s"] += time.perf_counter() - start
+        return ok
+
+    def consume(self, slot_ids: np.ndarray, release, progress: float | None = None) -> None:
+        """Train on full slots, or with ``sample_only`` just hand them back."""
+        if self.cfg.sample_only:
+            release(slot_ids)
+        else:
+            self.train_on(slot_ids, release, progress)
+
+    def train_on(self, slot_ids: np.ndarray, release, progress: float | None = None) -> dict:
+        """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train."""
+        start = time.perf_counter()
+        batch = gather_trajectories(self.arena, slot_ids)
+        # Read before the slots are reused: each trajectory's env (replay stream), and whether it
+        # is the env's first since its worker (re)started (its stream restarts there).
+        env_ids = self.arena.slot_env[slot_ids].astype(np.int64)
+        fresh = self.arena.slot_fresh[slot_ids].astype(bool)
+        release(slot_ids)
+        self.timings["gather_s"] += time.perf_counter() - start
+        stats = self.learner.train(batch, self.progress() if progress is None else progress, env_ids=env_ids,
+                                   fresh=fresh)
+        if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
+            raise NonFiniteTraining(
+                f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "
+                f"check the env's observations and rewards for NaN/Inf, lower learner.lr, or set "
+                f"learner.reward_clip / model.normalize_obs")
+        self.trained_env_steps += batch.rewards.numel()
+        self.publish()
+        stats.update(self.learner.timings, **self.timings, trained_env_steps=self.trained_env_steps)
+        write_learner_stats(self.arena, stats)
+        return stats
+
+    def checkpoint_due(self) -> bool:
+        return (time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_s
+                or bool(self.arena.control[Control.CHECKPOINT]))
+
+    def checkpoint(self):
+        """Save a checkpoint (rank 0); raises CheckpointError when it cannot be written."""
+        if self.run_dir is None:
+            return None
+        state = {
+            "learner": self.learner.state_dict(),
+            "counters": {"env_steps": self.env_steps(), "trained_env_steps": self.trained_env_steps,
+                         "wall_time": self.wall_time_before + time.time() - self.start},
+            "rng": capture_rng(),
+            "config": self.cfg.to_dict(),
+            **self.extra_state,
+        }
+        path = save_checkpoint(self.run_dir, state, state["counters"]["env_steps"], self.cfg.keep_checkpoints)
+        self.last_checkpoint = time.time()
+        self.arena.control[Control.CHECKPOINT] = 0
+        return path
+
+
+def restore_learner(learner: BaseLearner, state: dict) -> None:
+    """Weights, optimizer, counters and RNG from a checkpoint dict."""
+    learner.load_state_dict(state["learner"])
+    restore_rng(state.get("rng", {}))

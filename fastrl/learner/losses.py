@@ -1,0 +1,112 @@
+"""Pure loss functions of the learner family: tensors in, ``(loss, stats)`` out.
+
+They hold no state and read no config, so research code can call them on its own tensors; the
+learners call them with exactly these arguments. Conventions: time-major ``[T, B]``; ``values``
+has ``T + 1`` rows, the last one bootstrapping the trajectory's end; ``discounts`` is
+``gamma * (1 - terminated)``; ``valid`` is False on the autoreset step after a done (gymnasium 1.x
+and envpool reset on the step after it; that step's action is discarded), where rho = c = 0 cuts
+the V-trace trace and no loss is taken. ``stats`` holds detached 0-d tensors, so that a caller
+reads them (a host synchronisation on a GPU) only when it wants to.
+
+V-trace: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
+Actor-Learner Architectures"; APPO adds PPO's clipped surrogate (Schulman et al. 2017) on the
+V-trace advantages.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from ..kernels.torch_ops import vtrace_torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / count
+
+
+@torch.no_grad()
+def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor,
+                   rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, *, clip_rho: float = 1.0,
+                   clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace value targets ``vs`` and policy-gradient advantages, both ``[T, B]``.
+
+    log rho = target_logp - behaviour_logp, set to -inf where not ``valid`` (rho = c = 0: vs = V
+    there and the trace is cut); see :func:`fastrl.kernels.vtrace` for the recursion."""
+    T = rewards.shape[0]
+    log_rhos = (target_logp - behaviour_logp).masked_fill(~valid, -math.inf)
+    return vtrace_torch(log_rhos, discounts, rewards, values[:T], values[T], clip_rho_threshold=clip_rho,
+                        clip_pg_rho_threshold=clip_pg_rho, clip_c_threshold=clip_c, lambda_=lambda_)
+
+
+def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef):
+    T = vs.shape[0]
+    value_loss = 0.5 * masked_mean((vs - values[:T]).square(), maskf, count)
+    mean_entropy = masked_mean(entropy, maskf, count)
+    loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
+    return loss, {"loss": loss.detach(), "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
+                  "entropy": mean_entropy.detach()}
+
+
+def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
+              rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None = None,
+              *, clip_rho: float = 1.0, clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
+              ppo_clip: float = 0.2, value_coef: float = 0.5, entropy_coef: float = 0.01,
+              normalize_advantages: bool = True, targets: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, dict]:
+    """APPO: PPO's clipped surrogate on V-trace advantages, a value loss on V-trace targets and
+    an entropy bonus.
+
+    ``target_logp`` ``[T, B]`` (the current policy's log-probs of the taken actions) and
+    ``values`` ``[T+1, B]`` carry gradients; ``entropy`` ``[T, B]`` is the current policy's;
+    ``mask`` ``[T, B]`` bool (default ``valid``) selects the steps the loss averages over (the
+    learner also drops steps acted by too old a policy). ``loss = policy_loss + value_coef *
+    value_loss - entropy_coef * entropy`` with ``policy_loss = -mean(min(r A, clip(r, 1 - eps,
+    1 + eps) A))``, ``r = exp(target_logp - behaviour_logp)``, ``A`` the V-trace advantage
+    (normalized over the mask when ``normalize_advantages``), ``value_loss = mean((vs - V)^2) / 2``.
+    ``targets``: ``(vs, advantages)`` computed already (by :func:`vtrace_targets` with the same
+    arguments, or your own); by default they are computed here."""
+    mask = valid if mask is None else mask
+    vs, advantages = targets if targets is not None else vtrace_targets(
+        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, clip_rho=clip_rho,
+        clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_)
+    maskf = mask.float()
+    count = maskf.sum().clamp(min=1.0)
+    if normalize_advantages:
+        mean = masked_mean(advantages, maskf, count)
+        std = torch.sqrt(masked_mean((advantages - mean).square(), maskf, count) + 1e-8)
+        advantages = (advantages - mean) / std
+    ratio = torch.exp((target_logp - behaviour_logp).clamp(max=20.0))
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - ppo_clip, 1 + ppo_clip) * advantages)
+    policy_loss = -masked_mean(surrogate, maskf, count)
+    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
+
+
+def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
+                rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None = None,
+                *, clip_rho: float = 1.0, clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
+                value_coef: float = 0.5, entropy_coef: float = 0.01,
+                targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
+    """IMPALA: the V-trace policy gradient ``-mean(A * target_logp)``, the value loss on V-trace
+    targets and an entropy bonus; arguments as :func:`appo_loss`."""
+    mask = valid if mask is None else mask
+    vs, advantages = targets if targets is not None else vtrace_targets(
+        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, clip_rho=clip_rho,
+        clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_)
+    maskf = mask.float()
+    count = maskf.sum().clamp(min=1.0)
+    policy_loss = -masked_mean(advantages * target_logp, maskf, count)
+    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
+
+
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, dict]:
+    """DQN's loss: the importance-weighted Huber (smooth L1) loss between ``q_taken`` ``[N]``
+    (Q of the taken actions, with gradients) and fixed ``targets`` ``[N]`` (e.g. n-step double-Q
+    returns), ``weights`` ``[N]`` the prioritized replay's importance weights (default 1).
+    ``stats["td"]`` ``[N]`` holds the TD errors ``targets - q_taken``, the new priorities' source."""
+    per_item = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
+    loss = (per_item if weights is None else weights * per_item).mean()
+    return loss, {"loss": loss.detach(), "td": (targets - q_taken).detach(), "q_mean": q_taken.detach().mean()}

@@ -1,0 +1,146 @@
+"""The learner process: drain full slots -> consume a batch -> agree to stop -> checkpoint.
+
+Stopping is one interface with two answers: alone, the run's stop flag; with several ranks
+(torch.distributed), an all-reduce before every batch, so that every rank stops after the same
+update and no peer is left waiting inside a collective.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from .. import distributed
+from ..checkpoint import CheckpointError
+from ..config import Config
+from ..process_utils import ProcessExit, configure_child, wait_readable
+from ..shm import Arena, Control, set_error
+from .factory import make_learner
+from .host import LearnerHost, NonFiniteTraining, restore_learner
+
+
+class LocalStop:
+    """One rank: stop when the runner raises the stop flag."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+
+    def before_batch(self, progress: float) -> tuple[bool, float | None]:
+        """(stop now, the training progress to use; None: the host's own)."""
+        return bool(self.arena.control[Control.STOP]), None
+
+    def after_batch(self, learner) -> None:
+        pass
+
+    def leaving(self, progress: float) -> bool:
+        """Called once on the way out; True if every rank left at the same update."""
+        return False
+
+
+class DistributedStop:
+    """Several ranks: every batch begins with the ranks agreeing whether to stop and on training
+    progress (the learning-rate schedule); observation statistics follow rank 0's."""
+
+    def __init__(self, arena: Arena, device: torch.device):
+        self.arena = arena
+        self.device = device
+        self.agreed = False
+
+    def before_batch(self, progress: float) -> tuple[bool, float | None]:
+        self.agreed, progress = distributed.agree(bool(self.arena.control[Control.STOP]), progress, self.device)
+        return self.agreed, progress
+
+    def after_batch(self, learner) -> None:
+        normalizer = getattr(learner.model, "normalizer", None)
+        if normalizer is not None:
+            distributed.broadcast_buffers(normalizer)  # every rank acts with rank 0's statistics
+
+    def leaving(self, progress: float) -> bool:
+        if not self.agreed:
+            # Leaving for a local reason (the stop flag between batches): the peers are, or soon
+            # will be, in before_batch's all-reduce; meet them there with a stop.
+            self.agreed, _ = distributed.agree(True, progress, self.device)
+        return self.agreed
+
+
+def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
+                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None) -> None:
+    """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
+    one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
+    checkpoint into (fastrl.distributed)."""
+    configure_child(parent_pid)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    arena = Arena.attach(layout, arena_name)
+    full_in, free_out = channels
+    learner = make_learner(cfg, *spaces, model=model, device=device)
+    wall_before = 0.0
+    if resume_state is not None:
+        restore_learner(learner, resume_state)
+        wall_before = resume_state["counters"].get("wall_time", 0.0)
+    parallel = dist_info is not None and dist_info.enabled
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))  # NCCL collectives use the current device
+    if parallel:
+        distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
+        distributed.broadcast_parameters(learner.model)
+        learner.grad_sync = distributed.GradientAverager(learner.model, dist_info.world_size)
+    stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
+    host = LearnerHost(cfg, arena, learner, run_dir, wall_before, dist_info.world_size if parallel else 1)
+    host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
+    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+    queue: deque[int] = deque()
+    needed = cfg.trajectories_per_batch
+
+    def release(slot_ids: np.ndarray) -> None:
+        arena.slot_queued[slot_ids] = 0
+        owners = slot_ids // per_worker
+        for w in np.unique(owners):
+            free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
+
+    def drain() -> None:
+        """Block until a worker sends full slot ids (or the run stops); queue all that came."""
+        waited = time.perf_counter()
+        ready = wait_readable(full_in, arena.control, parent_pid)
+        host.timings["wait_s"] += time.perf_counter() - waited
+        for conn in ready:
+            while conn.poll():
+                queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
+
+    checkpoint_failed = False
+    host.publish()
+    try:
+        while True:
+            drain()
+            while len(queue) >= needed:
+                # Checked before every batch: queued batches could outlast the shutdown grace.
+                stop, progress = stopping.before_batch(host.progress())
+                if stop:
+                    raise ProcessExit
+                host.consume(np.array([queue.popleft() for _ in range(needed)], dtype=np.int64), release, progress)
+                stopping.after_batch(learner)
+            if host.checkpoint_due():
+                host.checkpoint()
+    except ProcessExit:
+        pass
+    except (NonFiniteTraining, CheckpointError) as exc:
+        checkpoint_failed = isinstance(exc, CheckpointError)
+        set_error(arena, str(exc))
+    finally:
+        try:
+            if stopping.leaving(host.progress()):
+                # Every rank reached the same final update: record that their weights agree.
+                host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
+                host.extra_state["world_size"] = dist_info.world_size
+        finally:
+            if not checkpoint_failed:
+                try:
+                    host.checkpoint()
+                except CheckpointError as exc:
+                    set_error(arena, str(exc))
+        if parallel:
+            distributed.close_group()
+        arena.close()

@@ -1,0 +1,161 @@
+"""The V-trace learner: APPO (default) and IMPALA on batches of full trajectories.
+
+Usable on its own: build a :class:`VTraceLearner` (also exported as ``fastrl.learner.Learner``),
+assemble a :class:`~fastrl.learner.batch.Trajectories` batch yourself and call
+:meth:`VTraceLearner.train`. The losses themselves are the pure functions of
+:mod:`fastrl.learner.losses`.
+
+Autoreset and truncation. Gymnasium 1.x and envpool autoreset on the step *after* a done: that
+step's action is ignored and its "transition" goes from the final observation to the reset
+observation. Such steps carry ``valid = False``; the loss gives them ``log_rho = -inf`` so that
+rho = c = 0 there, which makes ``vs_t = V(x_t)`` and cuts the trace. The final observation stays in
+the trajectory, so a truncated step bootstraps from the current value of the real final
+observation: ``r_t + gamma * V(x_final)``, with discount ``gamma * (1 - terminated_t)``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import Config
+from ..models import action_head, build_model
+from ..replay import SequenceReplay
+from .base import BaseLearner
+from .batch import Trajectories
+from .losses import appo_loss, impala_loss
+from .losses import vtrace_targets as vtrace_targets_of
+from .replay_feed import add_trajectories, make_replay_config
+
+
+class VTraceLearner(BaseLearner):
+    """APPO or IMPALA (``learner.algo``): every batch trains ``num_epochs`` x ``num_minibatches``
+    steps, minibatches split along trajectories (never along time)."""
+
+    def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
+                 device: torch.device | str = "cpu"):
+        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device)
+        self.head = action_head(action_space)
+        self.loss = appo_loss if self.lcfg.algo == "appo" else impala_loss
+        # IMPALA-paper replay: replay.vtrace_fraction of every batch are replayed trajectories.
+        self.replay = None
+        if cfg.replay.vtrace_fraction > 0:
+            self.replay = SequenceReplay(
+                make_replay_config(cfg), num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
+                obs_dtype=observation_space.dtype, frame_stack=cfg.replay.frame_stack,
+                action_shape=tuple(action_space.shape or ()), action_dtype=action_space.dtype, seed=cfg.seed)
+
+    def loss_settings(self) -> dict:
+        lcfg = self.lcfg
+        settings = dict(clip_rho=lcfg.clip_rho, clip_c=lcfg.clip_c, clip_pg_rho=lcfg.clip_pg_rho,
+                        lambda_=lcfg.vtrace_lambda, value_coef=lcfg.value_coef, entropy_coef=lcfg.entropy_coef)
+        if lcfg.algo == "appo":
+            settings.update(ppo_clip=lcfg.ppo_clip, normalize_advantages=lcfg.normalize_advantages)
+        return settings
+
+    def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
+              fresh: np.ndarray | None = None) -> dict:
+        """One learner step on ``batch`` (all epochs and minibatches); returns statistics.
+
+        ``env_ids`` ``[B]`` (each trajectory's env) is needed only with ``replay.vtrace_fraction``:
+        the batch is then stored for replay and completed with replayed trajectories; ``fresh``
+        ``[B]`` marks an env's first trajectory after its worker restarted (see
+        :func:`fastrl.learner.replay_feed.add_trajectories`)."""
+        batch.validate()
+        lag_stats = self.lag_stats(batch)
+        if self.replay is not None:
+            batch = self.with_replayed(batch, env_ids, fresh)
+        batch = batch.to(self.device)
+        lag = (self.version - batch.version).float()
+        loss_mask = batch.valid & (lag <= self.lcfg.max_policy_lag)
+        normalizer = getattr(self.model, "normalizer", None)
+        if normalizer is not None:
+            normalizer.update(batch.obs[:-1][batch.valid])
+        self.set_learning_rate(progress)
+        rewards, discounts = self.rewards_and_discounts(batch)
+
+        B = batch.rewards.shape[1]
+        minibatches = self.lcfg.num_minibatches
+        stats_sum: dict[str, float] = {}
+        steps = 0
+        for _ in range(self.lcfg.num_epochs):
+            order = torch.randperm(B, device=self.device) if minibatches > 1 else None
+            for chunk in range(minibatches):
+                if order is None:
+                    index = slice(None)
+                    part = batch
+                else:
+                    size = B // minibatches
+                    index = order[chunk * size:(chunk + 1) * size]
+                    part = batch.columns(index)
+                step_stats = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index])
+                for key, value in step_stats.items():
+                    stats_sum[key] = stats_sum.get(key, 0.0) + value
+                steps += 1
+        self.version += 1
+        stats = {key: value / steps for key, value in stats_sum.items()}
+        stats.update(lag_stats, **self.counters())
+        return stats
+
+    def with_replayed(self, batch: Trajectories, env_ids, fresh=None) -> Trajectories:
+        """Store ``batch`` in the sequence replay and append replayed trajectories, so that they
+        make up ``replay.vtrace_fraction`` of the result. Replayed columns carry the current
+        version: V-trace corrects for their behaviour policy (stored log-probs), and the lag mask
+        is for fresh data."""
+        T, B = batch.rewards.shape
+        if env_ids is None or np.shape(env_ids) != (B,):
+            raise ValueError(f"replay.vtrace_fraction needs env_ids [{B}], the env of each trajectory")
+        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy())
+        fraction = self.cfg.replay.vtrace_fraction
+        wanted = int(round(B * fraction / (1.0 - fraction)))
+        wanted -= (B + wanted) % self.lcfg.num_minibatches  # keep the minibatches equal
+        replayed = self.replay.sample(wanted) if wanted > 0 else None
+        if replayed is None:
+            return batch
+        return batch.concat(Trajectories(
+            obs=torch.from_numpy(replayed.obs), actions=torch.from_numpy(replayed.actions),
+            behaviour_logp=torch.from_numpy(replayed.logp), rewards=torch.from_numpy(replayed.rewards),
+            terminated=torch.from_numpy(replayed.terminated), truncated=torch.from_numpy(replayed.truncated),
+            valid=torch.from_numpy(replayed.valid), version=torch.full((T, wanted), self.version, dtype=torch.int64)))
+
+    def rewards_and_discounts(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transformed rewards and ``gamma * (1 - terminated)``; ``[T, B]``."""
+        return self.transformed_rewards(batch.rewards), self.lcfg.gamma * (~batch.terminated).float()
+
+    def evaluate(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Current policy on the batch: params ``[T, B, P]``, values ``[T+1, B]``, log-probs of the
+        taken actions ``[T, B]``."""
+        T, B = batch.rewards.shape
+        params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
+        params = params.reshape(T + 1, B, -1)[:T]
+        logp = self.head.log_prob(params.reshape(T * B, -1),
+                                  batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
+        return params, values.reshape(T + 1, B), logp
+
+    def vtrace_targets(self, batch: Trajectories, logp: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor,
+                       discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """V-trace value targets ``vs`` and policy-gradient advantages of ``batch``, both ``[T, B]``."""
+        settings = self.loss_settings()
+        return vtrace_targets_of(logp, batch.behaviour_logp, values, rewards, discounts, batch.valid,
+                                 **{k: settings[k] for k in ("clip_rho", "clip_c", "clip_pg_rho", "lambda_")})
+
+    def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor) -> dict:
+        """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on."""
+        start = time.perf_counter()
+        T, B = rewards.shape
+        params, values, logp = self.evaluate(batch)
+        vtrace_start = time.perf_counter()
+        # Computed here rather than inside the loss only so that the profiler can time it apart.
+        targets = self.vtrace_targets(batch, logp.detach(), values.detach(), rewards, discounts)
+        vtrace_time = time.perf_counter() - vtrace_start
+        entropy = self.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
+        loss, stats = self.loss(logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid, mask,
+                                targets=targets, **self.loss_settings())
+        grad_norm, backward_done = self.gradient_step(loss)
+        end = time.perf_counter()
+        self.timings["forward_backward_s"] += backward_done - start - vtrace_time
+        self.timings["vtrace_s"] += vtrace_time
+        self.timings["optimizer_s"] += end - backward_done
+        return {**{key: float(value) for key, value in stats.items()}, "grad_norm": grad_norm}

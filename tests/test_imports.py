@@ -1,0 +1,96 @@
+"""fastrl's imports point one way: no module of the package imports one that (directly or through
+others) imports it back, whether at module level or inside a function (a function-level import
+hides a cycle; it does not remove it)."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# kernels/ is installed as fastrl.kernels (setup.py package_dir).
+SOURCES = {"fastrl": ROOT / "fastrl", "fastrl.kernels": ROOT / "kernels"}
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = ".".join([package, *parts])
+            if not name.startswith("fastrl.kernels") or package == "fastrl.kernels":
+                modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """fastrl modules that ``name`` imports, anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            origin = node.module or ""
+            if node.level:
+                origin = ".".join(base[:len(base) - node.level + 1] + ([origin] if origin else []))
+            targets = [origin] + [f"{origin}.{alias.name}" for alias in node.names]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_fastrl_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 20 and "fastrl.learner.host" in graph["fastrl.learner.process"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_learner_family_imports_down_only():
+    graph = import_graph()
+    shell = {"fastrl.learner.process", "fastrl.learner.host"}
+    algorithms = {"fastrl.learner.factory", "fastrl.learner.vtrace", "fastrl.learner.dqn", "fastrl.learner.base"}
+    for module in algorithms:
+        assert not graph[module] & shell, f"{module} imports the process shell"
+    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.replay", "fastrl.models"):
+        assert not graph[module] & (shell | algorithms), f"{module} imports upwards"

@@ -1,0 +1,92 @@
+"""The pure losses give the learner's own numbers on a fixed batch, and follow their formulas."""
+import copy
+import math
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from fastrl.config import build_config
+from fastrl.kernels import vtrace
+from fastrl.learner import Learner, appo_loss, impala_loss, td_loss
+from tests.test_learner import random_batch
+
+OBS = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+
+def learner_and_tensors(algo):
+    torch.manual_seed(0)
+    cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.vtrace_lambda": 0.9,
+                                         "learner.clip_rho": 1.5, "learner.entropy_coef": 0.02})
+    learner = Learner(cfg, OBS, gymnasium.spaces.Discrete(2))
+    batch = random_batch(seed=3)
+    batch.behaviour_logp = batch.behaviour_logp + 0.3 * torch.randn(batch.behaviour_logp.shape)  # off-policy
+    batch.valid[2, :4] = False
+    return learner, batch
+
+
+@pytest.mark.parametrize("algo,loss_fn", [("appo", appo_loss), ("impala", impala_loss)])
+def test_pure_losses_reproduce_the_learners_numbers(algo, loss_fn):
+    learner, batch = learner_and_tensors(algo)
+    probe = copy.deepcopy(learner)
+    rewards, discounts = probe.rewards_and_discounts(batch)
+    params, values, logp = probe.evaluate(batch)
+    T, B = rewards.shape
+    entropy = probe.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
+    loss, stats = loss_fn(logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
+                          **probe.loss_settings())
+    reported = learner.train(batch)  # one epoch, one minibatch: the loss before its step
+    for key in ("loss", "policy_loss", "value_loss", "entropy"):
+        assert float(stats[key]) == pytest.approx(reported[key], rel=1e-6, abs=1e-7), key
+    assert float(loss.detach()) == pytest.approx(reported["loss"], rel=1e-6)
+    loss.backward()  # gradients flow to the network through target_logp and values
+    assert all(p.grad is not None for p in probe.model.parameters())
+
+
+def test_impala_loss_follows_its_formula():
+    g = torch.Generator().manual_seed(1)
+    T, B = 5, 3
+    target_logp = -torch.rand(T, B, generator=g)
+    behaviour_logp = -torch.rand(T, B, generator=g)
+    values = torch.randn(T + 1, B, generator=g)
+    entropy = torch.rand(T, B, generator=g)
+    rewards = torch.randn(T, B, generator=g)
+    discounts = torch.full((T, B), 0.9)
+    valid = torch.ones(T, B, dtype=torch.bool)
+    loss, stats = impala_loss(target_logp, behaviour_logp, values, entropy, rewards, discounts, valid,
+                              value_coef=0.5, entropy_coef=0.01)
+    vs, adv = vtrace(np.float32(target_logp - behaviour_logp), discounts.numpy(), rewards.numpy(),
+                     values[:T].numpy(), values[T].numpy())
+    policy = -(adv * target_logp.numpy()).mean()
+    value = 0.5 * ((vs - values[:T].numpy()) ** 2).mean()
+    expected = policy + 0.5 * value - 0.01 * entropy.mean().item()
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+    assert float(stats["policy_loss"]) == pytest.approx(policy, rel=1e-5)
+
+
+def test_appo_loss_clips_the_ratio_like_ppo():
+    T, B = 1, 2
+    # Advantages +1 and -1 after normalization; ratio e^1 ~ 2.7 on both: the clip binds on the
+    # positive one (min(2.7, 1.2) = 1.2) and not on the negative one (min(-2.7, -1.2) = -2.7).
+    target_logp = torch.zeros(T, B)
+    behaviour_logp = torch.full((T, B), -1.0)
+    targets = (torch.zeros(T, B), torch.tensor([[1.0, -1.0]]))
+    loss, stats = appo_loss(target_logp, behaviour_logp, torch.zeros(T + 1, B), torch.zeros(T, B),
+                            torch.zeros(T, B), torch.ones(T, B), torch.ones(T, B, dtype=torch.bool),
+                            ppo_clip=0.2, normalize_advantages=False, targets=targets)
+    assert float(stats["policy_loss"]) == pytest.approx(-(1.2 - math.e) / 2, rel=1e-6)
+
+
+def test_td_loss_is_the_weighted_huber_loss_and_reports_td_errors():
+    q = torch.tensor([0.0, 1.0, 5.0], requires_grad=True)
+    targets = torch.tensor([0.5, -1.0, 5.0])
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    loss, stats = td_loss(q, targets, weights)
+    expected = (weights * F.smooth_l1_loss(q.detach(), targets, reduction="none")).mean()
+    assert float(loss.detach()) == pytest.approx(float(expected))  # 0.5 * 0.5^2 and 0.5 * (2 - 0.5), over 3
+    assert float(loss.detach()) == pytest.approx((0.125 + 0.5 * 1.5) / 3)
+    assert torch.equal(stats["td"], targets - q.detach())
+    loss.backward()
+    assert q.grad is not None and targets.grad is None
