@@ -9,12 +9,15 @@ per env (Ape-X).
 from __future__ import annotations
 
 import time
+from multiprocessing.connection import wait
 
 import numba
 import numpy as np
 import torch
 
+from .metrics import BatcherTiming
 from .models import action_head, load_flat_state, num_state_values
+from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, WeightBuffer
 
 
@@ -41,8 +44,7 @@ class InferenceBatcher:
         self.flat = np.empty(num_state_values(model), dtype=np.float32)
         self.version = -1
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
-        # Columns: fastrl.metrics.INFERENCE_TIMINGS; row W of arena.timings.
-        self.timings = arena.timings[arena.env_steps.shape[0]]
+        self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
 
     def refresh_weights(self) -> bool:
@@ -54,7 +56,7 @@ class InferenceBatcher:
             if version is not None:
                 load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
                 self.version = version
-            self.timings[1] += time.perf_counter() - start
+            self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
         return self.version >= 0
 
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
@@ -77,9 +79,9 @@ class InferenceBatcher:
             actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
         write_actions(slots, steps, actions.reshape(len(slots), -1), logp, self.version,
                       self.slot_actions, arena.logp, arena.version)
-        self.timings[0] += time.perf_counter() - start
-        self.timings[3] += 1
-        self.timings[4] += len(requests)
+        self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
+        self.timings[BatcherTiming.BATCHES] += 1
+        self.timings[BatcherTiming.REQUESTS] += len(requests)
 
 
 # The two index kernels below replace five 2-D numpy gathers/scatters per batch. Measured here
@@ -137,21 +139,17 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
-def inference_process(cfg, layout, arena_name: str, model, action_space, device: str, channels,
-                      parent_pid: int) -> None:
+def inference_process(cfg, layout, arena_name: str, model, action_space, device: str,
+                      channels: BatcherChannels, parent_pid: int) -> None:
     """Main loop of the inference process: wait for requests, batch them, answer each worker."""
-    from multiprocessing.connection import wait
-
-    from .process_utils import ProcessExit, check_alive, configure_child, wait_readable
-
     configure_child(parent_pid)
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + 7919)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     arena = Arena.attach(layout, arena_name)
-    ready_in, actions_out = channels
-    worker_of = {conn: w for w, conn in enumerate(ready_in)}
+    requests_in, actions_out = channels.requests_in, channels.actions_out
+    worker_of = {conn: w for w, conn in enumerate(requests_in)}
     batcher = InferenceBatcher(arena, model, action_space, torch.device(device), batcher_epsilons(cfg))
     try:
         while not batcher.refresh_weights():
@@ -159,8 +157,8 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
             check_alive(arena.control, parent_pid)
         while True:
             waited = time.perf_counter()
-            ready = wait_readable(ready_in, arena.control, parent_pid)
-            batcher.timings[2] += time.perf_counter() - waited
+            ready = wait_readable(requests_in, arena.control, parent_pid)
+            batcher.timings[BatcherTiming.WAIT_REQUESTS] += time.perf_counter() - waited
             workers, messages = gather_ready_requests(ready, worker_of)
             if not workers:
                 continue

@@ -1,9 +1,12 @@
-"""What every child process does the same way: signals, parent checks, blocking waits."""
+"""What every child process does the same way: signals, parent checks, blocking waits, and the
+pipes that carry slot and request ids between the processes."""
 from __future__ import annotations
 
 import os
 import signal
-from multiprocessing.connection import wait
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import NamedTuple
 
 from .shm import Control
 
@@ -35,3 +38,54 @@ def wait_readable(conns, control, parent_pid: int, timeout: float = WAIT_TIMEOUT
     ready = wait(conns, timeout)
     check_alive(control, parent_pid)
     return ready
+
+
+class WorkerChannels(NamedTuple):
+    """One rollout worker's pipe ends (``_in`` receives, ``_out`` sends)."""
+
+    requests_out: Connection  # request ids of env batches ready to act on, to the batcher
+    actions_in: Connection  # request ids whose actions the batcher wrote
+    full_out: Connection  # ids of full slots, to the learner
+    free_in: Connection  # ids of slots the learner is done with
+
+
+class BatcherChannels(NamedTuple):
+    """The inference batcher's ends, one per worker (index = worker id)."""
+
+    requests_in: list[Connection]
+    actions_out: list[Connection]
+
+
+class LearnerChannels(NamedTuple):
+    """The learner's ends, one per worker (index = worker id)."""
+
+    full_in: list[Connection]
+    free_out: list[Connection]
+
+
+@dataclass(frozen=True)
+class RunChannels:
+    """Every pipe of one node: four one-way pipes per worker, two to the batcher, two to the learner.
+
+    The ends are named tuples, so a process may also unpack its ends (``full_in, free_out = channels``)."""
+
+    workers: list[WorkerChannels]
+    batcher: BatcherChannels
+    learner: LearnerChannels
+
+
+def make_channels(ctx, num_workers: int) -> RunChannels:
+    """The pipes of a run with ``num_workers`` rollout workers, made with the multiprocessing context ``ctx``."""
+    requests_in, requests_out = _one_way_pipes(ctx, num_workers)
+    actions_in, actions_out = _one_way_pipes(ctx, num_workers)
+    full_in, full_out = _one_way_pipes(ctx, num_workers)
+    free_in, free_out = _one_way_pipes(ctx, num_workers)
+    workers = [WorkerChannels(requests_out=requests_out[w], actions_in=actions_in[w], full_out=full_out[w],
+                              free_in=free_in[w]) for w in range(num_workers)]
+    return RunChannels(workers, BatcherChannels(requests_in, actions_out), LearnerChannels(full_in, free_out))
+
+
+def _one_way_pipes(ctx, n: int) -> tuple[list[Connection], list[Connection]]:
+    """``n`` pipes as (receiving ends, sending ends)."""
+    receiving, sending = zip(*(ctx.Pipe(duplex=False) for _ in range(n)))
+    return list(receiving), list(sending)

@@ -15,6 +15,8 @@ import numba
 import numpy as np
 
 from .config import Config
+from .metrics import WorkerTiming
+from .process_utils import ProcessExit, WorkerChannels, configure_child, wait_readable
 from .shm import Arena
 
 
@@ -52,7 +54,7 @@ class RolloutWorker:
         self.env_t[:] = 0
         self.slot_obs = arena.obs.reshape(arena.obs.shape[0], arena.obs.shape[1], -1)  # [N, T + 1, D] view
         self.full_rows = np.empty(E, dtype=np.int64)  # batch rows whose slot filled, see _record_steps
-        self.timings = arena.timings[worker_id]  # columns: fastrl.metrics.WORKER_TIMINGS
+        self.timings = WorkerTiming.row(arena, worker_id)
 
     def start(self) -> None:
         self.env.async_reset()
@@ -62,15 +64,19 @@ class RolloutWorker:
         return bool(self.free_requests) and self.batches_in_env > 0
 
     def recv_batch(self) -> int:
+        timings = self.timings
         start = time.perf_counter()
         obs, rewards, terminated, truncated, env_ids = self.env.recv()
         stepped = time.perf_counter()
+        timings[WorkerTiming.ENV_STEP] += stepped - start
         self.batches_in_env -= 1
-        slot_wait_before = self.timings[3]
+        slot_wait_before = timings[WorkerTiming.WAIT_SLOTS]
         self.record(np.asarray(env_ids), obs, rewards, terminated, truncated)
-        self.timings[0] += stepped - start
-        # record() may wait for free slots (counted in timings[3]); that is not copying.
-        self.timings[1] += time.perf_counter() - stepped - (self.timings[3] - slot_wait_before)
+        # record() blocks in take_free_slots when a slot fills and no free one is left. That wait is
+        # WAIT_SLOTS, not copying: counted in both, the breakdown would blame the copy for the
+        # learner's backpressure.
+        slot_wait = timings[WorkerTiming.WAIT_SLOTS] - slot_wait_before
+        timings[WorkerTiming.OBS_COPY] += time.perf_counter() - stepped - slot_wait
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
         return request
@@ -185,8 +191,8 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
         env_kwargs=ecfg.kwargs)
 
 
-def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels, parent_pid: int,
-                    generation: int = 0, rank: int = 0) -> None:
+def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,
+                    parent_pid: int, generation: int = 0, rank: int = 0) -> None:
     """Main loop of a rollout worker process.
 
     ``generation`` counts restarts of this worker. Request ids on the wire are
@@ -194,14 +200,14 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     process it replaces. A restarted worker takes back the slots not queued for the learner;
     the queued ones return through the free pipe as usual.
     """
-    from .process_utils import ProcessExit, configure_child, wait_readable
-
     configure_child(parent_pid)
     arena = Arena.attach(layout, arena_name)
-    ready_out, actions_in, full_out, free_in = channels
+    requests_out, actions_in = channels.requests_out, channels.actions_in
+    full_out, free_in = channels.full_out, channels.free_in
     control = arena.control
+    timings = WorkerTiming.row(arena, worker_id)
     S, E = cfg.env.num_splits, cfg.env.envs_per_worker
-    tag = generation % (256 // S)
+    tag = generation % (256 // S)  # a message is one byte
     owned = worker_slot_ids(cfg, worker_id)
     available = owned[arena.slot_queued[owned] == 0]
     held = set(available.tolist())  # slots this worker has: spare or filling
@@ -221,7 +227,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
             # Blocks until the learner returns slots: this is the backpressure that bounds lag.
             if wait_readable([free_in], control, parent_pid):
                 receive_free_slots()
-        arena.timings[worker_id, 3] += time.perf_counter() - waited
+        timings[WorkerTiming.WAIT_SLOTS] += time.perf_counter() - waited
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
 
     def send_full(slots: np.ndarray) -> None:
@@ -237,11 +243,11 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
         while True:
             while worker.can_recv():
                 request = worker.recv_batch()
-                ready_out.send_bytes(bytes([tag * S + request]))
+                requests_out.send_bytes(bytes([tag * S + request]))
             waited = time.perf_counter()
             while not wait_readable([actions_in], control, parent_pid):
                 pass
-            arena.timings[worker_id, 2] += time.perf_counter() - waited
+            timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
             while actions_in.poll():
                 for message in actions_in.recv_bytes():
                     if message // S == tag:

@@ -33,6 +33,7 @@ from .inference import InferenceBatcher, batcher_epsilons, inference_process
 from .learner import LearnerHost, learner_process, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter
 from .models import build_model, num_state_values
+from .process_utils import make_channels
 from .resources import ResourceError, check_resources
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
 from .run_dir import RunDirError, prepare_run_dir, write_atomic
@@ -250,28 +251,26 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
     arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
     W = cfg.env.num_workers
     main = dist_info.is_main
-    pipes = {name: [ctx.Pipe(duplex=False) for _ in range(W)] for name in ("ready", "actions", "full", "free")}
-    ends = {name: ([r for r, _ in p], [s for _, s in p]) for name, p in pipes.items()}
+    channels = make_channels(ctx, W)
     parent = os.getpid()
 
     def make_worker(w: int, generation: int = 0):
         # The runner keeps every pipe end open, so a dead worker never shows up as EOF elsewhere
         # and its replacement reuses the same pipes.
-        channels = (ends["ready"][1][w], ends["actions"][0][w], ends["full"][1][w], ends["free"][0][w])
         return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
-                           args=(w, cfg, layout, arena.name, channels, parent, generation, dist_info.rank))
+                           args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
+                                 dist_info.rank))
 
     procs: dict[str, list] = {"learner": [], "inference": [], "rollout": []}
     procs["learner"].append(ctx.Process(
         target=learner_process, name="fastrl-learner",
         args=(cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
-              (ends["full"][0], ends["free"][1]), parent, run_dir if main else None, resume_state, dist_info)))
+              channels.learner, parent, run_dir if main else None, resume_state, dist_info)))
     template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model,
                                                             algo=cfg.learner.algo)
     procs["inference"].append(ctx.Process(
         target=inference_process, name="fastrl-inference",
-        args=(cfg, layout, arena.name, template, spec.action_space, device, (ends["ready"][0], ends["actions"][1]),
-              parent)))
+        args=(cfg, layout, arena.name, template, spec.action_space, device, channels.batcher, parent)))
     procs["rollout"] = [make_worker(w) for w in range(W)]
     process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
     supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)

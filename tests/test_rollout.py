@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fastrl.config import build_config
+from fastrl.metrics import read_timings
 from fastrl.rollout import RolloutWorker, make_worker_env, worker_slot_ids
 from fastrl.runner import arena_layout, probe_env
 from fastrl.shm import Arena
@@ -83,3 +84,12 @@ def test_worker_blocks_for_free_slots_instead_of_overwriting():
     cfg = countdown_config(**{"slots_per_env": 2})
     with pytest.raises(IndexError):  # the hand-made take() pops an empty deque: no third slot exists
         run_worker(cfg, steps_per_env=12)
+
+
+def test_worker_times_its_env_steps_and_copies_under_their_report_keys():
+    arena, _ = run_worker(countdown_config(), steps_per_env=8)
+    timings = read_timings(arena)
+    assert timings["rollout/env_step_s"] > 0 and timings["rollout/obs_copy_s"] > 0
+    # Driven by hand, the worker never blocks, and no batcher ran.
+    assert timings["rollout/wait_actions_s"] == timings["rollout/wait_slots_s"] == 0
+    assert all(value == 0 for key, value in timings.items() if key.startswith("inference/"))

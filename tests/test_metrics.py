@@ -1,0 +1,44 @@
+"""Timing columns: each process's named columns of ``arena.timings`` and the metrics.jsonl keys
+they are reported as (fastrl.profiler reads those keys)."""
+import numpy as np
+
+from fastrl.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
+from fastrl.shm import Arena, trajectory_layout
+
+
+def small_arena(num_workers: int) -> Arena:
+    return Arena(trajectory_layout(num_slots=4, rollout=2, obs_shape=(1,), obs_dtype=np.float32, action_shape=(),
+                                   action_dtype=np.int64, num_workers=num_workers, envs_per_worker=2, num_splits=1,
+                                   num_weights=1), shared=False)
+
+
+def test_timing_report_keys_are_the_documented_ones():
+    assert WORKER_TIMINGS == ("env_step_s", "obs_copy_s", "wait_actions_s", "wait_slots_s")
+    assert INFERENCE_TIMINGS == ("inference_forward_s", "weight_refresh_s", "wait_requests_s", "inference_batches",
+                                 "inference_requests")
+    # One key per column, columns 0..k-1 without gaps, all within the arena's row.
+    row_length = small_arena(num_workers=1).timings.shape[1]
+    for columns in (WorkerTiming, BatcherTiming):
+        assert sorted(columns.KEYS) == list(range(len(columns.KEYS)))
+        assert len(columns.KEYS) <= row_length
+
+
+def test_each_column_is_reported_under_its_key():
+    arena = small_arena(num_workers=2)
+    for w, scale in enumerate((1.0, 10.0)):
+        row = WorkerTiming.row(arena, w)
+        row[WorkerTiming.ENV_STEP] += 1 * scale
+        row[WorkerTiming.OBS_COPY] += 2 * scale
+        row[WorkerTiming.WAIT_ACTIONS] += 3 * scale
+        row[WorkerTiming.WAIT_SLOTS] += 4 * scale
+    batcher = BatcherTiming.row(arena)
+    batcher[BatcherTiming.FORWARD] += 5
+    batcher[BatcherTiming.WEIGHT_REFRESH] += 6
+    batcher[BatcherTiming.WAIT_REQUESTS] += 7
+    batcher[BatcherTiming.BATCHES] += 8
+    batcher[BatcherTiming.REQUESTS] += 9
+    # Worker columns are summed over the workers; the batcher's row is apart from theirs.
+    assert read_timings(arena) == {
+        "rollout/env_step_s": 11.0, "rollout/obs_copy_s": 22.0, "rollout/wait_actions_s": 33.0,
+        "rollout/wait_slots_s": 44.0, "inference/inference_forward_s": 5.0, "inference/weight_refresh_s": 6.0,
+        "inference/wait_requests_s": 7.0, "inference/inference_batches": 8.0, "inference/inference_requests": 9.0}

@@ -1,0 +1,26 @@
+"""The pipes of a run: every worker end reaches the batcher's or the learner's end of its own worker."""
+import multiprocessing as mp
+
+from fastrl.process_utils import make_channels
+
+
+def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
+    channels = make_channels(mp.get_context("spawn"), num_workers=3)
+    batcher, learner = channels.batcher, channels.learner
+    try:
+        for w, worker in enumerate(channels.workers):
+            message = bytes([w])
+            worker.requests_out.send_bytes(message)
+            assert batcher.requests_in[w].recv_bytes() == message
+            batcher.actions_out[w].send_bytes(message)
+            assert worker.actions_in.recv_bytes() == message
+            worker.full_out.send_bytes(message)
+            assert learner.full_in[w].recv_bytes() == message
+            learner.free_out[w].send_bytes(message)
+            assert worker.free_in.recv_bytes() == message
+        full_in, free_out = learner  # the learner process unpacks its ends
+        assert full_in is learner.full_in and free_out is learner.free_out
+    finally:
+        for ends in (*channels.workers, batcher.requests_in, batcher.actions_out, learner.full_in, learner.free_out):
+            for conn in ends:
+                conn.close()
