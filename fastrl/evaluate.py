@@ -8,6 +8,7 @@ import torch
 
 from .checkpoint import load_latest_checkpoint, model_fit_check
 from .config import Config, load_run_config
+from .envs import make_vec_env, probe_env
 from .models import action_head, build_model
 
 
@@ -21,8 +22,6 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     Q-values (they are not logits to sample from).
     """
     deterministic = deterministic or cfg.learner.algo == "dqn"
-    from .envs import make_vec_env
-
     n = min(episodes, 8)
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     env = make_vec_env(cfg.env.id, num_envs=n, batch_size=n, seed=seed, backend=cfg.env.backend,
@@ -58,8 +57,6 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
                  seed: int = 12345) -> dict:
     cfg = load_run_config(run_dir)
-    from .runner import probe_env
-
     spec = probe_env(cfg)
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
     path, state = load_latest_checkpoint(run_dir, check=model_fit_check(model))

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .metrics import BatcherTiming
+from .distributed import DistInfo
 from .models import action_head, load_flat_state, num_state_values
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, WeightBuffer
@@ -131,8 +132,6 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
     """``[W, E]`` exploration rates of this rank's envs for dqn (numbered across all ranks), else None."""
     if cfg.learner.algo != "dqn":
         return None
-    from .distributed import DistInfo
-
     info = DistInfo.from_env()
     per_rank = cfg.total_envs
     return apex_epsilons(per_rank, cfg.learner.epsilon, cfg.learner.epsilon_alpha, first=info.rank * per_rank,

@@ -15,6 +15,7 @@ import numba
 import numpy as np
 
 from .config import Config
+from .envs import make_vec_env
 from .metrics import WorkerTiming
 from .process_utils import ProcessExit, WorkerChannels, configure_child, wait_readable
 from .shm import Arena
@@ -180,8 +181,6 @@ def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
 
 
 def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
-    from .envs import make_vec_env
-
     ecfg = cfg.env
     return make_vec_env(
         ecfg.id, num_envs=ecfg.envs_per_worker, batch_size=ecfg.envs_per_worker // ecfg.num_splits,

@@ -29,6 +29,7 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkp
 from .config import SECTIONS, Config, to_toml, validate
 from .console import Console
 from .distributed import DistInfo
+from .envs import EnvSpec, probe_env
 from .inference import InferenceBatcher, batcher_epsilons, inference_process
 from .learner import LearnerHost, learner_process, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter
@@ -65,25 +66,6 @@ def resolve_device(name: str, local_rank: int = 0) -> str:
     if name == "cuda":
         return f"cuda:{local_rank % torch.cuda.device_count()}"
     return name
-
-
-@dataclass
-class EnvSpec:
-    observation_space: object
-    action_space: object
-    frame_skip: int
-
-
-def probe_env(cfg: Config) -> EnvSpec:
-    """Spaces and frame skip of the configured env, from a one-env instance."""
-    from .envs import make_vec_env
-
-    env = make_vec_env(cfg.env.id, num_envs=1, batch_size=1, seed=cfg.seed, backend=cfg.env.backend,
-                       env_kwargs=cfg.env.kwargs)
-    try:
-        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
-    finally:
-        env.close()
 
 
 def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int):

@@ -28,7 +28,7 @@ def targets_for(cfg):
     arena, full = run_worker(cfg, steps_per_env=cfg.learner.rollout)
     arena.logp[:] = math.log(0.5)  # behaviour = the uniform policy: on-policy, log_rho = 0
     batch = gather_trajectories(arena, np.array(full))
-    from fastrl.runner import probe_env
+    from fastrl.envs import probe_env
 
     spec = probe_env(cfg)
     learner = Learner(cfg, spec.observation_space, spec.action_space, model=LinearValue())

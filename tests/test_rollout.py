@@ -7,7 +7,8 @@ import pytest
 from fastrl.config import build_config
 from fastrl.metrics import read_timings
 from fastrl.rollout import RolloutWorker, make_worker_env, worker_slot_ids
-from fastrl.runner import arena_layout, probe_env
+from fastrl.envs import probe_env
+from fastrl.runner import arena_layout
 from fastrl.shm import Arena
 
 

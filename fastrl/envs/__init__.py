@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
@@ -20,7 +21,24 @@ from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
 
-__all__ = ["BACKENDS", "Batch", "SplitVecEnv", "VecEnv", "make_vec_env", "resolve_backend"]
+__all__ = ["BACKENDS", "Batch", "EnvSpec", "SplitVecEnv", "VecEnv", "make_vec_env", "probe_env", "resolve_backend"]
+
+
+@dataclass
+class EnvSpec:
+    observation_space: object
+    action_space: object
+    frame_skip: int
+
+
+def probe_env(cfg) -> EnvSpec:
+    """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance."""
+    env = make_vec_env(cfg.env.id, num_envs=1, batch_size=1, seed=cfg.seed, backend=cfg.env.backend,
+                       env_kwargs=cfg.env.kwargs)
+    try:
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
+    finally:
+        env.close()
 
 
 def make_vec_env(
