@@ -41,6 +41,14 @@ def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, valu
                         clip_pg_rho_threshold=clip_pg_rho, clip_c_threshold=clip_c, lambda_=lambda_)
 
 
+def _targets_and_mask(target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets, clips):
+    """(vs, advantages) given or computed, the float loss mask and its count (at least 1)."""
+    vs, advantages = targets if targets is not None else vtrace_targets(
+        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, **clips)
+    maskf = (valid if mask is None else mask).float()
+    return vs, advantages, maskf, maskf.sum().clamp(min=1.0)
+
+
 def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef):
     T = vs.shape[0]
     value_loss = 0.5 * masked_mean((vs - values[:T]).square(), maskf, count)
@@ -68,12 +76,9 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     (normalized over the mask when ``normalize_advantages``), ``value_loss = mean((vs - V)^2) / 2``.
     ``targets``: ``(vs, advantages)`` computed already (by :func:`vtrace_targets` with the same
     arguments, or your own); by default they are computed here."""
-    mask = valid if mask is None else mask
-    vs, advantages = targets if targets is not None else vtrace_targets(
-        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, clip_rho=clip_rho,
-        clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_)
-    maskf = mask.float()
-    count = maskf.sum().clamp(min=1.0)
+    vs, advantages, maskf, count = _targets_and_mask(
+        target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
+        dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
     if normalize_advantages:
         mean = masked_mean(advantages, maskf, count)
         std = torch.sqrt(masked_mean((advantages - mean).square(), maskf, count) + 1e-8)
@@ -91,12 +96,9 @@ def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values:
                 targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
     """IMPALA: the V-trace policy gradient ``-mean(A * target_logp)``, the value loss on V-trace
     targets and an entropy bonus; arguments as :func:`appo_loss`."""
-    mask = valid if mask is None else mask
-    vs, advantages = targets if targets is not None else vtrace_targets(
-        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, clip_rho=clip_rho,
-        clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_)
-    maskf = mask.float()
-    count = maskf.sum().clamp(min=1.0)
+    vs, advantages, maskf, count = _targets_and_mask(
+        target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
+        dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
     policy_loss = -masked_mean(advantages * target_logp, maskf, count)
     return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
 
