@@ -79,7 +79,7 @@ class InferenceBatcher:
                 actions, logp = epsilon_greedy(params.cpu(), self.epsilons[workers[:, None], env_ids].reshape(-1))
             actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
         write_actions(slots, steps, actions.reshape(len(slots), -1), logp, self.version,
-                      self.slot_actions, arena.logp, arena.version)
+                      self.slot_actions, arena.behaviour_logp, arena.version)
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
         self.timings[BatcherTiming.REQUESTS] += len(requests)

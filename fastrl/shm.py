@@ -63,7 +63,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
     specs = [
         ArraySpec("obs", (N, T + 1, *obs_shape), np.dtype(obs_dtype).str),
         ArraySpec("actions", (N, T, *action_shape), np.dtype(action_dtype).str),
-        ArraySpec("logp", (N, T), "<f4"),  # behaviour log-prob of the action taken
+        ArraySpec("behaviour_logp", (N, T), "<f4"),  # log-prob of the action under the policy that took it
         ArraySpec("rewards", (N, T), "<f4"),
         ArraySpec("terminated", (N, T), "|u1"),
         ArraySpec("truncated", (N, T), "|u1"),

@@ -26,7 +26,7 @@ class LinearValue(nn.Module):
 
 def targets_for(cfg):
     arena, full = run_worker(cfg, steps_per_env=cfg.learner.rollout)
-    arena.logp[:] = math.log(0.5)  # behaviour = the uniform policy: on-policy, log_rho = 0
+    arena.behaviour_logp[:] = math.log(0.5)  # behaviour = the uniform policy: on-policy, log_rho = 0
     batch = gather_trajectories(arena, np.array(full))
     from fastrl.envs import probe_env
 

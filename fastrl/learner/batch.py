@@ -62,7 +62,8 @@ def gather_trajectories(arena, slot_ids: np.ndarray) -> Trajectories:
         return torch.from_numpy(array[slots, steps[:rows]])
 
     return Trajectories(
-        obs=take(arena.obs, T + 1), actions=take(arena.actions, T), behaviour_logp=take(arena.logp, T),
+        obs=take(arena.obs, T + 1), actions=take(arena.actions, T),
+        behaviour_logp=take(arena.behaviour_logp, T),
         rewards=take(arena.rewards, T), terminated=take(arena.terminated, T).bool(),
         truncated=take(arena.truncated, T).bool(), valid=take(arena.valid, T).bool(),
         version=take(arena.version, T))
