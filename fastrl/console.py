@@ -72,6 +72,11 @@ class Console:
             write_best_effort(sys.stderr, text)
         self._log(text)
 
+    def hung_up(self) -> None:
+        """The terminal went away (SIGHUP): the run goes on, its status lines to train.log only."""
+        self.quiet = True
+        self._log("[fastrl] the console hung up (SIGHUP); training goes on, status lines go here only")
+
     def _log(self, text: str) -> None:
         if self.log is None:
             return

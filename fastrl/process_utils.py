@@ -18,11 +18,13 @@ class ProcessExit(Exception):
 
 
 def configure_child(parent_pid: int) -> None:
-    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it.
+    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it, and a
+    terminal's hang-up (SIGHUP to the whole process group), which the runner survives.
 
     Thread pools are sized where they are made: torch.set_num_threads in the batcher and the
     learner, env.num_threads for envpool; the numba kernels are serial."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     check_alive(None, parent_pid)
 
 

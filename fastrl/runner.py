@@ -230,6 +230,10 @@ class Supervisor:
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
                  wall_before: float, dist_info: DistInfo) -> RunResult:
     ctx = mp.get_context("spawn")
+    # A terminal's hang-up goes to its whole process group. Ignored from here on, the children
+    # (and the resource tracker the arena starts) inherit the ignore through exec; the runner
+    # itself switches to a quiet console once they run.
+    hang_up_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
     W = cfg.env.num_workers
     main = dist_info.is_main
@@ -257,12 +261,14 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
     process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
     supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGHUP] = hang_up_before
     reporter = None
     result = RunResult(run_dir)
     clean = False
     try:
         for p in supervisor.everyone():
             p.start()
+        signal.signal(signal.SIGHUP, lambda signum, frame: console.hung_up())
         supervisor.write_process_file()
         aggregate = None
         if dist_info.enabled:

@@ -1,6 +1,7 @@
 """Console output never stops a run: closed pipes are survived, train.log keeps the lines, bounded."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,3 +57,27 @@ def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_t
     assert len(log_lines) >= len(records) - 1 and log_lines[-1].startswith("[fastrl] steps")
     pids = [pid for group in json.loads((tmp_path / "processes.json").read_text()).values() for pid in group]
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
+    budget_s = 20.0
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
+           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.5",
+           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    # Its own session and process group, as a terminal's foreground job: the hang-up reaches them all.
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not (tmp_path / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGHUP)
+        rc = proc.wait(timeout=budget_s + 120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["wall_time"] >= budget_s and records[-1]["worker_restarts"] == 0
+    assert "hung up" in (tmp_path / "train.log").read_text()
