@@ -3,7 +3,8 @@
 A config has top-level keys (``device``, ``seed``, ...) and four sections (``env``, ``model``,
 ``learner``, ``replay``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
 overrides one key, parsed by the field's declared type. ``RANGES`` holds every numeric key's
-allowed values; ``validate`` checks them and the cross-key rules before any process starts.
+allowed values; ``check_section`` checks one section against them (``validate`` every section, then
+the cross-key rules, before any process starts).
 """
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ class LearnerConfig:
 
 @dataclass
 class ReplaySettings:
-    """The learner's replay memory (fastrl.replay): storage, prioritized sampling, how much."""
+    """The learner's replay memory: storage, prioritized sampling, how much. fastrl.replay's
+    TransitionReplay and SequenceReplay take it as it is; what the learner decides (gamma, the
+    sequence length) they take as arguments."""
 
     capacity: int = 1_000_000  # records (env steps) kept, over all envs of this learner
     min_fill: int = 50_000  # records stored before the first replayed batch
@@ -94,7 +97,7 @@ class ReplaySettings:
     n_step: int = 3  # dqn: steps summed before bootstrapping
     frame_stack: int = 1  # frames stacked on axis 0 of the observation (Atari: 4); each stored once
     compress: str = ""  # "" | "lz4" (pip install fastrl[replay])
-    memmap_dir: str = ""  # keep raw frames in a scratch file in this directory (beyond RAM)
+    memmap_dir: str = ""  # a directory: raw frames in a scratch file there (beyond RAM); "" keeps them in RAM
     threads: int = 2  # threads that copy / (de)compress frames
     batch_size: int = 512  # dqn: transitions per gradient step
     replay_ratio: float = 1.0  # dqn: transitions sampled per env step added
@@ -177,7 +180,7 @@ class Range:
 POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
 # A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
 SECONDS = Range(0, 10**9, low_open=True)
-# Every numeric key's allowed values (for a list key: each entry's), checked by validate().
+# Every numeric key's allowed values (for a list key: each entry's), checked by check_section().
 RANGES = {
     "seed": Range(0, 2**32 - 1),  # numpy's np.random.seed takes 32 bits
     "train_for_env_steps": NON_NEGATIVE,  # 0 = no step limit
@@ -376,26 +379,43 @@ def build_config(profile: str = DEFAULT_PROFILE, overrides: dict | None = None) 
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    """Raise ConfigError for values that cannot work, before any process starts."""
-    for key, choices in CHOICES.items():
-        if choices is None:
+def check_section(settings, section: str) -> None:
+    """Raise ConfigError for the first key of one section outside its CHOICES or RANGES.
+
+    ``settings`` is a section's dataclass (``section`` "env", "model", "learner" or "replay"), or
+    a whole Config with ``section = ""`` for its top-level keys. validate() checks every section
+    with it; classes that take a section directly (fastrl.replay's replays take a ReplaySettings)
+    check theirs with it too, so research code that builds one by hand gets the same errors.
+    """
+    prefix = f"{section}." if section else ""
+    for name in _field_types(type(settings)):
+        key = prefix + name
+        if key in SECTIONS:
             continue
-        value = _value(cfg, key)
-        if value not in choices:
+        value = getattr(settings, name)
+        choices = CHOICES.get(key)
+        if choices is not None and value not in choices:
             raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}, got '{value}'")
-    dev = cfg.device
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
-    for key, allowed in RANGES.items():
-        if key in DQN_ONLY and cfg.learner.algo != "dqn":
+        allowed = RANGES.get(key)
+        if allowed is None:
+            continue
+        if key in DQN_ONLY and settings.algo != "dqn":
             allowed = FINITE
-        value = _value(cfg, key)
         if isinstance(value, list):
             if not all(v in allowed for v in value):
                 raise ConfigError(f"config key '{key}' entries must be {allowed}, got {value!r}")
         elif value not in allowed:
             raise ConfigError(f"config key '{key}' must be {allowed}, got {value!r}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError for values that cannot work, before any process starts."""
+    dev = cfg.device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
+    check_section(cfg, "")
+    for section in SECTIONS:
+        check_section(getattr(cfg, section), section)
     if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
         raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
     if cfg.env.envs_per_worker % cfg.env.num_splits:

@@ -65,6 +65,7 @@ only copy, compress and decompress frames).
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -72,44 +73,12 @@ from fractions import Fraction
 import numba
 import numpy as np
 
+from .config import AT_LEAST_1, UNIT, ReplaySettings, check_section
 from .kernels import SumTree
-from .replay_codec import CODECS, make_frame_store
+from .replay_codec import make_frame_store
 
 # Largest |p| any update may set; keeps p^alpha and the tree's float64 sums finite.
 _MAX_PRIORITY = 1e100
-
-
-@dataclass
-class ReplayConfig:
-    """Replay settings that a profile chooses (the env supplies shapes and stream count)."""
-
-    capacity: int = 1_000_000  # records over all streams, rounded down to a multiple of streams
-    min_fill: int = 50_000  # sample() returns None until this many records are stored
-    alpha: float = 0.6  # priority exponent (0 = uniform sampling); Ape-X 0.6
-    beta: float = 0.4  # importance-weight exponent (sample(beta=...) anneals it); Ape-X 0.4
-    n_step: int = 3  # TransitionReplay: steps summed before bootstrapping; Ape-X 3
-    gamma: float = 0.99  # TransitionReplay: discount of the n-step return
-    sequence_length: int = 80  # SequenceReplay: T steps per sequence (R2D2 80)
-    sequence_stride: int = 40  # SequenceReplay: steps between sequence starts (R2D2 40)
-    compress: str | None = None  # "lz4": frames compressed in RAM (pip install fastrl[replay])
-    threads: int = 2  # threads copying or (de)compressing frames (large batches only)
-    memmap_dir: str | None = None  # raw frames in a scratch file in this directory
-
-    def __post_init__(self):
-        for name in ("capacity", "n_step", "sequence_length", "sequence_stride", "threads"):
-            if operator.index(getattr(self, name)) < 1:
-                raise ValueError(f"replay.{name} must be an integer >= 1, got "
-                                 f"{getattr(self, name)}")
-        if operator.index(self.min_fill) < 0:
-            raise ValueError(f"replay.min_fill must be >= 0, got {self.min_fill}")
-        if not (self.alpha >= 0 and self.beta >= 0):
-            raise ValueError(f"replay.alpha and replay.beta must be >= 0, got {self.alpha}, "
-                             f"{self.beta}")
-        if not 0 <= self.gamma <= 1:
-            raise ValueError(f"replay.gamma must lie in [0, 1], got {self.gamma}")
-        if self.compress is not None and self.compress not in CODECS:
-            raise ValueError(f"replay.compress must be one of {CODECS} or None, got "
-                             f"{self.compress!r}")
 
 
 class ReplayRatio:
@@ -206,14 +175,15 @@ class SequenceBatch:
 class _StreamReplay:
     """Storage, stream bookkeeping and priorities shared by both layouts (module docstring)."""
 
-    def __init__(self, config: ReplayConfig, *, num_streams: int, obs_shape: tuple, obs_dtype,
-                 frame_stack: int, action_shape: tuple, action_dtype, horizon: int, stride: int,
-                 start_needs_valid: bool, step_fields: dict, seed):
-        self.config = config
+    def __init__(self, settings: ReplaySettings, *, num_streams: int, obs_shape: tuple, obs_dtype,
+                 action_shape: tuple, action_dtype, horizon: int, stride: int, start_needs_valid: bool,
+                 step_fields: dict, seed):
+        check_section(settings, "replay")
+        self.settings = dataclasses.replace(settings)  # later edits of the caller's copy do not half-apply
         self.num_streams = operator.index(num_streams)
         self.obs_shape = tuple(obs_shape)
         self.obs_dtype = np.dtype(obs_dtype)
-        self.frame_stack = operator.index(frame_stack)
+        self.frame_stack = operator.index(settings.frame_stack)
         self.action_shape = tuple(action_shape)
         self.action_dtype = np.dtype(action_dtype)
         self.horizon, self.stride, self._start_needs_valid = horizon, stride, start_needs_valid
@@ -224,19 +194,20 @@ class _StreamReplay:
             raise ValueError(f"replay: stacked observations need the stack on axis 0, but "
                              f"obs_shape {self.obs_shape} does not start with frame_stack "
                              f"{self.frame_stack}")
-        self.ring_len = config.capacity // self.num_streams
+        self.ring_len = settings.capacity // self.num_streams
         if self.ring_len < self.frame_stack + horizon:
             raise ValueError(
-                f"replay: capacity {config.capacity} gives each of {self.num_streams} streams "
+                f"replay: capacity {settings.capacity} gives each of {self.num_streams} streams "
                 f"{self.ring_len} slots; it needs at least frame_stack + horizon = "
                 f"{self.frame_stack + horizon}: raise capacity or use fewer streams")
         self.capacity = self.ring_len * self.num_streams
-        if config.min_fill > self.capacity:
-            raise ValueError(f"replay: min_fill {config.min_fill} exceeds the capacity "
+        if settings.min_fill > self.capacity:
+            raise ValueError(f"replay: min_fill {settings.min_fill} exceeds the capacity "
                              f"{self.capacity}, so sampling could never start")
         self.frame_shape = self.obs_shape[1:] if self.frame_stack > 1 else self.obs_shape
         self._frames = make_frame_store(self.capacity, self.frame_shape, self.obs_dtype,
-                                        config.compress, config.threads, config.memmap_dir)
+                                        settings.compress or None, settings.threads,
+                                        settings.memmap_dir or None)
         C = self.capacity
         step_fields = {"actions": (self.action_shape, self.action_dtype),
                        "rewards": ((), np.float32), **step_fields}
@@ -338,7 +309,7 @@ class _StreamReplay:
         if keep.any():
             kept = priorities[keep]
             self._max_priority = max(self._max_priority, float(kept.max()))
-            self._tree.update(indices[keep], kept ** self.config.alpha)
+            self._tree.update(indices[keep], kept ** self.settings.alpha)
         return int(keep.sum())
 
     def close(self) -> None:
@@ -424,14 +395,14 @@ class _StreamReplay:
         if priorities is None:
             self._arrival[slots] = np.nan
         else:
-            self._arrival[slots] = priorities ** self.config.alpha
+            self._arrival[slots] = priorities ** self.settings.alpha
             if rows:
                 self._max_priority = max(self._max_priority, float(priorities.max()))
         changed = np.empty(2 * rows, np.int64)
         priorities = np.empty(2 * rows, np.float64)
         count = _priority_changes(slots, times, self.ring_len, self.frame_stack, self.horizon,
                                   self.stride, self._start_needs_valid, self._valid,
-                                  self._max_priority ** self.config.alpha, self._arrival, changed, priorities)
+                                  self._max_priority ** self.settings.alpha, self._arrival, changed, priorities)
         if count:
             self._tree.update(changed[:count], priorities[:count])
         self.added += rows
@@ -440,11 +411,11 @@ class _StreamReplay:
 
     def _sample_slots(self, batch_size: int, rng, beta):
         """(indices, generations, weights) of a prioritized draw, or None before min_fill."""
-        if len(self) < self.config.min_fill or not self._tree.total() > 0:
+        if len(self) < self.settings.min_fill or not self._tree.total() > 0:
             return None
         indices = self._tree.sample(batch_size, self._rng if rng is None else rng)
         priorities = self._tree.get(indices)
-        beta = self.config.beta if beta is None else beta
+        beta = self.settings.beta if beta is None else beta
         weights = (priorities / priorities.min()) ** -beta
         return indices, self._generation[indices].copy(), weights.astype(np.float32)
 
@@ -454,21 +425,26 @@ class TransitionReplay(_StreamReplay):
 
     Example (64 envpool Atari envs, stacked obs ``[4, 84, 84]``)::
 
-        replay = TransitionReplay(ReplayConfig(capacity=1_000_000), num_streams=64,
-                                  obs_shape=(4, 84, 84), frame_stack=4)
+        replay = TransitionReplay(ReplaySettings(capacity=1_000_000, frame_stack=4), gamma=0.99,
+                                  num_streams=64, obs_shape=(4, 84, 84))
         replay.add(env_ids, obs, actions, rewards, terminated, truncated)   # any chunk of rows
         batch = replay.sample(512)          # None until min_fill records are stored
         td = ...                            # from batch.obs, batch.next_obs, batch.returns ...
         replay.update_priorities(batch.indices, batch.generations, np.abs(td) + 1e-6)
     """
 
-    def __init__(self, config: ReplayConfig, *, num_streams: int, obs_shape: tuple,
-                 obs_dtype=np.uint8, frame_stack: int = 1, action_shape: tuple = (),
+    def __init__(self, settings: ReplaySettings, *, gamma: float, num_streams: int,
+                 obs_shape: tuple, obs_dtype=np.uint8, action_shape: tuple = (),
                  action_dtype=np.int64, seed=None):
-        super().__init__(config, num_streams=num_streams, obs_shape=obs_shape, obs_dtype=obs_dtype,
-                         frame_stack=frame_stack, action_shape=action_shape,
-                         action_dtype=action_dtype, horizon=config.n_step, stride=1,
-                         start_needs_valid=True, step_fields={}, seed=seed)
+        """``settings`` the user's ``[replay]`` section (``n_step`` steps per target, frame_stack,
+        storage); ``gamma`` the discount of the n-step return (the learner's)."""
+        if gamma not in UNIT:
+            raise ValueError(f"TransitionReplay: gamma must be {UNIT}, got {gamma!r}")
+        self.gamma = float(gamma)
+        super().__init__(settings, num_streams=num_streams, obs_shape=obs_shape,
+                         obs_dtype=obs_dtype, action_shape=action_shape, action_dtype=action_dtype,
+                         horizon=settings.n_step, stride=1, start_needs_valid=True, step_fields={},
+                         seed=seed)
 
     def add(self, env_ids, obs, actions, rewards, terminated, truncated, priorities=None) -> None:
         """Append one record per row (rows of a stream in time order).
@@ -491,7 +467,7 @@ class TransitionReplay(_StreamReplay):
 
         Args:
             rng: numpy Generator or seed; None uses the buffer's own generator.
-            beta: importance-weight exponent; None uses ``config.beta``.
+            beta: importance-weight exponent; None uses ``settings.beta``.
             out: optional C-contiguous ``[batch_size, S + n, *frame]`` array of the obs dtype to
                 fill (e.g. pinned memory reused across batches); returned as ``batch.frames``.
         """
@@ -509,7 +485,7 @@ class TransitionReplay(_StreamReplay):
         rows = np.empty((batch_size, S + n), np.int64)
         returns, discounts = np.empty(batch_size, np.float32), np.empty(batch_size, np.float32)
         dones, steps = np.empty(batch_size, bool), np.empty(batch_size, np.int64)
-        _plan_transitions(indices, self._written, self.ring_len, S, n, self.config.gamma,
+        _plan_transitions(indices, self._written, self.ring_len, S, n, self.gamma,
                           self._first, self._steps["rewards"], self._terminated, self._truncated,
                           rows, returns, discounts, dones, steps)
         self._frames.read(rows.ravel(), out)
@@ -522,19 +498,23 @@ class TransitionReplay(_StreamReplay):
 class SequenceReplay(_StreamReplay):
     """Prioritized replay of fixed-length sequences for V-trace (IMPALA-style replay).
 
-    Sequences start every ``config.sequence_stride`` records of a stream and span
-    ``T = config.sequence_length`` steps (``T + 1`` observations); they may cross episode ends,
+    Sequences start every ``sequence_stride`` records of a stream and span
+    ``T = sequence_length`` steps (``T + 1`` observations); they may cross episode ends,
     which ``terminated`` / ``truncated`` / ``valid`` mark exactly as in the learner's
     trajectory batches. Overlapping sequences share storage: every record is stored once.
     """
 
-    def __init__(self, config: ReplayConfig, *, num_streams: int, obs_shape: tuple,
-                 obs_dtype=np.uint8, frame_stack: int = 1, action_shape: tuple = (),
+    def __init__(self, settings: ReplaySettings, *, sequence_length: int, sequence_stride: int,
+                 num_streams: int, obs_shape: tuple, obs_dtype=np.uint8, action_shape: tuple = (),
                  action_dtype=np.int64, seed=None):
-        super().__init__(config, num_streams=num_streams, obs_shape=obs_shape, obs_dtype=obs_dtype,
-                         frame_stack=frame_stack, action_shape=action_shape,
-                         action_dtype=action_dtype, horizon=config.sequence_length,
-                         stride=config.sequence_stride, start_needs_valid=False,
+        """``settings`` the user's ``[replay]`` section (frame_stack, storage, sampling);
+        ``sequence_length`` and ``sequence_stride`` the learner's (R2D2: 80 and 40)."""
+        for name, value in (("sequence_length", sequence_length), ("sequence_stride", sequence_stride)):
+            if operator.index(value) not in AT_LEAST_1:
+                raise ValueError(f"SequenceReplay: {name} must be an integer {AT_LEAST_1}, got {value}")
+        super().__init__(settings, num_streams=num_streams, obs_shape=obs_shape,
+                         obs_dtype=obs_dtype, action_shape=action_shape, action_dtype=action_dtype,
+                         horizon=sequence_length, stride=sequence_stride, start_needs_valid=False,
                          step_fields={"logp": ((), np.float32)}, seed=seed)
 
     def add(self, env_ids, obs, actions, rewards, terminated, truncated, logp) -> None:
@@ -666,5 +646,5 @@ def _plan_sequences(indices, written, ring_len, first, steps, rows):
             _stack_rows(first, base, ring_len, t + tau, rows[tau, b])
 
 
-__all__ = ["ReplayConfig", "ReplayRatio", "SequenceBatch", "SequenceReplay", "TransitionBatch",
+__all__ = ["ReplayRatio", "SequenceBatch", "SequenceReplay", "TransitionBatch",
            "TransitionReplay"]

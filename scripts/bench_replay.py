@@ -35,7 +35,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from fastrl.replay import ReplayConfig, TransitionReplay  # noqa: E402
+from fastrl.config import ReplaySettings  # noqa: E402
+from fastrl.replay import TransitionReplay  # noqa: E402
 
 GIB = 2 ** 30
 STACK = 4
@@ -133,8 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--obs", choices=["atari", "vector"], default="atari")
-    parser.add_argument("--compress", default=None, help="codec, e.g. lz4 (default: none)")
-    parser.add_argument("--memmap", default=None, metavar="DIR", help="scratch directory")
+    parser.add_argument("--compress", default="", help="codec, e.g. lz4 (default: none)")
+    parser.add_argument("--memmap", default="", metavar="DIR", help="scratch directory")
     parser.add_argument("--envs", type=int, default=64)
     parser.add_argument("--steps-per-chunk", type=int, default=4)
     parser.add_argument("--batch", type=int, default=512)
@@ -150,12 +151,12 @@ def main() -> None:
     chunk_rows = args.envs * args.steps_per_chunk
     gc.collect()
     baseline_rss = process.memory_info().rss - chunks[1].nbytes
-    config = ReplayConfig(capacity=args.capacity, min_fill=args.batch, n_step=args.n_step,
-                          compress=args.compress, threads=args.threads, memmap_dir=args.memmap)
-    replay = TransitionReplay(config, num_streams=args.envs,
+    settings = ReplaySettings(capacity=args.capacity, min_fill=args.batch, n_step=args.n_step,
+                              frame_stack=STACK if atari else 1, compress=args.compress,
+                              threads=args.threads, memmap_dir=args.memmap)
+    replay = TransitionReplay(settings, gamma=0.99, num_streams=args.envs,
                               obs_shape=(STACK, SIZE, SIZE) if atari else (VECTOR_DIM,),
-                              obs_dtype=np.uint8 if atari else np.float32,
-                              frame_stack=STACK if atari else 1, seed=0)
+                              obs_dtype=np.uint8 if atari else np.float32, seed=0)
     time_adds(replay, chunks, chunk_rows)  # compile / load the numba kernels
     fill_rows, fill_seconds = time_adds(replay, chunks, replay.capacity - chunk_rows)
     steady_rows, steady_seconds = time_adds(replay, chunks, min(replay.capacity, 200_000))
@@ -180,8 +181,8 @@ def main() -> None:
     update_rate = timed(lambda: replay.update_priorities(batch.indices, batch.generations,
                                                          priorities))
     print(json.dumps({
-        "obs": args.obs, "capacity": replay.capacity, "compress": args.compress,
-        "memmap": args.memmap is not None, "envs": args.envs, "chunk_rows": chunk_rows,
+        "obs": args.obs, "capacity": replay.capacity, "compress": args.compress or None,
+        "memmap": bool(args.memmap), "envs": args.envs, "chunk_rows": chunk_rows,
         "batch": args.batch, "n_step": args.n_step,
         "bytes_per_transition": round(replay.nbytes / replay.capacity, 1),
         "rss_gib": round(memory.rss / GIB, 3),

@@ -3,7 +3,7 @@ import tomllib
 import pytest
 
 from fastrl.config import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
-                           set_key, to_toml)
+                           set_key, to_toml, validate)
 
 
 def test_every_profile_loads_and_states_its_expected_result():
@@ -144,6 +144,20 @@ def test_out_of_range_values_name_the_key_the_range_and_the_value(key, value):
 def test_keys_an_algo_ignores_still_reject_non_finite_values(key, value):
     with pytest.raises(ConfigError, match=f"config key '{key}' must be"):
         build_config("cartpole-appo", {key: value})
+
+
+def test_a_section_built_by_hand_is_checked_by_the_same_rules():
+    from fastrl.config import ReplaySettings, check_section
+
+    check_section(ReplaySettings(), "replay")
+    with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
+        check_section(ReplaySettings(alpha=-1.0), "replay")
+    with pytest.raises(ConfigError, match=r"^config key 'replay.compress' must be one of , lz4, got 'gzip'$"):
+        check_section(ReplaySettings(compress="gzip"), "replay")
+    cfg = Config()
+    cfg.replay.alpha = -1.0
+    with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
+        validate(cfg)
 
 
 def test_every_numeric_key_has_a_range():

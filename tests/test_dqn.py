@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import ConfigError, build_config, load_run_config, to_toml
-from fastrl.learner import PRIORITY_EPS, DQNLearner, make_replay_config, trajectory_windows
+from fastrl.config import ConfigError, ReplaySettings, build_config, load_run_config, to_toml
+from fastrl.learner import PRIORITY_EPS, DQNLearner, trajectory_windows
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
 from fastrl.learner import Learner, Trajectories, make_learner
 from fastrl.models import ActorCritic, DuelingQNetwork, build_model
-from fastrl.replay import ReplayConfig, ReplayRatio, TransitionReplay
+from fastrl.replay import ReplayRatio, TransitionReplay
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -229,8 +229,8 @@ def test_dueling_network_refuses_continuous_actions():
 
 
 def one_stream_replay(alpha=0.5, capacity=16):
-    return TransitionReplay(ReplayConfig(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), num_streams=1,
-                            obs_shape=(3,), obs_dtype=np.float32, seed=0)
+    return TransitionReplay(ReplaySettings(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), gamma=0.99,
+                            num_streams=1, obs_shape=(3,), obs_dtype=np.float32, seed=0)
 
 
 def add_row(replay, priority, value=0.0):
@@ -277,12 +277,14 @@ def test_bad_arrival_priorities_are_rejected_before_anything_is_written(prioriti
 # ---------------------------------------------------------------- the DQN learner
 
 
-def test_make_replay_config_and_make_learner_follow_the_config():
+def test_the_replays_and_make_learner_follow_the_config():
     cfg = dqn_config(**{"learner.gamma": 0.95, "replay.n_step": 5, "replay.alpha": 0.7})
-    rc = make_replay_config(cfg)
-    assert (rc.capacity, rc.min_fill, rc.alpha, rc.beta, rc.n_step, rc.gamma) == (256, 64, 0.7, 0.4, 5, 0.95)
-    assert rc.sequence_length == rc.sequence_stride == T and rc.compress is None and rc.memmap_dir is None
     learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
+    rc = learner.replay.settings
+    assert (rc.capacity, rc.min_fill, rc.alpha, rc.beta, rc.n_step, learner.replay.gamma) == (256, 64, 0.7, 0.4, 5, 0.95)
+    assert rc.compress == "" and rc.memmap_dir == ""  # "": off
+    sequences = make_learner(vtrace_replay_config(0.5, 1), OBS_SPACE, ACTION_SPACE).replay
+    assert sequences.horizon == sequences.stride == T
     assert isinstance(learner, DQNLearner) and isinstance(learner.model, DuelingQNetwork)
     assert learner.replay.num_streams == E and learner.replay.horizon == 5
     assert not any(p.requires_grad for p in learner.target.parameters())
@@ -573,7 +575,7 @@ def test_replay_section_round_trips_through_toml(tmp_path):
 
 def test_restart_streams_cuts_the_windows_that_would_read_the_new_episode():
     n = 3
-    replay = TransitionReplay(ReplayConfig(capacity=64, min_fill=1, n_step=n, gamma=0.5), num_streams=1,
+    replay = TransitionReplay(ReplaySettings(capacity=64, min_fill=1, n_step=n), gamma=0.5, num_streams=1,
                               obs_shape=(1,), obs_dtype=np.float32, seed=0)
     ones = np.ones(10)
     replay.add(np.zeros(10, int), np.arange(10, dtype=np.float32)[:, None], np.zeros(10, int), ones,

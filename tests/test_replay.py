@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from fastrl.kernels import nstep_targets
-from fastrl.replay import ReplayConfig, ReplayRatio, SequenceReplay, TransitionReplay
+from fastrl.config import ReplaySettings
+from fastrl.replay import ReplayRatio, SequenceReplay, TransitionReplay
 from fastrl.replay_codec import LZ4FrameStore
 
 FRAME = (8, 8)
@@ -137,9 +138,9 @@ def test_transitions_match_a_naive_stream_of_interleaved_envs(stack):
     rng = np.random.default_rng(stack)
     envs = NaiveEnvs(num_envs, stack, rng, mid_episode=(1, 3) if stack > 1 else ())
     obs_shape = (stack, *FRAME) if stack > 1 else FRAME
-    replay = TransitionReplay(ReplayConfig(capacity=ring_len * num_envs, min_fill=1, n_step=n,
-                                           gamma=GAMMA), num_streams=num_envs,
-                              obs_shape=obs_shape, frame_stack=stack, seed=0)
+    replay = TransitionReplay(ReplaySettings(capacity=ring_len * num_envs, min_fill=1, n_step=n,
+                                             frame_stack=stack), gamma=GAMMA, num_streams=num_envs,
+                              obs_shape=obs_shape, seed=0)
     every_slot = np.arange(replay.capacity)
     checked = []
 
@@ -176,8 +177,8 @@ def test_transitions_match_a_naive_stream_of_interleaved_envs(stack):
 
 def test_wraparound_keeps_the_newest_records_of_each_stream():
     """Streams advance at different rates; each keeps its own newest L records (FIFO)."""
-    replay = TransitionReplay(ReplayConfig(capacity=30, min_fill=1, n_step=1), num_streams=3,
-                              obs_shape=(1,), obs_dtype=np.float32, seed=0)
+    replay = TransitionReplay(ReplaySettings(capacity=30, min_fill=1, n_step=1), gamma=0.99,
+                              num_streams=3, obs_shape=(1,), obs_dtype=np.float32, seed=0)
     for step in range(25):  # stream 0 records every step, streams 1 and 2 the odd steps
         ids = np.array([0, 1, 2]) if step % 2 else np.array([0])
         replay.add(ids, np.full((len(ids), 1), step, np.float32), np.zeros(len(ids)),
@@ -193,9 +194,9 @@ def test_wraparound_keeps_the_newest_records_of_each_stream():
     np.testing.assert_array_equal(batch.next_obs[:, 0], obs + step_to_next)
 
 
-def make_vector_replay(capacity=64, num_streams=2, steps=40, min_fill=1, **config):
-    config = ReplayConfig(capacity=capacity, min_fill=min_fill, n_step=1, **config)
-    replay = TransitionReplay(config, num_streams=num_streams, obs_shape=(3,),
+def make_vector_replay(capacity=64, num_streams=2, steps=40, min_fill=1, **settings):
+    settings = ReplaySettings(capacity=capacity, min_fill=min_fill, n_step=1, **settings)
+    replay = TransitionReplay(settings, gamma=0.99, num_streams=num_streams, obs_shape=(3,),
                               obs_dtype=np.float32, seed=0)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -207,9 +208,9 @@ def make_vector_replay(capacity=64, num_streams=2, steps=40, min_fill=1, **confi
 
 def test_updates_for_rewritten_or_invalidated_slots_are_dropped():
     alpha = 0.6
-    replay = TransitionReplay(ReplayConfig(capacity=40, min_fill=1, n_step=1, alpha=alpha),
-                              num_streams=2, obs_shape=(2, 3), obs_dtype=np.float32,
-                              frame_stack=2, seed=0)
+    replay = TransitionReplay(ReplaySettings(capacity=40, min_fill=1, n_step=1, alpha=alpha,
+                                             frame_stack=2), gamma=0.99,
+                              num_streams=2, obs_shape=(2, 3), obs_dtype=np.float32, seed=0)
     rng = np.random.default_rng(0)
 
     def add(ids):
@@ -288,9 +289,10 @@ def test_sequences_are_time_major_windows_on_the_stride(stack):
     rng = np.random.default_rng(10 + stack)
     envs = NaiveEnvs(num_envs, stack, rng, mid_episode=(2,) if stack > 1 else ())
     obs_shape = (stack, *FRAME) if stack > 1 else FRAME
-    replay = SequenceReplay(ReplayConfig(capacity=ring_len * num_envs, min_fill=1,
-                                         sequence_length=T, sequence_stride=stride),
-                            num_streams=num_envs, obs_shape=obs_shape, frame_stack=stack, seed=0)
+    replay = SequenceReplay(ReplaySettings(capacity=ring_len * num_envs, min_fill=1,
+                                           frame_stack=stack),
+                            sequence_length=T, sequence_stride=stride,
+                            num_streams=num_envs, obs_shape=obs_shape, seed=0)
     every_slot = np.arange(replay.capacity)
     seen = set()
 
@@ -323,7 +325,7 @@ def test_nstep_returns_agree_with_the_nstep_kernel():
     over each whole stream with discounts gamma * (1 - terminated)."""
     n = 4
     envs = NaiveEnvs(3, 1, np.random.default_rng(5), p_truncate=0.0)
-    replay = TransitionReplay(ReplayConfig(capacity=3000, min_fill=1, n_step=n, gamma=GAMMA),
+    replay = TransitionReplay(ReplaySettings(capacity=3000, min_fill=1, n_step=n), gamma=GAMMA,
                               num_streams=3, obs_shape=FRAME, seed=0)
     fill(replay, envs, 200)
     targets = []
@@ -372,8 +374,9 @@ def test_lz4_store_round_trips_exactly():
 @pytest.mark.parametrize("backend", ["lz4", "memmap"])
 def test_compressed_and_memmap_replays_sample_what_the_ram_replay_samples(backend, tmp_path):
     def build(**options):
-        replay = TransitionReplay(ReplayConfig(capacity=240, min_fill=1, n_step=2, **options),
-                                  num_streams=4, obs_shape=(4, 84, 84), frame_stack=4, seed=0)
+        replay = TransitionReplay(ReplaySettings(capacity=240, min_fill=1, n_step=2,
+                                                 frame_stack=4, **options), gamma=0.99,
+                                  num_streams=4, obs_shape=(4, 84, 84), seed=0)
         rng = np.random.default_rng(1)
         frames = stream_of_frames(rng, 400)
         for step in range(0, 100, 2):  # 4 envs x 2 steps per chunk, wraps the 60-slot rings
@@ -422,12 +425,20 @@ def test_bad_inputs_raise_clear_errors():
         replay.add(np.zeros(33, int), np.zeros((33, 3), np.float32), np.zeros(33), np.zeros(33),
                    np.zeros(33, bool), np.zeros(33, bool))
     with pytest.raises(ValueError, match="needs at least frame_stack \\+ horizon"):
-        TransitionReplay(ReplayConfig(capacity=8, min_fill=0, n_step=3), num_streams=2,
-                         obs_shape=(4, 2, 2), frame_stack=4)
+        TransitionReplay(ReplaySettings(capacity=8, min_fill=0, n_step=3, frame_stack=4),
+                         gamma=0.99, num_streams=2, obs_shape=(4, 2, 2))
     with pytest.raises(ValueError, match="stack on axis 0"):
-        TransitionReplay(ReplayConfig(capacity=80, min_fill=0), num_streams=2,
-                         obs_shape=(2, 2, 4), frame_stack=4)
+        TransitionReplay(ReplaySettings(capacity=80, min_fill=0, frame_stack=4), gamma=0.99,
+                         num_streams=2, obs_shape=(2, 2, 4))
     with pytest.raises(ValueError, match="finite and >= 0"):
         replay.update_priorities([0], [0], [np.nan])
-    with pytest.raises(ValueError, match="compress must be one of"):
-        ReplayConfig(compress="gzip")
+    with pytest.raises(ValueError, match="compress' must be one of"):
+        TransitionReplay(ReplaySettings(compress="gzip"), gamma=0.99, num_streams=2, obs_shape=(3,))
+    with pytest.raises(ValueError, match=r"'replay.capacity' must be >= 1, got 0"):
+        TransitionReplay(ReplaySettings(capacity=0), gamma=0.99, num_streams=2, obs_shape=(3,))
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
+        TransitionReplay(ReplaySettings(capacity=80, min_fill=0), gamma=1.5, num_streams=2,
+                         obs_shape=(3,))
+    with pytest.raises(ValueError, match="sequence_stride must be an integer >= 1, got 0"):
+        SequenceReplay(ReplaySettings(capacity=80, min_fill=0), sequence_length=4,
+                       sequence_stride=0, num_streams=2, obs_shape=(3,))

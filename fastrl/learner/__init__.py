@@ -18,12 +18,12 @@ from .factory import LEARNERS, make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
 from .process import learner_process
-from .replay_feed import add_trajectories, make_replay_config
+from .replay_feed import add_trajectories
 from .vtrace import VTraceLearner
 
 Learner = VTraceLearner
 
 __all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerHost", "NonFiniteTraining", "PRIORITY_EPS",
            "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
-           "learner_process", "make_learner", "make_replay_config", "restore_learner", "td_loss",
+           "learner_process", "make_learner", "restore_learner", "td_loss",
            "trajectory_windows", "vtrace_targets"]

@@ -30,7 +30,7 @@ from ..replay import ReplayRatio, TransitionReplay
 from .base import BaseLearner
 from .batch import Trajectories
 from .losses import td_loss
-from .replay_feed import add_trajectories, make_replay_config
+from .replay_feed import add_trajectories
 
 PRIORITY_EPS = 1e-6  # keeps every valid transition sampleable (a zero priority never is)
 
@@ -75,9 +75,8 @@ class DQNLearner(BaseLearner):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.timings["replay_s"] = 0.0
         self.replay = TransitionReplay(
-            make_replay_config(cfg), num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
-            obs_dtype=observation_space.dtype, frame_stack=self.rcfg.frame_stack, action_shape=(),
-            action_dtype=np.int64, seed=cfg.seed)
+            self.rcfg, gamma=self.lcfg.gamma, num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
+            obs_dtype=observation_space.dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
         # Batches per added record: replay_ratio transitions sampled per env step, batch_size each.
         self.ratio = ReplayRatio(self.rcfg.replay_ratio / self.rcfg.batch_size, start=self.rcfg.min_fill)
         self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)

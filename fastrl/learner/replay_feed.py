@@ -1,21 +1,11 @@
-"""The learners' side of the replay: its settings from the run's config, and learner batches fed
-into its per-env streams in time order, cut where an env restarted."""
+"""The learners' side of the replay: learner batches fed into its per-env streams in time order,
+cut where an env restarted."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..config import Config
-from ..replay import ReplayConfig
 from .batch import Trajectories
-
-
-def make_replay_config(cfg: Config) -> ReplayConfig:
-    r = cfg.replay
-    return ReplayConfig(capacity=r.capacity, min_fill=r.min_fill, alpha=r.alpha, beta=r.beta, n_step=r.n_step,
-                        gamma=cfg.learner.gamma, sequence_length=cfg.learner.rollout,
-                        sequence_stride=cfg.learner.rollout, compress=r.compress or None, threads=r.threads,
-                        memmap_dir=r.memmap_dir or None)
 
 
 def add_trajectories(replay, batch: Trajectories, rewards: torch.Tensor, env_ids, fresh=None, **per_step) -> None:

@@ -27,7 +27,7 @@ from .base import BaseLearner
 from .batch import Trajectories
 from .losses import appo_loss, impala_loss
 from .losses import vtrace_targets as vtrace_targets_of
-from .replay_feed import add_trajectories, make_replay_config
+from .replay_feed import add_trajectories
 
 
 class VTraceLearner(BaseLearner):
@@ -43,8 +43,8 @@ class VTraceLearner(BaseLearner):
         self.replay = None
         if cfg.replay.vtrace_fraction > 0:
             self.replay = SequenceReplay(
-                make_replay_config(cfg), num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
-                obs_dtype=observation_space.dtype, frame_stack=cfg.replay.frame_stack,
+                cfg.replay, sequence_length=cfg.learner.rollout, sequence_stride=cfg.learner.rollout,
+                num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape), obs_dtype=observation_space.dtype,
                 action_shape=tuple(action_space.shape or ()), action_dtype=action_space.dtype, seed=cfg.seed)
 
     def loss_settings(self) -> dict:
