@@ -5,8 +5,8 @@ processes that never touch torch (rollout workers) do not load it.
 """
 from .categorical import sample_categorical
 from .gae import gae
-from .nstep import nstep_targets
+from .nstep import nstep_targets, nstep_windows
 from .sumtree import SumTree
 from .vtrace import vtrace
 
-__all__ = ["SumTree", "gae", "nstep_targets", "sample_categorical", "vtrace"]
+__all__ = ["SumTree", "gae", "nstep_targets", "nstep_windows", "sample_categorical", "vtrace"]

@@ -1,6 +1,10 @@
 """n-step return targets for replay-based value learning (Q-learning as in Ape-X, Horgan et
 al. 2018, "Distributed Prioritized Experience Replay"; n-step returns: Sutton & Barto 2018,
-section 7.1), time-major ``[T, B]``."""
+section 7.1), time-major ``[T, B]``.
+
+One implementation of the window rule, :func:`nstep_windows`, serves every n-step target in
+fastrl: :func:`nstep_targets` (the DQN learner's arrival priorities) slides it along whole
+trajectories, and fastrl.replay applies it to the windows of the transitions it samples."""
 from __future__ import annotations
 
 import operator
@@ -73,28 +77,53 @@ def nstep_targets(rewards, discounts, n, valid=None):
 @numba.njit(cache=True)
 def _nstep_sums(rewards, discounts, valid, n):
     num_steps = rewards.shape[0]
-    returns = np.zeros_like(rewards)
-    bootstrap_discounts = np.ones_like(rewards)
+    returns = np.empty_like(rewards)
+    bootstrap_discounts = np.empty_like(rewards)
     bootstrap_indices = np.empty(rewards.shape, dtype=np.int64)
-    open_windows = np.empty(rewards.shape[1], dtype=np.bool_)
-    # O(T B n) forward sums: n is small in practice (3-10), and unlike a backward recursion
-    # this never divides by a discount that may be 0.
     for t in range(num_steps):
-        bootstrap_indices[t] = t
-        open_windows[:] = True
-        for k in range(min(n, num_steps - t)):
-            _add_step(returns[t], bootstrap_discounts[t], bootstrap_indices[t], open_windows,
-                      rewards[t + k], discounts[t + k], valid[t + k])
+        stop = min(t + n, num_steps)
+        nstep_windows(rewards[t:stop], discounts[t:stop], valid[t:stop], returns[t],
+                      bootstrap_discounts[t], bootstrap_indices[t])
+        bootstrap_indices[t] += t
     return returns, bootstrap_discounts, bootstrap_indices
 
 
 @numba.njit(cache=True)
-def _add_step(returns, bootstrap_discounts, bootstrap_indices, open_windows, rewards, discounts,
-              valid):
+def nstep_windows(rewards, discounts, valid, returns, bootstrap_discounts, steps):
+    r"""The n-step window rule, for ``B`` windows side by side: the one implementation behind
+    :func:`nstep_targets` and the transitions that fastrl.replay samples.
+
+    Window b is column b of the time-major inputs, row k its k-th step. It takes the steps before
+    its first invalid one, at most all n: ``m_b`` steps, and
+
+        returns_b = sum_{k<m_b} (prod_{j<k} discounts[j, b]) rewards[k, b],
+        bootstrap_discounts_b = prod_{j<m_b} discounts[j, b],
+
+    so its target is ``returns_b + bootstrap_discounts_b * Q(x_b)`` with ``x_b`` the observation
+    after step ``m_b - 1`` (a terminated step has discount 0). Under next-step autoreset the step
+    after a done is invalid, so a window ends at its episode's end; an invalid step 0 makes an
+    empty window (``m_b = 0``, return 0, bootstrap discount 1). Sums run forward: unlike a backward
+    recursion they never divide by a discount that may be 0.
+
+    Args:
+        rewards, discounts: ``[n, B]`` floats of one dtype, any strides.
+        valid: ``[n, B]`` bool.
+        returns, bootstrap_discounts: ``[B]`` outputs; the sums run in their dtype.
+        steps: ``[B]`` int64 output, ``m_b`` in ``[0, n]``.
+    """
+    returns[:] = 0.0
+    bootstrap_discounts[:] = 1.0
+    steps[:] = 0
+    # O(n B): n is small in practice (3-10).
+    for k in range(rewards.shape[0]):
+        _add_step(k, rewards[k], discounts[k], valid[k], returns, bootstrap_discounts, steps)
+
+
+@numba.njit(cache=True)
+def _add_step(k, rewards, discounts, valid, returns, bootstrap_discounts, steps):
     # A function of 1-D rows so that LLVM vectorizes it over B (see vtrace._vtrace_step).
     for b in range(returns.shape[0]):
-        open_windows[b] = open_windows[b] and valid[b]
-        if open_windows[b]:
+        if steps[b] == k and valid[b]:  # still open: the window took every earlier step
             returns[b] += bootstrap_discounts[b] * rewards[b]
             bootstrap_discounts[b] *= discounts[b]
-            bootstrap_indices[b] += 1
+            steps[b] += 1

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fastrl.kernels import nstep_targets
+from fastrl.kernels import nstep_targets, nstep_windows
 from tests.autoreset import autoreset_flags
 
 
@@ -122,3 +122,25 @@ def test_all_valid_matches_no_mask():
 def test_bad_valid_shape_raises_naming_it():
     with pytest.raises(ValueError, match=r"nstep_targets: valid has shape \(3,\) but rewards"):
         nstep_targets(np.zeros((3, 2)), np.ones((3, 2)), 2, valid=np.ones(3, bool))
+
+
+def test_nstep_windows_stop_before_their_first_invalid_step():
+    """The shared window rule on its own: B windows of n steps, arbitrary valid flags; the outputs
+    are overwritten, not added to."""
+    rng = np.random.default_rng(3)
+    n, batch = 5, 64
+    rewards = rng.normal(size=(n, batch))
+    discounts = 0.9 * (rng.random((n, batch)) > 0.2)
+    valid = rng.random((n, batch)) > 0.2
+    returns, bootstrap_discounts = np.full(batch, np.nan), np.full(batch, np.nan)
+    steps = np.full(batch, -7, np.int64)
+    nstep_windows(rewards, discounts, valid, returns, bootstrap_discounts, steps)
+    for b in range(batch):
+        m = 0
+        while m < n and valid[m, b]:
+            m += 1
+        assert steps[b] == m
+        expected = sum(np.prod(discounts[:k, b]) * rewards[k, b] for k in range(m))
+        assert returns[b] == pytest.approx(expected, rel=1e-12, abs=1e-12)
+        assert bootstrap_discounts[b] == pytest.approx(np.prod(discounts[:m, b]), rel=1e-12)
+    assert (steps == 0).any() and (steps == n).any()  # empty and full windows both occur
