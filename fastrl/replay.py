@@ -74,7 +74,7 @@ import numba
 import numpy as np
 
 from .config import AT_LEAST_1, UNIT, ReplaySettings, check_section
-from .kernels import SumTree
+from .kernels import SumTree, nstep_windows
 from .replay_codec import make_frame_store
 
 # Largest |p| any update may set; keeps p^alpha and the tree's float64 sums finite.
@@ -609,28 +609,39 @@ def _stack_rows(first, base, ring_len, t, out):
 @numba.njit(cache=True)
 def _plan_transitions(indices, written, ring_len, stack, n, gamma, first, rewards, terminated,
                       truncated, rows, returns, discounts, dones, steps):
-    """Per sample: the frame slots of its block (``rows[b]``: stack at t, then t+1 .. t+n with
-    times after the window's end clamped to it) and its n-step target, cut at the first
-    terminated or truncated step of the window."""
-    for b in range(indices.shape[0]):
+    """Per sample: its n-step target by :func:`fastrl.kernels.nstep_windows` and the frame slots
+    of its block (``rows[b]``: stack at t, then t+1 .. t+n with times after the window's end
+    clamped to it). The kernel's windows stop before an invalid step; here that is the step after
+    the window's first terminated or truncated one, which next-step autoreset makes invalid. The
+    ring's own valid flags are not passed: restart_streams clears them on records that may not
+    start a window but that earlier windows still run through."""
+    B = indices.shape[0]
+    # The windows' steps, time-major [n, B], and their sums in float64 (stored as float32).
+    step_rewards, step_discounts = np.empty((n, B)), np.empty((n, B))
+    step_valid = np.empty((n, B), np.bool_)
+    totals, scales = np.empty(B), np.empty(B)
+    bases, times = np.empty(B, np.int64), np.empty(B, np.int64)
+    for b in range(B):
         index = indices[b]
         base = index - index % ring_len
         t = _record_time(index, written[index // ring_len], ring_len)
-        _stack_rows(first, base, ring_len, t, rows[b, :stack])
-        total, scale, m, done = 0.0, 1.0, n, False
+        bases[b], times[b] = base, t
+        after_done = False
         for k in range(n):
             slot = base + (t + k) % ring_len
-            total += scale * rewards[slot]
-            scale *= gamma
-            if terminated[slot] or truncated[slot]:
-                m, done = k + 1, terminated[slot]
-                break
+            step_rewards[k, b] = rewards[slot]
+            step_discounts[k, b] = 0.0 if terminated[slot] else gamma
+            step_valid[k, b] = not after_done
+            after_done = terminated[slot] or truncated[slot]
+    nstep_windows(step_rewards, step_discounts, step_valid, totals, scales, steps)
+    for b in range(B):
+        base, t, m = bases[b], times[b], steps[b]
+        _stack_rows(first, base, ring_len, t, rows[b, :stack])
         for j in range(1, n + 1):
             rows[b, stack - 1 + j] = base + (t + min(j, m)) % ring_len
-        returns[b] = total
-        discounts[b] = 0.0 if done else scale
-        dones[b] = done
-        steps[b] = m
+        returns[b] = totals[b]
+        discounts[b] = scales[b]
+        dones[b] = terminated[base + (t + m - 1) % ring_len]
 
 
 @numba.njit(cache=True)
