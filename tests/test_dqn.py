@@ -1,6 +1,7 @@
-"""Ape-X DQN: exploration rates, epsilon-greedy log-probs, n-step windows against a brute-force
-loop, the dueling head, arrival priorities in the replay, the DQN learner (replay ratio, target
-refresh, priorities by hand, checkpoints), V-trace replay in the learner, and the replay config."""
+"""Ape-X DQN: exploration rates, epsilon-greedy log-probs, n-step windows of trajectories (the
+shared kernel) against a brute-force loop, the dueling head, arrival priorities in the replay,
+the DQN learner (replay ratio, target refresh, priorities by hand, checkpoints), V-trace replay
+in the learner, and the replay config."""
 import copy
 import io
 import math
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from fastrl.config import ConfigError, ReplaySettings, build_config, load_run_config, to_toml
-from fastrl.learner import PRIORITY_EPS, DQNLearner, trajectory_windows
+from fastrl.kernels import nstep_targets
+from fastrl.learner import PRIORITY_EPS, DQNLearner
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
 from fastrl.learner import Learner, Trajectories, make_learner
 from fastrl.models import ActorCritic, DuelingQNetwork, build_model
@@ -26,13 +28,17 @@ T, E = 8, 4  # rollout and envs of the small learner configs
 
 
 def reference_windows(rewards, terminated, truncated, gamma, n):
-    """Brute force: for every (t, b), walk forward at most n steps, stop after a done or at T."""
+    """Brute force: for every (t, b), walk forward at most n steps, stop after a done or at T. The
+    step after a done is the autoreset step (its action was discarded): an empty window there."""
     steps, batch = rewards.shape
     returns = np.zeros((steps, batch))
     discounts = np.zeros((steps, batch))
     ends = np.zeros((steps, batch), dtype=np.int64)
     for b in range(batch):
         for t in range(steps):
+            if t > 0 and (terminated[t - 1, b] or truncated[t - 1, b]):
+                returns[t, b], discounts[t, b], ends[t, b] = 0.0, 1.0, t
+                continue
             total, m, terminal = 0.0, 0, False
             for k in range(n):
                 if t + k >= steps:
@@ -168,33 +174,41 @@ def test_epsilon_greedy_log_probs_mix_uniform_and_greedy():
 # ---------------------------------------------------------------- n-step windows
 
 
+def arrival_windows(rewards, terminated, truncated, gamma, n):
+    """The n-step windows of trajectories ``[T, B]`` by the shared kernel, as the DQN learner
+    builds them for its arrival priorities: the step after a done is the autoreset step."""
+    valid = np.ones_like(terminated)
+    valid[1:] = ~(terminated[:-1] | truncated[:-1])
+    return nstep_targets(rewards, gamma * ~terminated, n, valid=valid)
+
+
 @pytest.mark.parametrize("n", [1, 3, 5, 9])
-def test_trajectory_windows_match_a_brute_force_loop(n):
+def test_nstep_windows_of_trajectories_match_a_brute_force_loop(n):
     g = torch.Generator().manual_seed(n)
     steps, batch, gamma = 7, 5, 0.9
-    rewards = torch.randn(steps, batch, generator=g, dtype=torch.float64)
-    terminated = torch.rand(steps, batch, generator=g) < 0.2
-    truncated = torch.rand(steps, batch, generator=g) < 0.15
-    returns, discounts, ends = trajectory_windows(rewards, terminated, truncated, gamma, n)
-    ref_returns, ref_discounts, ref_ends = reference_windows(rewards.numpy(), terminated.numpy(),
-                                                             truncated.numpy(), gamma, n)
-    assert returns.dtype == discounts.dtype == torch.float64 and ends.dtype == torch.int64
-    np.testing.assert_allclose(returns.numpy(), ref_returns, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(discounts.numpy(), ref_discounts, rtol=1e-12, atol=0)
-    np.testing.assert_array_equal(ends.numpy(), ref_ends)
-    assert ends.min() >= 1 and ends.max() <= steps
+    rewards = torch.randn(steps, batch, generator=g, dtype=torch.float64).numpy()
+    terminated = (torch.rand(steps, batch, generator=g) < 0.2).numpy()
+    truncated = (torch.rand(steps, batch, generator=g) < 0.15).numpy()
+    returns, discounts, ends = arrival_windows(rewards, terminated, truncated, gamma, n)
+    ref_returns, ref_discounts, ref_ends = reference_windows(rewards, terminated, truncated, gamma, n)
+    assert returns.dtype == discounts.dtype == np.float64 and ends.dtype == np.int64
+    np.testing.assert_allclose(returns, ref_returns, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(discounts, ref_discounts, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(ends, ref_ends)
+    assert ends.min() >= 0 and ends.max() <= steps
 
 
-def test_trajectory_windows_by_hand():
-    rewards = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]], dtype=torch.float64)
-    terminated = torch.tensor([[False], [False], [True], [False], [False]])
-    truncated = torch.tensor([[False], [False], [False], [True], [False]])
-    returns, discounts, ends = trajectory_windows(rewards, terminated, truncated, 0.5, 3)
+def test_nstep_windows_of_a_trajectory_by_hand():
+    rewards = np.array([[1.0], [2.0], [4.0], [0.0], [16.0], [0.0], [64.0]])
+    terminated = np.array([[False], [False], [True], [False], [False], [False], [False]])
+    truncated = np.array([[False], [False], [False], [False], [True], [False], [False]])
+    returns, discounts, ends = arrival_windows(rewards, terminated, truncated, 0.5, 3)
     # t=0: 1 + .5*2 + .25*4, terminated inside; t=1: 2 + .5*4 terminated; t=2: 4 terminated;
-    # t=3: truncated after one step; t=4: cut by the trajectory's end.
-    np.testing.assert_allclose(returns[:, 0].numpy(), [3.0, 4.0, 4.0, 8.0, 16.0])
-    np.testing.assert_allclose(discounts[:, 0].numpy(), [0.0, 0.0, 0.0, 0.5, 0.5])
-    np.testing.assert_array_equal(ends[:, 0].numpy(), [3, 3, 3, 4, 5])
+    # t=3 and t=5: autoreset steps, empty windows; t=4: truncated after one step, bootstraps from
+    # the final observation obs[5]; t=6: cut by the trajectory's end, bootstraps from obs[T].
+    np.testing.assert_allclose(returns[:, 0], [3.0, 4.0, 4.0, 0.0, 16.0, 0.0, 64.0])
+    np.testing.assert_allclose(discounts[:, 0], [0.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.5])
+    np.testing.assert_array_equal(ends[:, 0], [3, 3, 3, 3, 5, 5, 7])
 
 
 # ---------------------------------------------------------------- dueling network

@@ -13,7 +13,7 @@
 """
 from .base import BaseLearner
 from .batch import Trajectories, gather_trajectories
-from .dqn import PRIORITY_EPS, DQNLearner, trajectory_windows
+from .dqn import PRIORITY_EPS, DQNLearner
 from .factory import LEARNERS, make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
@@ -25,5 +25,4 @@ Learner = VTraceLearner
 
 __all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerHost", "NonFiniteTraining", "PRIORITY_EPS",
            "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
-           "learner_process", "make_learner", "restore_learner", "td_loss",
-           "trajectory_windows", "vtrace_targets"]
+           "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..kernels import nstep_targets
 from ..models import build_model
 from ..replay import ReplayRatio, TransitionReplay
 from .base import BaseLearner
@@ -33,35 +34,6 @@ from .losses import td_loss
 from .replay_feed import add_trajectories
 
 PRIORITY_EPS = 1e-6  # keeps every valid transition sampleable (a zero priority never is)
-
-def trajectory_windows(rewards: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, gamma: float,
-                       n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """n-step windows inside ``[T, B]`` trajectories, cut at the first terminated or truncated step
-    and at the trajectory's end (the replay's rule, fastrl.replay.TransitionBatch).
-
-    Returns ``(returns, discounts, ends)``: the target of step t is
-    ``returns[t] + discounts[t] * Q(obs[ends[t]])``; ``discounts`` is ``gamma^m`` for a window of m
-    steps, 0 when it ends in a termination; ``ends`` (int64, in ``[1, T]``) is the index of the
-    observation after the window (a truncated step bootstraps from the final observation)."""
-    T, B = rewards.shape
-    time_index = torch.arange(T, device=rewards.device)
-    returns = torch.zeros_like(rewards)
-    scale = torch.ones_like(rewards)
-    ends = (time_index + 1)[:, None].expand(T, B).clone()
-    terminal = torch.zeros_like(terminated)
-    active = torch.ones_like(terminated)
-    for k in range(n):
-        step = time_index + k
-        inside = (step < T)[:, None]
-        step = step.clamp(max=T - 1)
-        live = active & inside
-        returns = torch.where(live, returns + scale * rewards[step], returns)
-        scale = torch.where(live, scale * gamma, scale)
-        ends = torch.where(live, (step + 1)[:, None].expand(T, B), ends)
-        done = terminated[step] | truncated[step]
-        terminal |= live & terminated[step]
-        active = live & ~done
-    return returns, torch.where(terminal, torch.zeros_like(scale), scale), ends
 
 
 class DQNLearner(BaseLearner):
@@ -146,17 +118,24 @@ class DQNLearner(BaseLearner):
 
     @torch.no_grad()
     def arrival_priorities(self, batch, rewards: torch.Tensor) -> np.ndarray:
-        """``|n-step TD error| + eps`` of every step of ``batch`` ``[T, B]`` (float64), windows cut at
-        the trajectory's end (:func:`trajectory_windows`)."""
+        """``|n-step TD error| + eps`` of every step of ``batch`` ``[T, B]`` (float64), by the
+        replay's window rule (:func:`fastrl.kernels.nstep_targets`): cut after a terminated or
+        truncated step and at the trajectory's end, where the target bootstraps from ``obs[T]``."""
         T, B = rewards.shape
         flat = batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:])
         online = self.q_values(self.model, flat).reshape(T + 1, B, -1)
         target = self.q_values(self.target, flat).reshape(T + 1, B, -1)
         best = (online if self.lcfg.double_q else target).argmax(-1, keepdim=True)
         bootstrap = target.gather(-1, best).squeeze(-1)  # [T + 1, B]
-        returns, discounts, ends = trajectory_windows(rewards.to(self.device), batch.terminated.to(self.device),
-                                                      batch.truncated.to(self.device), self.lcfg.gamma,
-                                                      self.rcfg.n_step)
+        terminated, truncated = batch.terminated.cpu().numpy(), batch.truncated.cpu().numpy()
+        # The step after a done is the autoreset step: no window runs into it, and its own is empty
+        # (that priority is never used: the replay never samples a step whose action was discarded).
+        valid = np.ones_like(terminated)
+        valid[1:] = ~(terminated[:-1] | truncated[:-1])
+        step_rewards = rewards.cpu().numpy()
+        windows = nstep_targets(step_rewards, (self.lcfg.gamma * ~terminated).astype(step_rewards.dtype),
+                                self.rcfg.n_step, valid=valid)
+        returns, discounts, ends = (torch.from_numpy(array).to(self.device) for array in windows)
         targets = returns + discounts * bootstrap.gather(0, ends)
         taken = online[:T].gather(-1, batch.actions.to(self.device).long()[..., None]).squeeze(-1)
         return ((targets - taken).abs() + PRIORITY_EPS).double().cpu().numpy()
