@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .console import write_best_effort
+
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -92,7 +94,7 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
 
 def warn(message: str) -> None:
     """Warnings go to stderr: the commands' stdout carries their JSON result alone."""
-    print(message, file=sys.stderr, flush=True)
+    write_best_effort(sys.stderr, message)
 
 
 def load_latest_checkpoint(run_dir: Path, map_location="cpu", warn=warn, check=None) -> tuple[Path, dict]:

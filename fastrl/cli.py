@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ConfigError, _known_keys, available_profiles
 from .console import write_best_effort
+from .metrics import finite_or_null
 
 
 def _fail(prog: str, exc: Exception) -> int:
@@ -102,9 +103,9 @@ def train_main(argv=None) -> int:
             _remove_if_empty(made_dir)
         return _fail("fastrl-train", exc)
     final = result.final
-    write_best_effort(sys.stdout, json.dumps({"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
-                                              "episode_return_mean": final.get("episode_return_mean"),
-                                              "wall_time": final.get("wall_time")}))
+    summary = {"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
+               "episode_return_mean": final.get("episode_return_mean"), "wall_time": final.get("wall_time")}
+    write_best_effort(sys.stdout, json.dumps(finite_or_null(summary)))
     return 0
 
 

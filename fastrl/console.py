@@ -5,11 +5,14 @@ an ssh session that closed. Writing to such a stream raises (EPIPE, EBADF, EIO);
 that escape once stopped reporting metrics and ignored its budget. So every console write here is
 best-effort: the first failure points the stream at /dev/null (so that the interpreter's own
 flush at exit cannot fail either) and the run goes on quietly, its status lines still going to
-``train.log`` for ``tail -f``.
+``train.log`` for ``tail -f``. A reader that stays but stops reading (``| less``, a paused
+terminal, a stalled ssh session) fills the pipe: a line the console cannot take at once is dropped
+rather than waited for, so that the run never blocks on it.
 """
 from __future__ import annotations
 
 import os
+import select
 import sys
 from pathlib import Path
 
@@ -28,6 +31,21 @@ def write_best_effort(stream, text: str) -> bool:
     except (OSError, ValueError):  # EPIPE / EBADF / EIO, or a stream already closed
         _silence(stream)
         return False
+
+
+def write_if_ready(stream, text: str) -> bool:
+    """:func:`write_best_effort`, but only if ``stream`` can take the line without blocking; False
+    when the line was dropped or the stream is gone."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): nothing can block
+        return write_best_effort(stream, text)
+    try:
+        _, ready, _ = select.select([], [fd], [], 0)
+    except (OSError, ValueError):
+        _silence(stream)
+        return False
+    return bool(ready) and write_best_effort(stream, text)
 
 
 def _silence(stream) -> None:
@@ -64,12 +82,16 @@ class Console:
 
     def notice(self, text: str) -> None:
         """A line the user should see even with ``quiet`` (restarts, stops)."""
-        write_best_effort(sys.stderr, text)
+        write_if_ready(sys.stderr, text)
+        self._log(text)
+
+    def record(self, text: str) -> None:
+        """A line for train.log only (the console gets it another way, e.g. the command's error)."""
         self._log(text)
 
     def status(self, text: str) -> None:
         if not self.quiet:
-            write_best_effort(sys.stderr, text)
+            write_if_ready(sys.stderr, text)
         self._log(text)
 
     def hung_up(self) -> None:
@@ -91,7 +113,7 @@ class Console:
             # The log is a copy of the console: losing it must not stop training (a full disk is
             # caught where metrics and checkpoints are written).
             self.close()
-            write_best_effort(sys.stderr, f"[fastrl] stopped writing {self.log_path} ({exc.strerror})")
+            write_if_ready(sys.stderr, f"[fastrl] stopped writing {self.log_path} ({exc.strerror})")
 
     def close(self) -> None:
         if self.log is not None:

@@ -91,12 +91,17 @@ class MetricsWriteError(RuntimeError):
 
 class Reporter:
     """Builds a report from the arena every ``report_every_s``; appends it to metrics.jsonl, and
-    owns the run's clocks: ``wall_time`` and the ``train_for_seconds`` budget both count from the
-    start of the run, summed over resumes (``wall_before`` is what the resumed checkpoint had)."""
+    keeps the run's two clocks, both summed over resumes (``*_before``: the resumed checkpoint's):
+
+    - ``wall_time``: seconds since the run was launched (``train()`` called), start-up included;
+    - trained seconds, what ``train_for_seconds`` counts: from this session's first env step.
+
+    ``tick()`` publishes both in the arena, where the learner reads them for its checkpoints and
+    learning-rate schedule, so every part of a run agrees on them."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
-                 aggregate=None, wall_before: float = 0.0):
+                 aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0):
         self.arena = arena
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
@@ -105,9 +110,8 @@ class Reporter:
         # wall_time counts from the train() call: process start-up is part of the user's wait.
         self.start = launched_at if launched_at is not None else time.time()
         self.wall_before = wall_before
-        # The time budget counts from when the processes run (start_training), so that spawning
-        # and the env probe do not eat into a short budget.
-        self.training_started = time.time()
+        self.trained_before = trained_before
+        self.training_started: float | None = None  # this session's first env step
         self.last_time = time.time()
         self.last_steps = self.env_steps()
         self.episodes_seen = self.arena.episode_count.copy()
@@ -124,18 +128,29 @@ class Reporter:
     def env_steps(self) -> int:
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
 
-    def start_training(self) -> None:
-        self.training_started = time.time()
+    def wall_time(self) -> float:
+        return self.wall_before + time.time() - self.start
 
     def trained_seconds(self) -> float:
-        """Seconds counted against ``train_for_seconds``: this session's and the run's before it."""
-        return self.wall_before + time.time() - self.training_started
+        """Seconds counted against ``train_for_seconds``: this session's since its first env step,
+        and the run's before the resume."""
+        if self.training_started is None:
+            return self.trained_before
+        return self.trained_before + time.time() - self.training_started
+
+    def tick(self) -> None:
+        """Start the training clock at the first env step; publish both clocks in the arena."""
+        if self.training_started is None and self.arena.env_steps.sum() > 0:
+            self.training_started = time.time()
+        self.arena.control[Control.WALL_MS] = int(self.wall_time() * 1000)
+        self.arena.control[Control.TRAINED_MS] = int(self.trained_seconds() * 1000)
 
     def time_up(self) -> bool:
         return bool(self.target_seconds) and self.trained_seconds() >= self.target_seconds
 
     def budget_reached(self) -> bool:
         """This rank's own view: its steps (with the resumed count) or the time budget."""
+        self.tick()
         return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up()
 
     def recent_episodes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -154,6 +169,7 @@ class Reporter:
         """One report. In a distributed run this is a collective: every rank calls it in step,
         and ``stop_agreed`` tells all of them the same answer (time up anywhere, or the summed
         env steps reached the target). Raises MetricsWriteError if metrics.jsonl cannot be written."""
+        self.tick()
         time_up = self.time_up()
         now = time.time()
         steps = self.env_steps()
@@ -175,7 +191,7 @@ class Reporter:
             "episode_length_mean": self.length_mean, "episodes": int(self.arena.episode_count.sum()),
             "policy_lag_mean": learner["policy_lag_mean"], "policy_lag_min": learner["policy_lag_min"],
             "policy_lag_max": learner["policy_lag_max"], "learner_updates": int(learner["learner_updates"]),
-            "wall_time": self.wall_before + now - self.start,
+            "wall_time": self.wall_before + now - self.start, "trained_seconds": self.trained_seconds(),
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
@@ -197,7 +213,7 @@ class Reporter:
     def _append(self, record: dict) -> None:
         try:
             with open(self.path, "a") as f:
-                f.write(json.dumps(_finite(record)) + "\n")
+                f.write(json.dumps(finite_or_null(record)) + "\n")
         except OSError as exc:
             self.metrics_ok = False  # one error, not one per report while the run stops
             raise MetricsWriteError(f"cannot write {self.path}: {exc.strerror or exc}; free space (or fix the "
@@ -223,7 +239,7 @@ class Reporter:
         self.console.close()
 
 
-def _finite(record: dict) -> dict:
+def finite_or_null(record: dict) -> dict:
     """JSON has no NaN: report unknown figures (no episode finished yet) as null."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
 

@@ -55,12 +55,15 @@ def replay_ram_bytes(cfg: Config, observation_space) -> int:
     return frames + cfg.replay.capacity * REPLAY_RECORD_OVERHEAD_BYTES
 
 
-def check_resources(cfg: Config, arena_bytes: int, observation_space, ranks_on_node: int = 1) -> None:
-    """Raise ResourceError if the arena does not fit /dev/shm, the run does not fit RAM, or the
-    replay's memory-mapped frames do not fit their directory's disk."""
-    check_shared_memory(arena_bytes * ranks_on_node)
+def check_resources(cfg: Config, arena_bytes: int, observation_space, ranks_on_node: int = 1,
+                    shared: bool = True) -> None:
+    """Raise ResourceError if the arena does not fit /dev/shm (``shared``: the serial mode keeps it
+    in private memory), the run does not fit RAM, or the replay's memory-mapped frames do not fit
+    their directory's disk. Every rank on this node holds an arena and a replay of its own."""
+    if shared:
+        check_shared_memory(arena_bytes * ranks_on_node)
     replay = replay_ram_bytes(cfg, observation_space)
-    check_memory(arena_bytes, replay)
+    check_memory(arena_bytes * ranks_on_node, replay * ranks_on_node)
     if uses_replay(cfg) and cfg.replay.memmap_dir:
         check_memmap_dir(cfg.replay.memmap_dir, replay_frame_bytes(cfg, observation_space))
 

@@ -37,7 +37,7 @@ from .models import build_model, num_state_values
 from .process_utils import make_channels
 from .resources import ResourceError, check_resources
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
-from .run_dir import RunDirError, prepare_run_dir, write_atomic
+from .run_dir import RunDirError, check_run_dir, prepare_run_dir, write_atomic
 from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
 
 SHUTDOWN_GRACE_S = 15.0
@@ -118,7 +118,8 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     processes.json and checkpoints; ``model`` replaces the built-in actor-critic (see
     fastrl.models). A ``run_dir`` that holds a run needs ``resume`` (continue it) or
     ``overwrite`` (replace it). What the user can get wrong is checked before any process
-    starts and raises RunError (or ConfigError) with one line that says what to do."""
+    starts (and before ``overwrite`` deletes anything) and raises RunError (or ConfigError) with
+    one line that says what to do."""
     launched_at = time.time()
     validate(cfg)
     dist_info = DistInfo.from_env()
@@ -129,27 +130,34 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
     try:
         if run_dir is not None:
-            prepare_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
+            check_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
         device = resolve_device(cfg.device, dist_info.local_rank)
         spec = probe_env(cfg)
         template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
         resume_state = load_resume_state(run_dir, cfg, template) if resume else None
         layout = arena_layout(cfg, spec, num_state_values(template))
-        check_resources(cfg, layout.nbytes, spec.observation_space, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        remove_stale_segments()  # a killed run's arena must not count against /dev/shm
+        check_resources(cfg, layout.nbytes, spec.observation_space, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                        shared=not cfg.serial)
+        config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:
-            write_atomic(run_dir / "config.toml", to_toml(cfg))
+            prepare_run_dir(run_dir, resume, overwrite)
+            write_atomic(run_dir / "config.toml", config_text)
     except (RunDirError, ResourceError, CheckpointError) as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
         raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
-    remove_stale_segments()
     console = Console(run_dir if dist_info.is_main else None, quiet or not dist_info.is_main)
-    wall_before = resume_state["counters"].get("wall_time", 0.0) if resume_state else 0.0
-    if cfg.serial:
-        return _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
-                           wall_before)
-    return _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
-                        wall_before, dist_info)
+    counters = resume_state["counters"] if resume_state else {}
+    clocks = (counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0)))
+    run = _serial_run if cfg.serial else _process_run
+    try:
+        return run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks, dist_info)
+    except RunError as exc:
+        console.record(f"[fastrl] the run stopped: {exc}")  # the command prints it; a detached run reads it here
+        raise
+    finally:
+        console.close()
 
 
 def _new_arena(layout, resume_state, shared: bool, dist_info: DistInfo = DistInfo()) -> Arena:
@@ -157,9 +165,12 @@ def _new_arena(layout, resume_state, shared: bool, dist_info: DistInfo = DistInf
     arena.weight_version[0] = -1
     if resume_state is not None:
         # The run's count before the resume, shared out so that the ranks' counts sum to it.
-        done, ranks = resume_state["counters"]["env_steps"], dist_info.world_size
+        counters = resume_state["counters"]
+        done, ranks = counters["env_steps"], dist_info.world_size
         arena.control[Control.ENV_STEPS_OFFSET] = done // ranks + (done % ranks if dist_info.is_main else 0)
         arena.control[Control.RUN_ENV_STEPS] = done
+        arena.control[Control.WALL_MS] = int(counters.get("wall_time", 0.0) * 1000)
+        arena.control[Control.TRAINED_MS] = int(counters.get("trained_seconds", counters.get("wall_time", 0.0)) * 1000)
     return arena
 
 
@@ -190,10 +201,13 @@ class Supervisor:
     def everyone(self) -> list:
         return [p for group in self.procs.values() for p in group]
 
-    def write_process_file(self) -> None:
+    def write_process_file(self, stopped: bool = False) -> None:
+        """processes.json: every pid of the run by role. The runner's pid marks the directory as
+        in use while that process lives (fastrl.run_dir); ``stopped`` leaves it out."""
         if self.run_dir is not None:
             pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
-            (self.run_dir / self.process_file).write_text(json.dumps({**pids, "runner": [os.getpid()]}))
+            (self.run_dir / self.process_file).write_text(
+                json.dumps({**pids, "runner": [] if stopped else [os.getpid()]}))
 
     def watch(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
@@ -228,44 +242,42 @@ class Supervisor:
 
 
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                 wall_before: float, dist_info: DistInfo) -> RunResult:
+                 clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
     ctx = mp.get_context("spawn")
+    main = dist_info.is_main
+    parent = os.getpid()
+    result = RunResult(run_dir)
     # A terminal's hang-up goes to its whole process group. Ignored from here on, the children
     # (and the resource tracker the arena starts) inherit the ignore through exec; the runner
     # itself switches to a quiet console once they run.
-    hang_up_before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
-    W = cfg.env.num_workers
-    main = dist_info.is_main
-    channels = make_channels(ctx, W)
-    parent = os.getpid()
-
-    def make_worker(w: int, generation: int = 0):
-        # The runner keeps every pipe end open, so a dead worker never shows up as EOF elsewhere
-        # and its replacement reuses the same pipes.
-        return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
-                           args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
-                                 dist_info.rank))
-
-    procs: dict[str, list] = {"learner": [], "inference": [], "rollout": []}
-    procs["learner"].append(ctx.Process(
-        target=learner_process, name="fastrl-learner",
-        args=(cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
-              channels.learner, parent, run_dir if main else None, resume_state, dist_info)))
-    template = model if model is not None else build_model(spec.observation_space, spec.action_space, cfg.model,
-                                                            algo=cfg.learner.algo)
-    procs["inference"].append(ctx.Process(
-        target=inference_process, name="fastrl-inference",
-        args=(cfg, layout, arena.name, template, spec.action_space, device, channels.batcher, parent)))
-    procs["rollout"] = [make_worker(w) for w in range(W)]
-    process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
-    supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    previous[signal.SIGHUP] = hang_up_before
-    reporter = None
-    result = RunResult(run_dir)
+    previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_IGN)}
+    arena = procs = reporter = supervisor = None
     clean = False
+    late_error = ""
     try:
+        arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
+        channels = make_channels(ctx, cfg.env.num_workers)
+
+        def make_worker(w: int, generation: int = 0):
+            # The runner keeps every pipe end open, so a dead worker never shows up as EOF
+            # elsewhere and its replacement reuses the same pipes.
+            return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
+                               args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
+                                     dist_info.rank))
+
+        template = model if model is not None else build_model(spec.observation_space, spec.action_space,
+                                                                cfg.model, algo=cfg.learner.algo)
+        procs = {
+            "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
+                cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
+                channels.learner, parent, run_dir if main else None, resume_state, dist_info))],
+            "inference": [ctx.Process(target=inference_process, name="fastrl-inference", args=(
+                cfg, layout, arena.name, template, spec.action_space, device, channels.batcher, parent))],
+            "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
+        }
+        process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
+        supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
+        previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():
             p.start()
         signal.signal(signal.SIGHUP, lambda signum, frame: console.hung_up())
@@ -275,7 +287,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
             distributed.init_group(dist_info, "runner", "cpu", cfg.dist_timeout_s)
             aggregate = distributed.gather_counters
         reporter = Reporter(arena, run_dir if main else None, spec.frame_skip, cfg.train_for_env_steps,
-                            cfg.train_for_seconds, console, launched_at, aggregate, wall_before)
+                            cfg.train_for_seconds, console, launched_at, aggregate, *clocks)
         next_report = time.time() + cfg.report_every_s
         while True:
             if not dist_info.enabled and reporter.budget_reached():
@@ -292,32 +304,58 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         console.notice(f"[fastrl] {exc}: stopping, writing a final checkpoint")
     except MetricsWriteError as exc:
         raise RunError(str(exc)) from None
+    except OSError as exc:  # processes.json or TensorBoard events on a full disk, too many open pipes
+        raise RunError(f"cannot write {exc.filename or 'to the run directory'}: {exc.strerror or exc}") from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # A second Ctrl-C while the children stop must not cut the stop short: they are ignored
+        # until the arena is gone (the learner is writing its final checkpoint meanwhile).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         try:
             # A last report is a collective in a distributed run: only when every rank gets there.
             if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
                 reporter.report({"worker_restarts": supervisor.worker_restarts})
-        except MetricsWriteError as exc:
-            console.notice(f"[fastrl] {exc}")
+        except (MetricsWriteError, OSError) as exc:
+            late_error = str(exc)
         finally:
-            if reporter is not None:
-                reporter.close()
-                result.reports = list(reporter.history)
-            console.close()
-            _stop_processes(arena, procs)
-            # The learner's final checkpoint is written while the others stop: its error, if any.
-            late_error = get_error(arena) if arena.control[Control.ERROR] else ""
-            if dist_info.enabled:
-                distributed.close_group()
-            arena.close()
+            try:
+                if procs is not None:
+                    _stop_processes(arena, procs, console)
+                    _mark_stopped(supervisor)
+                if arena is not None and arena.control[Control.ERROR]:
+                    # The learner's final checkpoint is written while the others stop: its error.
+                    late_error = get_error(arena)
+            finally:
+                if reporter is not None:
+                    result.reports = list(reporter.history)
+                    _close_quietly(reporter)
+                if dist_info.enabled:
+                    distributed.close_group()
+                if arena is not None:
+                    arena.close()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
     if late_error:
         raise RunError(late_error)
     return result
 
 
-def _stop_processes(arena: Arena, procs: dict) -> None:
+def _mark_stopped(supervisor: Supervisor) -> None:
+    try:
+        supervisor.write_process_file(stopped=True)
+    except OSError:
+        pass  # a full disk: the runner's pid, gone with it, marks the directory free all the same
+
+
+def _close_quietly(reporter: Reporter) -> None:
+    """TensorBoard's writer flushes on close: on a full disk that must not mask how the run ended."""
+    try:
+        reporter.close()
+    except OSError:
+        pass
+
+
+def _stop_processes(arena: Arena, procs: dict, console: Console) -> None:
     """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
     arena.control[Control.STOP] = 1
     deadline = time.time() + SHUTDOWN_GRACE_S
@@ -328,12 +366,14 @@ def _stop_processes(arena: Arena, procs: dict) -> None:
     for group in procs.values():
         for p in group:
             if p.pid is not None and p.is_alive():
+                console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {SHUTDOWN_GRACE_S:.0f} s; "
+                               f"killed" + (" before its final checkpoint" if p.name == "fastrl-learner" else ""))
                 p.kill()
                 p.join(5)
 
 
 def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                wall_before: float) -> RunResult:
+                clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
     """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -341,7 +381,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console
     learner = make_learner(cfg, spec.observation_space, spec.action_space, model=model, device=device)
     if resume_state is not None:
         restore_learner(learner, resume_state)
-    host = LearnerHost(cfg, arena, learner, run_dir, wall_before)
+    host = LearnerHost(cfg, arena, learner, run_dir)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device),
                                batcher_epsilons(cfg))
     spare = []
@@ -358,7 +398,7 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console
             spare[slot // per_worker].append(slot)
 
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
-                        launched_at, wall_before=wall_before)
+                        launched_at, None, *clocks)
     queue: deque[int] = deque()
     host.publish()
     next_report = time.time() + cfg.report_every_s

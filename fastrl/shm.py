@@ -82,7 +82,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weights", (2, num_weights), "<f4"),  # double buffer, see WeightBuffer
         ArraySpec("weight_seq", (2,), "<i8"),
         ArraySpec("weight_version", (1,), "<i8"),
-        ArraySpec("control", (5,), "<i8"),  # see Control
+        ArraySpec("control", (7,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
@@ -98,6 +98,10 @@ class Control:
     ENV_STEPS_OFFSET = 2  # env steps done before a resume
     ERROR = 3  # set by a child that failed
     RUN_ENV_STEPS = 4  # env steps of the whole run at the last report (all ranks together)
+    # The run's clocks, kept by the runner (fastrl.metrics.Reporter) so that checkpoints and the
+    # learning-rate schedule read the same seconds as the budget and metrics.jsonl (milliseconds).
+    WALL_MS = 5  # wall time since the run started, summed over resumes
+    TRAINED_MS = 6  # seconds counted against train_for_seconds: from the first env step, over resumes
 
 
 def set_error(arena, message: str) -> None:

@@ -81,3 +81,23 @@ def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["wall_time"] >= budget_s and records[-1]["worker_restarts"] == 0
     assert "hung up" in (tmp_path / "train.log").read_text()
+
+
+def test_a_reader_that_stops_reading_never_stalls_the_run(tmp_path):
+    budget_s = 15.0
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
+           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.005",
+           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    # stderr is a pipe nobody reads: ~90-byte lines at 200 a second fill its 64 KiB in ~4 s.
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        rc = proc.wait(timeout=budget_s + 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert rc == 0
+    walls = [json.loads(line)["wall_time"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert max(b - a for a, b in zip(walls, walls[1:])) < 2.0  # reports never stopped
+    assert (tmp_path / "train.log").stat().st_size > 64 * 1024

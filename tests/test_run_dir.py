@@ -7,7 +7,7 @@ import pytest
 from fastrl.checkpoint import list_checkpoints
 from fastrl.cli import train_main
 from fastrl.config import build_config, load_run_config
-from fastrl.run_dir import RunDirError, default_run_dir, prepare_run_dir, write_atomic
+from fastrl.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
 from fastrl.runner import RunError, train
 
 TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
@@ -57,7 +57,7 @@ def test_run_dir_mistakes_are_one_line_errors(tmp_path, resume, overwrite, setup
     elif setup == "empty":
         run_dir.mkdir()
     with pytest.raises(RunDirError, match=match) as info:
-        prepare_run_dir(run_dir, resume, overwrite)
+        check_run_dir(run_dir, resume, overwrite)
     assert "\n" not in str(info.value)
 
 
@@ -108,3 +108,54 @@ def test_resume_with_its_own_config_continues_from_the_checkpoint(finished_run):
     result = train(cfg, run_dir=finished_run, resume=True, quiet=True)
     assert result.final["env_steps"] >= 8192
     assert list_checkpoints(finished_run)[-1].name >= "ckpt_000000008192.pt"
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(finished_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    before = sorted(p.name for p in run_dir.iterdir())
+    cfg = tiny_config()
+    cfg.env.id = "NoSuchEnv-v0"
+    with pytest.raises(Exception, match="NoSuchEnv"):
+        train(cfg, run_dir=run_dir, quiet=True, overwrite=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == before and list_checkpoints(run_dir)
+
+
+def test_a_directory_a_live_run_works_in_is_refused_even_with_overwrite(tmp_path):
+    import json
+
+    (tmp_path / "processes.json").write_text(json.dumps({"runner": [os.getppid()]}))  # a live process
+    with pytest.raises(RunDirError, match=f"in use by a running fastrl-train \\(pid {os.getppid()}\\)"):
+        check_run_dir(tmp_path, resume=False, overwrite=True)
+    with pytest.raises(RunDirError, match="in use"):
+        check_run_dir(tmp_path, resume=True, overwrite=False)
+
+
+def test_a_file_where_the_runs_folder_should_be_is_one_line(tmp_path):
+    (tmp_path / "runs").write_text("x")
+    with pytest.raises(RunDirError, match="cannot create the runs folder"):
+        default_run_dir("cartpole-appo", tmp_path / "runs")
+
+
+def test_budgets_and_clocks_continue_across_a_resume(finished_run, tmp_path):
+    import json
+    import shutil
+
+    from fastrl.checkpoint import load_checkpoint
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    counters = load_checkpoint(list_checkpoints(run_dir)[-1])["counters"]
+    assert counters["wall_time"] >= counters["trained_seconds"] > 0
+    cfg = load_run_config(run_dir)
+    cfg.serial = True
+    cfg.train_for_env_steps = 0
+    cfg.train_for_seconds = counters["trained_seconds"] + 3.0  # three more seconds of training
+    train(cfg, run_dir=run_dir, resume=True, quiet=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    walls = [r["wall_time"] for r in records]
+    assert walls == sorted(walls)  # wall_time runs on across the resume
+    assert cfg.train_for_seconds <= records[-1]["trained_seconds"] < cfg.train_for_seconds + 2.0
+    assert load_checkpoint(list_checkpoints(run_dir)[-1])["counters"]["trained_seconds"] >= cfg.train_for_seconds

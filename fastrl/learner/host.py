@@ -22,8 +22,7 @@ class NonFiniteTraining(RuntimeError):
 class LearnerHost:
     """Wraps any learner of the family for a run: arena in, weights and checkpoints out."""
 
-    def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, wall_time_before: float = 0.0,
-                 world_size: int = 1):
+    def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, world_size: int = 1):
         self.cfg = cfg
         self.arena = arena
         self.learner = learner
@@ -31,8 +30,6 @@ class LearnerHost:
         self.world_size = world_size
         self.weights = WeightBuffer(arena)
         self.flat = torch.empty(num_state_values(learner.model), dtype=torch.float32)
-        self.start = time.time()
-        self.wall_time_before = wall_time_before
         self.last_checkpoint = time.time()
         self.timings = {"gather_s": 0.0, "publish_s": 0.0, "wait_s": 0.0}
         self.trained_env_steps = 0
@@ -44,6 +41,13 @@ class LearnerHost:
             return int(self.arena.control[Control.RUN_ENV_STEPS])
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
 
+    def trained_seconds(self) -> float:
+        """The runner's clocks (fastrl.metrics.Reporter.tick): what the time budget counts."""
+        return float(self.arena.control[Control.TRAINED_MS]) / 1000
+
+    def wall_time(self) -> float:
+        return float(self.arena.control[Control.WALL_MS]) / 1000
+
     def progress(self) -> float:
         """Share of the run's budget done, in [0, 1] (the learning-rate schedule's clock)."""
         cfg = self.cfg
@@ -51,7 +55,7 @@ class LearnerHost:
         if cfg.train_for_env_steps:
             parts.append(self.env_steps() / cfg.train_for_env_steps)
         if cfg.train_for_seconds:
-            parts.append((self.wall_time_before + time.time() - self.start) / cfg.train_for_seconds)
+            parts.append(self.trained_seconds() / cfg.train_for_seconds)
         return min(1.0, max(parts))
 
     def publish(self) -> bool:
@@ -105,7 +109,7 @@ class LearnerHost:
         state = {
             "learner": self.learner.state_dict(),
             "counters": {"env_steps": self.env_steps(), "trained_env_steps": self.trained_env_steps,
-                         "wall_time": self.wall_time_before + time.time() - self.start},
+                         "wall_time": self.wall_time(), "trained_seconds": self.trained_seconds()},
             "rng": capture_rng(),
             "config": self.cfg.to_dict(),
             **self.extra_state,

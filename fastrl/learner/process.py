@@ -77,10 +77,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     arena = Arena.attach(layout, arena_name)
     full_in, free_out = channels
     learner = make_learner(cfg, *spaces, model=model, device=device)
-    wall_before = 0.0
     if resume_state is not None:
         restore_learner(learner, resume_state)
-        wall_before = resume_state["counters"].get("wall_time", 0.0)
     parallel = dist_info is not None and dist_info.enabled
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))  # NCCL collectives use the current device
@@ -89,7 +87,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         distributed.broadcast_parameters(learner.model)
         learner.grad_sync = distributed.GradientAverager(learner.model, dist_info.world_size)
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
-    host = LearnerHost(cfg, arena, learner, run_dir, wall_before, dist_info.world_size if parallel else 1)
+    host = LearnerHost(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
     host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
     per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
     queue: deque[int] = deque()
