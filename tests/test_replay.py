@@ -320,11 +320,14 @@ def test_sequences_are_time_major_windows_on_the_stride(stack):
     assert len(seen) > 50
 
 
-def test_nstep_returns_agree_with_the_nstep_kernel():
-    """Without truncations, the replay's returns and discounts equal kernels.nstep_targets run
-    over each whole stream with discounts gamma * (1 - terminated)."""
+@pytest.mark.parametrize("p_truncate", [0.0, 0.1])
+def test_nstep_returns_agree_with_the_nstep_kernel(p_truncate):
+    """The replay's returns and discounts equal kernels.nstep_targets run over each whole stream
+    with discounts gamma * (1 - terminated): without truncations as they are; with truncations
+    given the stream's valid flags (the autoreset step after a done is invalid), which then also
+    gives the window lengths."""
     n = 4
-    envs = NaiveEnvs(3, 1, np.random.default_rng(5), p_truncate=0.0)
+    envs = NaiveEnvs(3, 1, np.random.default_rng(5), p_truncate=p_truncate)
     replay = TransitionReplay(ReplaySettings(capacity=3000, min_fill=1, n_step=n), gamma=GAMMA,
                               num_streams=3, obs_shape=FRAME, seed=0)
     fill(replay, envs, 200)
@@ -332,38 +335,18 @@ def test_nstep_returns_agree_with_the_nstep_kernel():
     for records in envs.records:  # each stream as one [T, 1] column
         rewards = np.array([[r["reward"]] for r in records], np.float64)
         discounts = GAMMA * (1.0 - np.array([[r["terminated"]] for r in records], np.float64))
-        targets.append(nstep_targets(rewards, discounts, n)[:2])
-    batch = replay.sample(256, rng=0)
-    for b in range(256):
-        env, t = envs.by_frame[decode(batch.obs[b])]
-        returns, bootstrap_discounts = targets[env]
-        assert batch.returns[b] == pytest.approx(returns[t, 0], rel=1e-5, abs=1e-6)
-        assert batch.discounts[b] == pytest.approx(bootstrap_discounts[t, 0], rel=1e-6)
-
-
-def test_windows_with_truncations_agree_with_the_nstep_kernel_given_valid():
-    """With truncations, the replay's windows equal kernels.nstep_targets over each whole stream
-    given its valid flags (the autoreset step after a done is invalid): same returns, discounts
-    and window lengths."""
-    n = 4
-    envs = NaiveEnvs(3, 1, np.random.default_rng(6), p_truncate=0.1)
-    replay = TransitionReplay(ReplaySettings(capacity=3000, min_fill=1, n_step=n), gamma=GAMMA,
-                              num_streams=3, obs_shape=FRAME, seed=0)
-    fill(replay, envs, 200)
-    targets = []
-    for records in envs.records:
-        rewards = np.array([[r["reward"]] for r in records], np.float64)
-        discounts = GAMMA * (1.0 - np.array([[r["terminated"]] for r in records], np.float64))
-        valid = np.array([[r["valid"]] for r in records])
+        valid = np.array([[r["valid"]] for r in records]) if p_truncate else None
         targets.append(nstep_targets(rewards, discounts, n, valid=valid))
     batch = replay.sample(256, rng=0)
-    assert batch.bootstrap_steps.min() < n  # some windows were cut by a done
     for b in range(256):
         env, t = envs.by_frame[decode(batch.obs[b])]
         returns, bootstrap_discounts, bootstrap_indices = targets[env]
         assert batch.returns[b] == pytest.approx(returns[t, 0], rel=1e-5, abs=1e-6)
         assert batch.discounts[b] == pytest.approx(bootstrap_discounts[t, 0], rel=1e-6)
-        assert batch.bootstrap_steps[b] == bootstrap_indices[t, 0] - t
+        if p_truncate:
+            assert batch.bootstrap_steps[b] == bootstrap_indices[t, 0] - t
+    if p_truncate:
+        assert batch.bootstrap_steps.min() < n  # some windows were cut by a done
 
 
 def stream_of_frames(rng, count):
