@@ -47,6 +47,18 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def set_aside_newer_checkpoints(run_dir: Path, chosen: Path) -> list[Path]:
+    """Rename checkpoints newer than ``chosen`` (skipped as unusable) to ``*.pt.bad``: pruning goes
+    by name, so left in place they would outrank, and delete, the resumed run's new ones."""
+    moved = []
+    for path in list_checkpoints(run_dir):
+        if path.name > chosen.name:
+            bad = path.with_name(path.name + ".bad")
+            os.replace(path, bad)
+            moved.append(bad)
+    return moved
+
+
 def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Path:
     """Write ``state`` as the checkpoint at ``env_steps`` and keep the newest ``keep``.
 

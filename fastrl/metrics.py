@@ -236,7 +236,6 @@ class Reporter:
     def close(self) -> None:
         if self.tb:
             self.tb.close()
-        self.console.close()
 
 
 def finite_or_null(record: dict) -> dict:

@@ -25,7 +25,7 @@ import torch
 
 from . import distributed
 from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
-                         remove_partial_checkpoints)
+                         remove_partial_checkpoints, set_aside_newer_checkpoints)
 from .config import SECTIONS, Config, to_toml, validate
 from .console import Console
 from .distributed import DistInfo
@@ -109,7 +109,9 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> 
         load_model_state(probe, state)
 
     remove_partial_checkpoints(run_dir)
-    return load_latest_checkpoint(run_dir, check=check)[1]
+    path, state = load_latest_checkpoint(run_dir, check=check)
+    set_aside_newer_checkpoints(run_dir, path)
+    return state
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, model: torch.nn.Module | None = None,

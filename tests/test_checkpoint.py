@@ -95,3 +95,18 @@ def test_saves_never_write_through_a_planted_symlink(tmp_path):
     save_checkpoint(tmp_path, minimal_state(torch.nn.Linear(2, 2), 5), 5, keep=2)
     assert not target.exists()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_000000000005.pt"]
+
+
+def test_checkpoints_skipped_on_resume_are_set_aside_so_pruning_keeps_the_new_ones(tmp_path):
+    from fastrl.checkpoint import set_aside_newer_checkpoints
+
+    model = torch.nn.Linear(2, 2)
+    for steps in (10, 20):
+        save_checkpoint(tmp_path, minimal_state(model, steps), steps, keep=3)
+    newest = list_checkpoints(tmp_path)[-1]
+    newest.write_bytes(b"truncated")
+    chosen, _ = load_latest_checkpoint(tmp_path, warn=lambda message: None)
+    set_aside_newer_checkpoints(tmp_path, chosen)
+    save_checkpoint(tmp_path, minimal_state(model, 15), 15, keep=1)  # the resumed run's first save
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_000000000015.pt"]
+    assert (tmp_path / "checkpoints" / "ckpt_000000000020.pt.bad").exists()

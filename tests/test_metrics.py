@@ -42,3 +42,16 @@ def test_each_column_is_reported_under_its_key():
         "rollout/env_step_s": 11.0, "rollout/obs_copy_s": 22.0, "rollout/wait_actions_s": 33.0,
         "rollout/wait_slots_s": 44.0, "inference/inference_forward_s": 5.0, "inference/weight_refresh_s": 6.0,
         "inference/wait_requests_s": 7.0, "inference/inference_batches": 8.0, "inference/inference_requests": 9.0}
+
+
+def test_the_reports_kept_in_memory_are_bounded(tmp_path, monkeypatch):
+    from fastrl import metrics
+
+    monkeypatch.setattr(metrics, "HISTORY_REPORTS", 5)
+    reporter = metrics.Reporter(small_arena(num_workers=1), tmp_path, frame_skip=1, target_env_steps=0,
+                                target_seconds=0.0)
+    for _ in range(12):
+        reporter.report()
+    reporter.close()
+    assert len(reporter.history) == 5  # the newest five
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 12  # every report on disk
