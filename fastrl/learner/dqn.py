@@ -170,7 +170,7 @@ class DQNLearner(BaseLearner):
             self.replay.update_priorities(sample.indices, sample.generations, priorities)
         end = time.perf_counter()
         self.timings["forward_backward_s"] += backward_done - sampled
-        self.timings["optimizer_s"] += end - backward_done
+        self.timings["optimizer_s"] += optimized - backward_done
         self.timings["replay_s"] += end - optimized
         loss_value = float(stats["loss"])
         return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm,
