@@ -251,11 +251,6 @@ def _known_keys() -> list[str]:
     return keys
 
 
-def _value(cfg: Config, key: str):
-    section, _, name = key.rpartition(".")
-    return getattr(getattr(cfg, section) if section else cfg, name)
-
-
 def _unknown_key_error(key: str) -> ConfigError:
     close = difflib.get_close_matches(key, _known_keys(), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
