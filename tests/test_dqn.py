@@ -539,6 +539,19 @@ def test_learner_with_vtrace_replay_needs_env_ids():
     assert learner.version == 0 and learner.replay.added == 0
 
 
+def test_vtrace_replay_never_stores_a_batch_with_non_finite_data():
+    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    *good, (bad, bad_ids) = stream_batches(3)
+    for batch, env_ids in good:
+        learner.train(batch, env_ids=env_ids)
+    bad.rewards[1, 2] = float("nan")
+    learner.train(bad, env_ids=bad_ids)
+    assert learner.replay.added == 2 * T * E  # the good batches only
+    assert learner.skipped_updates == 1
+    sample = learner.replay.sample(E)
+    assert sample is not None and np.isfinite(sample.rewards).all()
+
+
 # ---------------------------------------------------------------- configuration
 
 

@@ -40,6 +40,11 @@ class Trajectories:
                                                   getattr(other, f.name).to(getattr(self, f.name).dtype)], dim=1)
                                for f in fields(self)})
 
+    def is_finite(self) -> bool:
+        """No NaN or infinity in the rewards, the behaviour log-probs or float observations."""
+        parts = [self.rewards, self.behaviour_logp] + ([self.obs] if self.obs.is_floating_point() else [])
+        return all(bool(torch.isfinite(part).all()) for part in parts)
+
     def validate(self) -> None:
         T, B = self.rewards.shape
         expect = {"obs": (T + 1, B), "actions": (T, B), "behaviour_logp": (T, B), "terminated": (T, B),

@@ -66,7 +66,14 @@ class VTraceLearner(BaseLearner):
         batch.validate()
         lag_stats = self.lag_stats(batch)
         if self.replay is not None:
-            batch = self.with_replayed(batch, env_ids, fresh)
+            if batch.is_finite():
+                batch = self.with_replayed(batch, env_ids, fresh)
+            else:
+                # Stored, NaN/Inf data would come back in later batches and skip them too; the
+                # envs' streams restart, so no replayed sequence spans the missing steps. This
+                # batch's own update is skipped by the non-finite loss.
+                self.replay.restart_streams(np.asarray(env_ids, dtype=np.int64),
+                                            ended=(batch.terminated[-1] | batch.truncated[-1]).numpy())
         batch = batch.to(self.device)
         lag = (self.version - batch.version).float()
         loss_mask = batch.valid & (lag <= self.lcfg.max_policy_lag)
