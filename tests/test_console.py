@@ -11,6 +11,13 @@ import psutil
 from fastrl.console import Console, write_best_effort
 
 
+def small_run(run_dir, budget_s: float, report_every_s: float) -> list[str]:
+    """fastrl-train on a small CartPole layout for ``budget_s`` seconds of training."""
+    return [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir),
+            "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", f"report_every_s={report_every_s}",
+            "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+
+
 def test_writing_to_a_closed_pipe_is_survived_and_silences_the_stream():
     read_end, write_end = os.pipe()
     stream = os.fdopen(write_end, "w")
@@ -32,9 +39,7 @@ def test_train_log_is_rotated_at_its_size_bound(tmp_path):
 
 def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_to_the_end(tmp_path):
     budget_s = 20.0
-    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
-           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.5",
-           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    cmd = small_run(tmp_path, budget_s, report_every_s=0.5)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started = time.time()
     try:
@@ -61,9 +66,7 @@ def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_t
 
 def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     budget_s = 20.0
-    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
-           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.5",
-           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    cmd = small_run(tmp_path, budget_s, report_every_s=0.5)
     # Its own session and process group, as a terminal's foreground job: the hang-up reaches them all.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -85,9 +88,7 @@ def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
 
 def test_a_reader_that_stops_reading_never_stalls_the_run(tmp_path):
     budget_s = 15.0
-    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path),
-           "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", "report_every_s=0.005",
-           "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
+    cmd = small_run(tmp_path, budget_s, report_every_s=0.005)
     # stderr is a pipe nobody reads: ~90-byte lines at 200 a second fill its 64 KiB in ~4 s.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
