@@ -23,3 +23,26 @@ def autoreset_flags(rng, num_steps, batch, p_done=0.25):
                 truncated[t, b] = True
             previous_done = done
     return terminated, truncated, valid
+
+
+def nstep_episodes_reference(rewards, terminated, truncated, valid, gamma, n):
+    """n-step targets walking each env's episodes: the window from a valid step t takes up to n
+    steps of t's own episode inside the ``[T, B]`` window, up to and including the step that
+    terminates it (bootstrap discount 0) or truncates it (bootstrap from the final observation
+    at the next index). The autoreset step after a done belongs to no episode: its window is
+    empty (return 0, bootstrap discount 1, bootstrap index t)."""
+    num_steps, batch = rewards.shape
+    returns = np.zeros((num_steps, batch))
+    bootstrap_discounts = np.ones((num_steps, batch))
+    bootstrap_indices = np.zeros((num_steps, batch), dtype=np.int64)
+    for b in range(batch):
+        for t in range(num_steps):
+            m = 0
+            while valid[t, b] and m < n and t + m < num_steps:
+                returns[t, b] += bootstrap_discounts[t, b] * rewards[t + m, b]
+                bootstrap_discounts[t, b] *= 0.0 if terminated[t + m, b] else gamma
+                m += 1
+                if terminated[t + m - 1, b] or truncated[t + m - 1, b]:
+                    break
+            bootstrap_indices[t, b] = t + m
+    return returns, bootstrap_discounts, bootstrap_indices

@@ -13,11 +13,11 @@ import torch
 
 from fastrl.config import ConfigError, ReplaySettings, build_config, load_run_config, to_toml
 from fastrl.kernels import nstep_targets
-from fastrl.learner import PRIORITY_EPS, DQNLearner
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
-from fastrl.learner import Learner, Trajectories, make_learner
+from fastrl.learner import PRIORITY_EPS, DQNLearner, Learner, Trajectories, make_learner
 from fastrl.models import ActorCritic, DuelingQNetwork, build_model
 from fastrl.replay import ReplayRatio, TransitionReplay
+from tests.autoreset import nstep_episodes_reference
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -28,32 +28,12 @@ T, E = 8, 4  # rollout and envs of the small learner configs
 
 
 def reference_windows(rewards, terminated, truncated, gamma, n):
-    """Brute force: for every (t, b), walk forward at most n steps, stop after a done or at T. The
-    step after a done is the autoreset step (its action was discarded): an empty window there."""
-    steps, batch = rewards.shape
-    returns = np.zeros((steps, batch))
-    discounts = np.zeros((steps, batch))
-    ends = np.zeros((steps, batch), dtype=np.int64)
-    for b in range(batch):
-        for t in range(steps):
-            if t > 0 and (terminated[t - 1, b] or truncated[t - 1, b]):
-                returns[t, b], discounts[t, b], ends[t, b] = 0.0, 1.0, t
-                continue
-            total, m, terminal = 0.0, 0, False
-            for k in range(n):
-                if t + k >= steps:
-                    break
-                total += gamma ** k * rewards[t + k, b]
-                m = k + 1
-                if terminated[t + k, b]:
-                    terminal = True
-                    break
-                if truncated[t + k, b]:
-                    break
-            returns[t, b] = total
-            discounts[t, b] = 0.0 if terminal else gamma ** m
-            ends[t, b] = t + m
-    return returns, discounts, ends
+    """Brute force over each env's episodes (tests.autoreset): the step after a done is the
+    autoreset step (its action was discarded), with an empty window."""
+    done = terminated | truncated
+    valid = np.ones_like(done)
+    valid[1:] = ~done[:-1]
+    return nstep_episodes_reference(rewards, terminated, truncated, valid, gamma, n)
 
 
 def stream_batches(num_batches, seed=0, p_terminate=0.1, p_truncate=0.05, obs_dim=4, num_actions=2):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from fastrl.kernels import nstep_targets, nstep_windows
-from tests.autoreset import autoreset_flags
+from tests.autoreset import autoreset_flags, nstep_episodes_reference
 
 
 def nstep_reference(rewards, discounts, n):
@@ -49,29 +49,6 @@ def test_episode_end_cuts_the_return_and_the_bootstrap():
 def test_n_must_be_positive():
     with pytest.raises(ValueError, match="n must be an integer >= 1"):
         nstep_targets(np.zeros((3, 2)), np.ones((3, 2)), 0)
-
-
-def nstep_episodes_reference(rewards, terminated, truncated, valid, gamma, n):
-    """n-step targets walking each env's episodes: the window from a valid step t takes up to n
-    steps of t's own episode inside the ``[T, B]`` window, up to and including the step that
-    terminates it (bootstrap discount 0) or truncates it (bootstrap from the final observation
-    at the next index). The autoreset step after a done belongs to no episode: its window is
-    empty (return 0, bootstrap discount 1, bootstrap index t)."""
-    num_steps, batch = rewards.shape
-    returns = np.zeros((num_steps, batch))
-    bootstrap_discounts = np.ones((num_steps, batch))
-    bootstrap_indices = np.zeros((num_steps, batch), dtype=np.int64)
-    for b in range(batch):
-        for t in range(num_steps):
-            m = 0
-            while valid[t, b] and m < n and t + m < num_steps:
-                returns[t, b] += bootstrap_discounts[t, b] * rewards[t + m, b]
-                bootstrap_discounts[t, b] *= 0.0 if terminated[t + m, b] else gamma
-                m += 1
-                if terminated[t + m - 1, b] or truncated[t + m - 1, b]:
-                    break
-            bootstrap_indices[t, b] = t + m
-    return returns, bootstrap_discounts, bootstrap_indices
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(np.float64, 1e-12), (np.float32, 1e-6)])
