@@ -189,7 +189,7 @@ class _StreamReplay:
         self.horizon, self.stride, self._start_needs_valid = horizon, stride, start_needs_valid
         if self.num_streams < 1 or self.frame_stack < 1:
             raise ValueError(f"replay: num_streams and frame_stack must be >= 1, got "
-                             f"{num_streams}, {frame_stack}")
+                             f"{num_streams}, {self.frame_stack}")
         if self.frame_stack > 1 and self.obs_shape[:1] != (self.frame_stack,):
             raise ValueError(f"replay: stacked observations need the stack on axis 0, but "
                              f"obs_shape {self.obs_shape} does not start with frame_stack "

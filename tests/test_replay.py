@@ -438,6 +438,8 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="stack on axis 0"):
         TransitionReplay(ReplaySettings(capacity=80, min_fill=0, frame_stack=4), gamma=0.99,
                          num_streams=2, obs_shape=(2, 2, 4))
+    with pytest.raises(ValueError, match="num_streams and frame_stack must be >= 1, got 0, 1"):
+        TransitionReplay(ReplaySettings(capacity=80, min_fill=0), gamma=0.99, num_streams=0, obs_shape=(3,))
     with pytest.raises(ValueError, match="finite and >= 0"):
         replay.update_priorities([0], [0], [np.nan])
     with pytest.raises(ValueError, match="compress' must be one of"):
