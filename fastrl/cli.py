@@ -47,8 +47,9 @@ def train_parser() -> argparse.ArgumentParser:
                    help="stop when the run has this many env steps, counted from its start: a resumed run counts "
                         "the steps it did before the resume")
     p.add_argument("--train-for-seconds", type=float,
-                   help="stop after this many seconds of training, counted from the run's first env step: a "
-                        "resumed run counts the time it trained before the resume (start-up is not counted)")
+                   help="stop after this many seconds of training, counted from when the run's processes start "
+                        "(the env probe and spawning are not counted): a resumed run counts the time it trained "
+                        "before the resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in --run-dir (its config, metrics, logs and checkpoints are deleted)")

@@ -94,7 +94,10 @@ class Reporter:
     keeps the run's two clocks, both summed over resumes (``*_before``: the resumed checkpoint's):
 
     - ``wall_time``: seconds since the run was launched (``train()`` called), start-up included;
-    - trained seconds, what ``train_for_seconds`` counts: from this session's first env step.
+    - trained seconds, what ``train_for_seconds`` counts: from when this session's processes were
+      started (the Reporter is made right after), so the env probe and spawning are not counted.
+      It does not wait for the first env step: the profiler plans its runs as start-up allowance
+      + warm-up + measured seconds on this clock.
 
     ``tick()`` publishes both in the arena, where the learner reads them for its checkpoints and
     learning-rate schedule, so every part of a run agrees on them."""
@@ -111,7 +114,7 @@ class Reporter:
         self.start = launched_at if launched_at is not None else time.time()
         self.wall_before = wall_before
         self.trained_before = trained_before
-        self.training_started: float | None = None  # this session's first env step
+        self.training_started = time.time()
         self.last_time = time.time()
         self.last_steps = self.env_steps()
         self.episodes_seen = self.arena.episode_count.copy()
@@ -132,16 +135,12 @@ class Reporter:
         return self.wall_before + time.time() - self.start
 
     def trained_seconds(self) -> float:
-        """Seconds counted against ``train_for_seconds``: this session's since its first env step,
-        and the run's before the resume."""
-        if self.training_started is None:
-            return self.trained_before
+        """Seconds counted against ``train_for_seconds``: this session's since its processes were
+        started, and the run's before the resume."""
         return self.trained_before + time.time() - self.training_started
 
     def tick(self) -> None:
-        """Start the training clock at the first env step; publish both clocks in the arena."""
-        if self.training_started is None and self.arena.env_steps.sum() > 0:
-            self.training_started = time.time()
+        """Publish both clocks in the arena (for the learner's checkpoints and LR schedule)."""
         self.arena.control[Control.WALL_MS] = int(self.wall_time() * 1000)
         self.arena.control[Control.TRAINED_MS] = int(self.trained_seconds() * 1000)
 

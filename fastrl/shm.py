@@ -101,7 +101,7 @@ class Control:
     # The run's clocks, kept by the runner (fastrl.metrics.Reporter) so that checkpoints and the
     # learning-rate schedule read the same seconds as the budget and metrics.jsonl (milliseconds).
     WALL_MS = 5  # wall time since the run started, summed over resumes
-    TRAINED_MS = 6  # seconds counted against train_for_seconds: from the first env step, over resumes
+    TRAINED_MS = 6  # seconds counted against train_for_seconds: from process start, over resumes
 
 
 def set_error(arena, message: str) -> None:
