@@ -11,10 +11,10 @@ import psutil
 from fastrl.console import Console, write_best_effort
 
 
-def small_run(run_dir, budget_s: float, report_every_s: float) -> list[str]:
-    """fastrl-train on a small CartPole layout for ``budget_s`` seconds of training."""
+def small_run(run_dir, budget: list[str], report_every_s: float) -> list[str]:
+    """fastrl-train on a small CartPole layout for ``budget`` (a --train-for-... option and its value)."""
     return [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir),
-            "--train-for-seconds", str(budget_s), "--set", "device=cpu", "--set", f"report_every_s={report_every_s}",
+            *budget, "--set", "device=cpu", "--set", f"report_every_s={report_every_s}",
             "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=2048"]
 
 
@@ -38,26 +38,23 @@ def test_train_log_is_rotated_at_its_size_bound(tmp_path):
 
 
 def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_to_the_end(tmp_path):
-    budget_s = 20.0
-    cmd = small_run(tmp_path, budget_s, report_every_s=0.5)
+    # A step budget, not seconds: on a loaded machine start-up can eat most of a short time budget.
+    budget_steps = 600_000
+    cmd = small_run(tmp_path, ["--train-for-env-steps", str(budget_steps)], report_every_s=0.25)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    started = time.time()
     try:
         proc.stderr.readline()  # the first status line: the run is reporting
         proc.stdout.close()  # the reader goes away, as with `| head -1`
         proc.stderr.close()
-        rc = proc.wait(timeout=budget_s + 120)
+        rc = proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert rc == 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    wall = time.time() - started
-    # Reports go on after the pipes closed, up to the budget (the time budget excludes start-up).
-    assert records[-1]["wall_time"] >= budget_s and len(records) >= budget_s / 0.5 * 0.8
-    assert records[-1]["env_steps"] > 0 and records[-1]["learner_updates"] > 0
-    assert wall < budget_s + 90
+    # Reports and training go on after the pipes closed, up to the budget.
+    assert records[-1]["env_steps"] >= budget_steps and records[-1]["learner_updates"] > 0
     log_lines = (tmp_path / "train.log").read_text().splitlines()
     assert len(log_lines) >= len(records) - 1 and log_lines[-1].startswith("[fastrl] steps")
     pids = [pid for group in json.loads((tmp_path / "processes.json").read_text()).values() for pid in group]
@@ -66,7 +63,7 @@ def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_t
 
 def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     budget_s = 20.0
-    cmd = small_run(tmp_path, budget_s, report_every_s=0.5)
+    cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.5)
     # Its own session and process group, as a terminal's foreground job: the hang-up reaches them all.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -88,7 +85,7 @@ def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
 
 def test_a_reader_that_stops_reading_never_stalls_the_run(tmp_path):
     budget_s = 15.0
-    cmd = small_run(tmp_path, budget_s, report_every_s=0.005)
+    cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.005)
     # stderr is a pipe nobody reads: ~90-byte lines at 200 a second fill its 64 KiB in ~4 s.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
