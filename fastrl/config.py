@@ -48,7 +48,11 @@ class ModelConfig:
     kind: str = "auto"  # auto | mlp | nature_cnn | impala_resnet
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"  # tanh | relu
-    normalize_obs: bool = False  # running mean/std of observations, kept in the model
+    normalize_obs: bool = False  # running mean/std of observations (float leaves), kept in the model
+    core: str = "none"  # none | lstm | gru: a recurrent core between the encoder and the heads
+    core_size: int = 256  # units of each recurrent layer
+    core_layers: int = 1
+    encode_action_mask: bool = False  # feed a Dict observation's action_mask to the encoder too
 
 
 @dataclass
@@ -75,6 +79,7 @@ class LearnerConfig:
     reward_scale: float = 1.0
     max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss
     max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
+    burn_in: int = 0  # recurrent cores: first steps of each trajectory only warm the state (no loss)
     torch_threads: int = 1
     # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
     # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
@@ -147,6 +152,7 @@ CHOICES = {
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
     "model.kind": ("auto", "mlp", "nature_cnn", "impala_resnet"),
     "model.activation": ("tanh", "relu"),
+    "model.core": ("none", "lstm", "gru"),
     "learner.algo": ("appo", "impala", "dqn"),
     "replay.compress": ("", "lz4"),
 }
@@ -199,6 +205,8 @@ RANGES = {
     "env.num_splits": Range(1, 128),
     "env.num_threads": NON_NEGATIVE,  # 0 = envpool's default
     "model.hidden_sizes": AT_LEAST_1,
+    "model.core_size": AT_LEAST_1,
+    "model.core_layers": AT_LEAST_1,
     "learner.rollout": AT_LEAST_1,
     "learner.batch_size": AT_LEAST_1,
     "learner.num_epochs": AT_LEAST_1,
@@ -219,6 +227,7 @@ RANGES = {
     "learner.reward_scale": POSITIVE,
     "learner.max_policy_lag": NON_NEGATIVE,
     "learner.max_consecutive_skips": AT_LEAST_1,
+    "learner.burn_in": NON_NEGATIVE,
     "learner.torch_threads": AT_LEAST_1,
     "learner.epsilon": UNIT,
     "learner.epsilon_alpha": NON_NEGATIVE,
@@ -426,6 +435,7 @@ def validate(cfg: Config) -> None:
             f"learner.batch_size / learner.rollout ({cfg.trajectories_per_batch} trajectories) must be "
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
+    _validate_core(cfg)
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
     queued = cfg.total_envs * (cfg.slots_per_env - 1)
@@ -434,6 +444,19 @@ def validate(cfg: Config) -> None:
             f"learner.batch_size needs {cfg.trajectories_per_batch} trajectories but the envs can queue "
             f"only {queued} (num_workers x envs_per_worker x (slots_per_env - 1)); lower learner.batch_size "
             f"to <= {queued * cfg.learner.rollout} or add envs/slots")
+
+
+def _validate_core(cfg: Config) -> None:
+    model, lcfg = cfg.model, cfg.learner
+    if model.core != "none" and lcfg.algo == "dqn":
+        raise ConfigError(f"model.core={model.core} needs a sequence learner: use learner.algo=r2d2 (recurrent "
+                          f"Ape-X DQN) instead of dqn, or model.core=none")
+    if lcfg.burn_in and model.core == "none":
+        raise ConfigError(f"learner.burn_in={lcfg.burn_in} only warms a recurrent state: set model.core=lstm or "
+                          f"gru, or learner.burn_in=0")
+    if lcfg.burn_in >= lcfg.rollout:
+        raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
+                          f"steps carry no loss, so some step of each trajectory must")
 
 
 def _validate_replay(cfg: Config) -> None:

@@ -10,6 +10,7 @@ from .checkpoint import load_latest_checkpoint, model_fit_check
 from .config import Config, load_run_config
 from .envs import make_vec_env, probe_env
 from .models import action_head, build_model
+from .spaces import ObsLayout
 
 
 @torch.no_grad()
@@ -28,6 +29,10 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
                        env_kwargs=cfg.env.kwargs)
     model = model.to(device).eval()
     head = action_head(env.action_space)
+    layout = ObsLayout(env.observation_space)
+    recurrent = getattr(model, "is_recurrent", False)
+    state = model.initial_state(n, device) if recurrent else None
+    started = np.zeros(n, dtype=bool)
     returns: list[float] = []
     running = np.zeros(n)
     finished = np.zeros(n, dtype=np.int64)
@@ -44,8 +49,19 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
                     returns.append(float(running[i]))
                     finished[i] += 1
             running[ids[done]] = 0.0
+            # The observation after an autoreset step (or the first one) begins an episode.
+            episode_start = after_done[ids] | ~started[ids]
+            started[ids] = True
             after_done[ids] = done
-            params, _ = model(torch.as_tensor(obs).to(device))
+            obs = torch.as_tensor(layout.pack(obs, len(ids))).to(device)
+            if recurrent:
+                starts = torch.as_tensor(episode_start, device=device)[None]
+                rows = torch.as_tensor(ids, device=device)
+                params, _, new_state = model(obs[None], state[rows], starts)
+                state[rows] = new_state
+                params = params[0]
+            else:
+                params, _ = model(obs)
             actions = head.sample(params, deterministic=deterministic).cpu().numpy()
             env.send(actions, ids)
     finally:

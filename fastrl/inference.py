@@ -5,6 +5,10 @@ their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into
 the policy on the device, and writes action, behaviour log-prob and policy version back into the
 same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, with one epsilon
 per env (Ape-X).
+
+With a recurrent core the batcher also reads each env's state from the arena in the same gather
+(zeroed where the env's worker flagged an episode start), records it as the slot's initial state
+when the env is at the first step of a slot, and writes the new state back with the action.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 
 from .metrics import BatcherTiming
 from .distributed import DistInfo
+from .heads import MASKED_LOGIT
 from .models import action_head, load_flat_state, num_state_values
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, WeightBuffer
@@ -47,6 +52,11 @@ class InferenceBatcher:
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
+        self.recurrent = bool(getattr(model, "is_recurrent", False))
+        if self.recurrent:
+            W, E, S = arena.env_state.shape
+            self.env_state = arena.env_state.reshape(W * E, S)  # [W * E, S] views
+            self.env_start = arena.env_start.reshape(W * E)
 
     def refresh_weights(self) -> bool:
         """Load the newest published weights; True once any weights are loaded."""
@@ -68,10 +78,12 @@ class InferenceBatcher:
         # numpy fancy indexing on the shared arrays measured ~2x cheaper than torch's here.
         obs = torch.from_numpy(arena.obs[slots, steps])
         with torch.inference_mode():
-            if self.on_cpu:
-                params, _ = self.model(obs)
+            if not self.on_cpu:
+                obs = obs.to(self.device, non_blocking=True)
+            if self.recurrent:
+                params = self.recurrent_step(obs, workers, requests, slots, steps)
             else:
-                params, _ = self.model(obs.to(self.device, non_blocking=True))
+                params, _ = self.model(obs)
             if self.epsilons is None:
                 actions, logp = self.head.sample_with_log_prob(params)
             else:
@@ -83,6 +95,24 @@ class InferenceBatcher:
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
         self.timings[BatcherTiming.REQUESTS] += len(requests)
+
+    def recurrent_step(self, obs: torch.Tensor, workers, requests, slots, steps) -> torch.Tensor:
+        """One step of the recurrent policy for the requests' envs: their states are read (zeroed at
+        an episode start), stored as the initial state of slots at step 0, and replaced by the new
+        states; returns the action params ``[n, P]``."""
+        arena = self.arena
+        E = arena.env_start.shape[1]
+        rows = (workers[:, None].astype(np.int64) * E + arena.request_envs[workers, requests]).reshape(-1)
+        state = self.env_state[rows]
+        state *= (self.env_start[rows] == 0)[:, None]
+        first = steps == 0
+        arena.slot_state[slots[first]] = state[first]
+        state_t = torch.from_numpy(state)
+        if not self.on_cpu:
+            state_t = state_t.to(self.device, non_blocking=True)
+        params, _, new_state = self.model(obs.unsqueeze(0), state_t, None)
+        self.env_state[rows] = new_state.cpu().numpy()
+        return params[0]
 
 
 # The two index kernels below replace five 2-D numpy gathers/scatters per batch. Measured here
@@ -118,13 +148,20 @@ def write_actions(slots, steps, actions, logp, version, slot_actions, slot_logp,
 
 
 def epsilon_greedy(q: torch.Tensor, epsilons: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row b takes a uniformly random action with probability ``epsilons[b]``, else argmax ``q[b]``;
-    returns (actions ``[B]`` int64, the behaviour log-probability of each action ``[B]``)."""
-    num_actions = q.shape[-1]
+    """Row b takes a uniformly random legal action with probability ``epsilons[b]``, else argmax
+    ``q[b]``; returns (actions ``[B]`` int64, the behaviour log-probability of each action ``[B]``).
+    Illegal actions (an action mask: Q = MASKED_LOGIT) are never taken, by either branch."""
     greedy = q.argmax(-1)
     explore = torch.rand(q.shape[0]) < epsilons
-    actions = torch.where(explore, torch.randint(num_actions, greedy.shape), greedy)
-    prob = epsilons / num_actions + (1.0 - epsilons) * (actions == greedy)
+    legal = q > MASKED_LOGIT
+    if bool(legal.all()):
+        num_legal = torch.full_like(epsilons, q.shape[-1])
+        random = torch.randint(q.shape[-1], greedy.shape)
+    else:
+        num_legal = legal.sum(-1).to(epsilons.dtype)
+        random = torch.multinomial(legal.float(), 1).squeeze(-1)
+    actions = torch.where(explore, random, greedy)
+    prob = epsilons / num_legal + (1.0 - epsilons) * (actions == greedy)
     return actions, torch.log(prob)
 
 

@@ -1,10 +1,18 @@
-"""Actor-critic networks: MLP, Nature CNN, IMPALA-ResNet encoders; categorical and Gaussian heads;
-the dueling Q-network of the dqn learner.
+"""Networks: the actor-critic of the V-trace learners and the dueling Q-network of the dqn
+learner, built from an encoder (:mod:`fastrl.encoders`), an optional recurrent core
+(:mod:`fastrl.cores`) and heads (:mod:`fastrl.heads`).
 
-``ActorCritic(obs)`` returns ``(dist_params, value)``: logits ``[B, n]`` for a Discrete action
-space, ``[B, 2 * d]`` (mean, log_std) for a Box. A user's own ``nn.Module`` can replace it if it
-keeps that contract and has ``observation_space`` and ``action_space`` attributes or is wrapped
-by :func:`wrap_user_model`.
+Feed-forward: ``model(obs)`` with ``obs`` ``[B, *storage_shape]`` returns ``(params, value)``:
+action parameters ``[B, P]`` (logits for Discrete, (mean, log_std) for Box, their concatenation
+per part for MultiDiscrete / MultiBinary / Tuple; see :class:`fastrl.spaces.ActionLayout`) and
+values ``[B]``. Recurrent (``model.core = lstm | gru``): ``model(obs, state, episode_start)`` with
+``obs`` ``[T, B, *storage_shape]``, ``state`` ``[B, state_size]`` and ``episode_start`` ``[T, B]``
+returns ``(params [T, B, P], value [T, B], new_state)``; ``model.initial_state(B)`` is a new
+episode's state. Observations arrive as stored (:class:`fastrl.spaces.ObsLayout`); an
+``action_mask`` leaf sets the logits of illegal actions to :data:`fastrl.heads.MASKED_LOGIT`.
+
+A user's own ``nn.Module`` can replace the actor-critic if it keeps the feed-forward contract and
+has ``observation_space`` and ``action_space`` attributes or is wrapped by :func:`wrap_user_model`.
 """
 from __future__ import annotations
 
@@ -14,281 +22,167 @@ import gymnasium
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from .config import ModelConfig
-from .kernels import sample_categorical
-
-LOG_STD_RANGE = (-5.0, 2.0)
-
-
-def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
-    """Smooth bound of a raw log-std into ``LOG_STD_RANGE = (lo, hi)``:
-    ``lo + softplus(raw - lo) - softplus(raw - hi)``.
-
-    Within the range it is close to the identity (off by at most ``softplus(-distance to the
-    nearer bound)``, e.g. -0.12 at 0), so a head's (mean, log_std) outputs keep their meaning; unlike
-    a hard clamp, its gradient never vanishes outside the range (``sigmoid(raw - lo) -
-    sigmoid(raw - hi) > 0``), so a log-std pushed past a bound can come back."""
-    lo, hi = LOG_STD_RANGE
-    return lo + F.softplus(raw - lo) - F.softplus(raw - hi)
-
-
-def raw_log_std(log_std: float) -> float:
-    """Inverse of :func:`bounded_log_std` for ``lo < log_std < hi``: the raw value bounded to
-    ``log_std`` (with ``c = exp(log_std - lo)``: ``lo + log((c - 1) / (1 - c exp(lo - hi)))``)."""
-    lo, hi = LOG_STD_RANGE
-    c = math.exp(log_std - lo)
-    return lo + math.log((c - 1.0) / (1.0 - c * math.exp(lo - hi)))
-
-
-def _activation(name: str) -> type[nn.Module]:
-    return {"tanh": nn.Tanh, "relu": nn.ReLU}[name]
-
-
-def _orthogonal(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
-    # Orthogonal init (as in CleanRL/baselines PPO): the small-gain heads keep the first policy
-    # near uniform and the first values near zero.
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-class MLPEncoder(nn.Module):
-    def __init__(self, in_features: int, hidden_sizes: list[int], activation: str):
-        super().__init__()
-        layers, width = [], in_features
-        for size in hidden_sizes:
-            layers += [_orthogonal(nn.Linear(width, size)), _activation(activation)()]
-            width = size
-        self.net = nn.Sequential(nn.Flatten(), *layers)
-        self.out_features = width
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class NatureCNN(nn.Module):
-    """Mnih et al. 2015 encoder: input ``[B, C, 84, 84]`` in [0, 1], output ``[B, 512]``."""
-
-    def __init__(self, obs_shape: tuple):
-        super().__init__()
-        self.conv = nn.Sequential(
-            _orthogonal(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
-            _orthogonal(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            _orthogonal(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(_orthogonal(nn.Linear(flat, 512)), nn.ReLU())
-        self.out_features = 512
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
-
-
-class _ResidualBlock(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
-
-
-class ImpalaResNet(nn.Module):
-    """Espeholt et al. 2018 (IMPALA) deep encoder: three conv + max-pool + 2 residual blocks
-    stages (16, 32, 32 channels), then a 256-unit linear layer."""
-
-    def __init__(self, obs_shape: tuple, channels: tuple = (16, 32, 32)):
-        super().__init__()
-        stages, in_ch = [], obs_shape[0]
-        for out_ch in channels:
-            stages += [nn.Conv2d(in_ch, out_ch, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _ResidualBlock(out_ch), _ResidualBlock(out_ch)]
-            in_ch = out_ch
-        self.conv = nn.Sequential(*stages, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.conv(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(flat, 256), nn.ReLU())
-        self.out_features = 256
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
-
-
-def scale_obs(obs: torch.Tensor, scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Observations in the env dtype -> float ``obs * scale`` (``[n, *obs_shape]`` either way)."""
-    x = obs.to(dtype)
-    return x * scale if scale != 1.0 else x
-
-
-class ObsNormalizer(nn.Module):
-    """Running mean/variance of observations (parallel-variance update of Chan et al.); kept as
-    buffers so that they travel with the published weights and the checkpoints.
-
-    Both :meth:`update` and :meth:`forward` take observations in the env dtype and scale them by
-    ``scale`` first (the model's input scaling, 1/255 for uint8 images), so the statistics
-    describe exactly the tensor they normalize: statistics of raw 0-255 pixels applied to pixels
-    in [0, 1] would shift every input by about -mean/std."""
-
-    def __init__(self, shape: tuple, scale: float = 1.0, clip: float = 10.0):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("var", torch.ones(shape))
-        self.register_buffer("count", torch.full((), 1e-4))
-        self.scale = scale
-        self.clip = clip
-
-    @torch.no_grad()
-    def update(self, obs: torch.Tensor) -> None:
-        """``obs``: ``[n, *shape]`` observations, env dtype."""
-        x = scale_obs(obs, self.scale, self.mean.dtype)
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta, total = batch_mean - self.mean, self.count + n
-        self.mean += delta * n / total
-        self.var.copy_((self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total)
-        self.count.copy_(total)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """``obs`` ``[B, *shape]``, env dtype -> normalized float ``[B, *shape]``, clipped to +-clip."""
-        x = scale_obs(obs, self.scale, self.mean.dtype)
-        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
-
-
-class CategoricalHead:
-    """Discrete actions; ``params`` are logits ``[B, n]``; actions ``[B]`` int64."""
-
-    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        if deterministic:
-            return params.argmax(-1)
-        # Gumbel-max: one fused op, cheaper than torch.distributions.Categorical per call.
-        u = torch.rand_like(params).clamp_(1e-20, 1.0)
-        return (params - torch.log(-torch.log(u))).argmax(-1)
-
-    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(params, -1).gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-
-    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actions, their log-probs) of one draw: what the inference batcher needs per batch."""
-        if params.device.type != "cpu" or params.dtype not in (torch.float32, torch.float64) or params.ndim != 2:
-            actions = self.sample(params)
-            return actions, self.log_prob(params, actions)
-        # One compiled pass instead of ~10 torch ops: measured 42 -> 28 us for [640, 2] here.
-        actions, logp = sample_categorical(params.detach().numpy(), torch.rand(params.shape[0]).numpy())
-        return torch.from_numpy(actions), torch.from_numpy(logp)
-
-    def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        logp = F.log_softmax(params, -1)
-        return -(logp.exp() * logp).sum(-1)
-
-
-class GaussianHead:
-    """Box actions; ``params`` are ``[B, 2d]`` = (mean, raw log_std), the std being
-    ``exp(bounded_log_std(raw))``; actions ``[B, d]`` float32, unclipped (the env backend clips to
-    the bounds), so their log-probs are exact."""
-
-    def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = params.chunk(2, dim=-1)
-        return mean, bounded_log_std(log_std)
-
-    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        mean, log_std = self._split(params)
-        return mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
-
-    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        actions = self.sample(params)
-        return actions, self.log_prob(params, actions)
-
-    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        mean, log_std = self._split(params)
-        z = (actions - mean) * torch.exp(-log_std)
-        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-    def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        _, log_std = self._split(params)
-        return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
-
-
-def action_head(action_space: gymnasium.Space):
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        return CategoricalHead()
-    if isinstance(action_space, gymnasium.spaces.Box):
-        return GaussianHead()
-    raise ValueError(f"action space {action_space} is not supported: use Discrete or Box")
+from .cores import RecurrentCore
+from .encoders import (NATURE_MIN_SIDE, ImpalaResNet, LeafEncoder, LeafNormalizer, MLPEncoder, NatureCNN,  # noqa: F401
+                       ObsNormalizer, SmallCNN, _orthogonal, image_encoder, scale_obs)
+from .heads import (LOG_STD_RANGE, MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead,  # noqa: F401
+                    GaussianHead, action_head, bounded_log_std, raw_log_std)
+from .spaces import ActionLayout, ObsLayout, check_action_mask, image_hw
 
 
 def is_image(obs_space: gymnasium.spaces.Box) -> bool:
-    return obs_space.dtype == np.uint8 and len(obs_space.shape) == 3
+    """A 3-D Box of uint8 pixels, or any 3-D Box of at least 7 x 7 (CHW or HWC)."""
+    shape = tuple(obs_space.shape)
+    return len(shape) == 3 and (obs_space.dtype == np.uint8 or min(image_hw(shape)) >= 7)
 
 
 class ActorCritic(nn.Module):
-    """Encoder + policy head + value head. ``forward(obs)``: obs ``[B, *obs_shape]`` in the env's
-    dtype (uint8 images are scaled to [0, 1] here, on the model's device) -> (params, value ``[B]``)."""
+    """Encoder (+ recurrent core) + policy head + value head; see the module docstring for the
+    forward contract. uint8 images are scaled to [0, 1] on the model's device."""
 
-    def __init__(self, observation_space: gymnasium.spaces.Box, action_space: gymnasium.Space,
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space,
                  cfg: ModelConfig | None = None):
         super().__init__()
         cfg = cfg or ModelConfig()
         self.observation_space, self.action_space = observation_space, action_space
-        obs_shape = tuple(observation_space.shape)
-        kind = cfg.kind
-        if kind == "auto":
-            kind = "nature_cnn" if is_image(observation_space) else "mlp"
-        if kind in ("nature_cnn", "impala_resnet") and len(obs_shape) != 3:
-            raise ValueError(f"model.kind={kind} needs image observations [C, H, W], got shape {obs_shape}; "
-                             f"use model.kind=mlp")
-        self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
-        self.normalizer = ObsNormalizer(obs_shape, self.obs_scale) if cfg.normalize_obs else None
-        if kind == "mlp":
-            self.encoder = MLPEncoder(int(np.prod(obs_shape)), cfg.hidden_sizes, cfg.activation)
-        elif kind == "nature_cnn":
-            self.encoder = NatureCNN(obs_shape)
+        self.obs_layout = ObsLayout(observation_space)
+        self.action_layout = ActionLayout(action_space)
+        check_action_mask(self.obs_layout, self.action_layout)
+        if self.obs_layout.packed:
+            self.obs_scale = 1.0
+            float_leaves = any(leaf.dtype.kind == "f" and leaf.kind != "mask" for leaf in self.obs_layout.leaves)
+            self.normalizer = LeafNormalizer(self.obs_layout) if cfg.normalize_obs and float_leaves else None
+            self.encoder = LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind,
+                                       cfg.encode_action_mask, self.normalizer)
         else:
-            self.encoder = ImpalaResNet(obs_shape)
+            self.encoder = self._box_encoder(observation_space, cfg)
+            self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
+            shape = tuple(observation_space.shape)
+            self.normalizer = ObsNormalizer(shape, self.obs_scale) if cfg.normalize_obs else None
         features = self.encoder.out_features
-        if isinstance(action_space, gymnasium.spaces.Discrete):
-            self.policy = _orthogonal(nn.Linear(features, int(action_space.n)), gain=0.01)
-            self.log_std = None
-        else:
-            dim = int(np.prod(action_space.shape))
-            self.policy = _orthogonal(nn.Linear(features, dim), gain=0.01)
-            self.log_std = nn.Parameter(torch.full((dim,), raw_log_std(0.0)))  # initial std 1
+        self.core = None
+        if cfg.core != "none":
+            self.core = RecurrentCore(cfg.core, features, cfg.core_size, cfg.core_layers)
+            features = self.core.out_features
+        parts = self.action_layout.parts
+        self.gaussian_dims = sum(p.n for p in parts if p.kind == "gaussian")
+        outputs = sum(p.n for p in parts)  # logits, bits, or means
+        self.policy = _orthogonal(nn.Linear(features, outputs), gain=0.01)
+        self.log_std = nn.Parameter(torch.full((self.gaussian_dims,), raw_log_std(0.0))) if self.gaussian_dims else None
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
 
+    @staticmethod
+    def _box_encoder(space: gymnasium.spaces.Box, cfg: ModelConfig) -> nn.Module:
+        shape = tuple(space.shape)
+        kind = cfg.kind
+        if kind == "auto":
+            kind = "image" if is_image(space) else "mlp"
+        if kind in ("nature_cnn", "impala_resnet", "image"):
+            if len(shape) != 3:
+                raise ValueError(f"model.kind={cfg.kind} needs image observations (CHW or HWC), got shape {shape}; "
+                                 f"use model.kind=mlp")
+            return image_encoder(shape, "auto" if kind == "image" else kind)
+        return MLPEncoder(int(np.prod(shape)), cfg.hidden_sizes, cfg.activation)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.core is not None
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """A new episode's recurrent state ``[batch_size, state_size]`` (zeros)."""
+        if self.core is None:
+            raise ValueError("this model has no recurrent core (model.core=none)")
+        return self.core.initial_state(batch_size, device or self.value.weight.device)
+
+    @property
+    def state_size(self) -> int:
+        return 0 if self.core is None else self.core.state_size
+
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-        """The encoder's float input: ``obs`` scaled (uint8 to [0, 1]), then normalized with
-        ``model.normalize_obs`` (the normalizer scales first: its statistics are in that space)."""
+        """The encoder's input: a plain Box scaled (uint8 to [0, 1]), then normalized with
+        ``model.normalize_obs`` (the normalizer scales first: its statistics are in that space);
+        packed rows pass through (the leaf encoder unpacks, scales and normalizes each leaf)."""
+        if self.obs_layout.packed:
+            return obs
         if self.normalizer is not None:
             return self.normalizer(obs)
         return scale_obs(obs, self.obs_scale)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.encoder(self.preprocess(obs))
-        params = self.policy(features)
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.preprocess(obs))
+
+    def action_params(self, features: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Policy outputs -> the heads' params (log-stds added per Gaussian part, illegal
+        actions masked); ``features`` ``[B, F]``, ``obs`` the ``[B, ...]`` rows they came from."""
+        out = self.policy(features)
         if self.log_std is not None:
-            params = torch.cat([params, self.log_std.expand_as(params)], dim=-1)
-        return params, self.value(features).squeeze(-1)
+            out = self._with_log_std(out)
+        return self.masked(out, obs)
+
+    def _with_log_std(self, out: torch.Tensor) -> torch.Tensor:
+        parts = self.action_layout.parts
+        if len(parts) == 1:
+            return torch.cat([out, self.log_std.expand_as(out)], dim=-1)
+        chunks, cursor, std_cursor = [], 0, 0
+        for part in parts:
+            chunks.append(out[:, cursor:cursor + part.n])
+            if part.kind == "gaussian":
+                chunks.append(self.log_std[std_cursor:std_cursor + part.n].expand(out.shape[0], part.n))
+                std_cursor += part.n
+            cursor += part.n
+        return torch.cat(chunks, dim=-1)
+
+    def masked(self, logits: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """``logits`` with the observation's illegal actions set to MASKED_LOGIT (no mask: unchanged).
+        Raises ValueError when a step's mask leaves some action component nothing to choose."""
+        leaf = self.obs_layout.mask
+        if leaf is None:
+            return logits
+        legal = self.obs_layout.unpack(obs)[leaf.name].reshape(logits.shape[0], -1) != 0
+        for part in self.action_layout.parts:
+            if not bool(legal[:, part.param_slice].any(-1).all()):
+                raise ValueError(f"an action_mask allows no action (component of {part.n} choices) in some step: "
+                                 f"every step must leave at least one legal action")
+        return logits.masked_fill(~legal, MASKED_LOGIT)
+
+    def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.action_params(features, obs), self.value(features).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None):
+        if self.core is None:
+            return self.heads(self.encode(obs), obs)
+        T, B = obs.shape[:2]
+        flat_obs = obs.reshape(T * B, *obs.shape[2:])
+        features = self.encode(flat_obs).reshape(T, B, -1)
+        if state is None:
+            state = self.initial_state(B, features.device)
+        if episode_start is None:
+            episode_start = torch.zeros(T, B, dtype=torch.bool, device=features.device)
+        out, new_state = self.core(features, state, episode_start)
+        params, value = self.heads(out.reshape(T * B, -1), flat_obs)
+        return params.reshape(T, B, -1), value.reshape(T, B), new_state
 
 
 class DuelingQNetwork(ActorCritic):
-    """Dueling Q-network (Wang et al. 2016) on the same encoders: ``Q = V + A - mean_a A``.
+    """Dueling Q-network (Wang et al. 2016) on the same encoders and cores: ``Q = V + A - mean_a A``.
 
-    ``forward(obs)`` returns ``(q_values [B, n], max_a q [B])``, the ``(params, value)`` contract
-    of :class:`ActorCritic`, so the batcher, the weight buffer and checkpoints treat it alike; the
-    batcher acts epsilon-greedily on ``params`` (fastrl.inference)."""
+    Returns ``(q_values [B, n], max_a q [B])`` (recurrent: ``[T, B, n]``, ``[T, B]`` and the new
+    state), the ``(params, value)`` contract of :class:`ActorCritic`, so the batcher, the weight
+    buffer and checkpoints treat it alike; the batcher acts epsilon-greedily on ``params``
+    (fastrl.inference). Illegal actions (an ``action_mask``) get Q = MASKED_LOGIT."""
 
-    def __init__(self, observation_space, action_space, cfg: ModelConfig | None = None):
+    def __init__(self, observation_space, action_space, cfg: ModelConfig | None = None, algo: str = "dqn"):
         if not isinstance(action_space, gymnasium.spaces.Discrete):
-            raise ValueError(f"learner.algo=dqn needs a Discrete action space, got {action_space}; "
-                             f"use learner.algo=appo for continuous actions")
+            raise ValueError(f"learner.algo={algo} needs a Discrete action space, got {action_space}; "
+                             f"use learner.algo=appo for other action spaces")
         super().__init__(observation_space, action_space, cfg)
         # policy -> advantage stream, value -> state-value stream.
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.encoder(self.preprocess(obs))
+    def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         advantages = self.policy(features)
-        q = self.value(features) + advantages - advantages.mean(-1, keepdim=True)
+        q = self.masked(self.value(features) + advantages - advantages.mean(-1, keepdim=True), obs)
         return q, q.max(-1).values
 
 
@@ -325,8 +219,9 @@ def build_model(observation_space, action_space, cfg: ModelConfig, user_model: n
                 algo: str = "appo") -> nn.Module:
     """The network for ``algo``: an actor-critic, or a dueling Q-network for dqn."""
     if user_model is None:
-        network = DuelingQNetwork if algo == "dqn" else ActorCritic
-        return network(observation_space, action_space, cfg)
+        if algo in ("dqn", "r2d2"):
+            return DuelingQNetwork(observation_space, action_space, cfg, algo)
+        return ActorCritic(observation_space, action_space, cfg)
     check_user_model(user_model, observation_space, action_space)
     return user_model
 
@@ -334,16 +229,13 @@ def build_model(observation_space, action_space, cfg: ModelConfig, user_model: n
 @torch.no_grad()
 def check_user_model(model: nn.Module, observation_space, action_space) -> None:
     """Fail early, in the user's terms, if a custom model breaks the (params, value) contract."""
-    sample = torch.as_tensor(np.stack([observation_space.sample() for _ in range(2)]))
+    sample = torch.as_tensor(ObsLayout(observation_space).sample(2))
     try:
         out = model(sample)
         params, value = out
     except Exception as exc:
         raise ValueError(f"custom model must map obs [B, *obs_shape] to (params, value): {exc}") from None
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        want = (2, int(action_space.n))
-    else:
-        want = (2, 2 * int(np.prod(action_space.shape)))
+    want = (2, ActionLayout(action_space).num_params)
     if tuple(params.shape) != want or tuple(value.shape) != (2,):
         raise ValueError(f"custom model returned params {tuple(params.shape)} and value {tuple(value.shape)}; "
                          f"expected params {want} and value (2,) for a batch of 2")

@@ -15,6 +15,7 @@ import psutil
 
 from .config import Config
 from .shm import SHM_DIR
+from .spaces import ObsLayout
 
 # Per replay record besides its frame: action, reward, flags, generation, arrival priority and
 # the sum tree's two float64 nodes (fastrl.replay).
@@ -38,10 +39,11 @@ def uses_replay(cfg: Config) -> bool:
 def replay_frame_bytes(cfg: Config, observation_space) -> int:
     """Bytes of the replay's uncompressed frames: one frame per record (stacks are rebuilt at
     sample time, so a stacked observation stores only its newest frame)."""
-    shape = tuple(observation_space.shape)
+    layout = ObsLayout(observation_space)
+    shape = layout.storage_shape
     if cfg.replay.frame_stack > 1:
         shape = shape[1:]
-    itemsize = np.dtype(observation_space.dtype).itemsize
+    itemsize = layout.storage_dtype.itemsize
     return cfg.replay.capacity * int(np.prod(shape, dtype=np.int64)) * itemsize
 
 

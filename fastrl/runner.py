@@ -39,6 +39,7 @@ from .resources import ResourceError, check_resources
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
 from .run_dir import RunDirError, check_run_dir, prepare_run_dir, write_atomic
 from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
+from .spaces import ActionLayout, ObsLayout
 
 SHUTDOWN_GRACE_S = 15.0
 
@@ -68,14 +69,14 @@ def resolve_device(name: str, local_rank: int = 0) -> str:
     return name
 
 
-def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int):
-    act = spec.action_space
-    discrete = not act.shape
+def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int = 0):
+    """The run's arena; ``state_size`` > 0 adds the recurrent state arrays (model.core)."""
+    obs, act = ObsLayout(spec.observation_space), ActionLayout(spec.action_space)
     return trajectory_layout(
-        num_slots=cfg.num_slots, rollout=cfg.learner.rollout, obs_shape=tuple(spec.observation_space.shape),
-        obs_dtype=spec.observation_space.dtype, action_shape=() if discrete else tuple(act.shape),
-        action_dtype=np.int64 if discrete else np.float32, num_workers=cfg.env.num_workers,
-        envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights)
+        num_slots=cfg.num_slots, rollout=cfg.learner.rollout, obs_shape=obs.storage_shape,
+        obs_dtype=obs.storage_dtype, action_shape=act.shape, action_dtype=act.dtype, num_workers=cfg.env.num_workers,
+        envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights,
+        state_size=state_size)
 
 
 # Config keys a checkpoint's weights depend on: a resumed run must keep them.
@@ -137,7 +138,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         spec = probe_env(cfg)
         template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
         resume_state = load_resume_state(run_dir, cfg, template) if resume else None
-        layout = arena_layout(cfg, spec, num_state_values(template))
+        layout = arena_layout(cfg, spec, num_state_values(template), getattr(template, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
         check_resources(cfg, layout.nbytes, spec.observation_space, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
                         shared=not cfg.serial)

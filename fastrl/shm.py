@@ -55,9 +55,10 @@ class ArenaLayout:
 
 def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
                       action_dtype, num_workers: int, envs_per_worker: int, num_splits: int,
-                      num_weights: int) -> ArenaLayout:
+                      num_weights: int, state_size: int = 0) -> ArenaLayout:
     """The arena of one run. Shapes: ``N`` slots, ``T`` steps, ``W`` workers, ``E`` envs per worker,
-    ``S`` splits (outstanding inference requests per worker), ``b = E / S``."""
+    ``S`` splits (outstanding inference requests per worker), ``b = E / S``; with a recurrent
+    core, ``state_size`` floats of state per env (see fastrl.cores)."""
     T, N, W, E, S = rollout, num_slots, num_workers, envs_per_worker, num_splits
     b = E // S
     specs = [
@@ -74,6 +75,9 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("slot_queued", (N,), "|u1"),  # 1 while a full slot waits for / is read by the learner
         ArraySpec("env_slot", (W, E), "<i4"),  # slot each env is filling
         ArraySpec("env_t", (W, E), "<i4"),  # step index within that slot
+        # 1: the env's next acted step starts an episode (its first observation, or the reset
+        # observation after an autoreset step); the batcher zeroes its recurrent state then.
+        ArraySpec("env_start", (W, E), "|u1"),
         ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
         ArraySpec("env_steps", (W,), "<i8"),
         ArraySpec("episode_return", (W, EPISODE_RING), "<f8"),
@@ -87,6 +91,11 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
     ]
+    if state_size:
+        specs += [
+            ArraySpec("env_state", (W, E, state_size), "<f4"),  # state after the env's last acted step
+            ArraySpec("slot_state", (N, state_size), "<f4"),  # state the slot's first step was acted with
+        ]
     return ArenaLayout(tuple(specs))
 
 

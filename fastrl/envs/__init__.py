@@ -170,11 +170,12 @@ def _gymnasium_env_fn(
 
 
 def _check_spaces(env: VecEnv, env_id: str) -> None:
-    obs_ok = isinstance(env.observation_space, gymnasium.spaces.Box)
-    act_ok = isinstance(env.action_space, (gymnasium.spaces.Discrete, gymnasium.spaces.Box))
-    if not (obs_ok and act_ok):
+    """Fail now, in one line naming the space (and its key path), if fastrl cannot store the
+    observations or act in the action space (see fastrl.spaces)."""
+    from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
+
+    try:
+        check_action_mask(ObsLayout(env.observation_space), ActionLayout(env.action_space))
+    except UnsupportedSpace as exc:
         env.close()
-        raise ValueError(
-            f"{env_id!r} has observation space {env.observation_space} and action space "
-            f"{env.action_space}; fastrl supports Box observations and Discrete or Box actions"
-        )
+        raise UnsupportedSpace(f"{env_id!r}: {exc}") from None

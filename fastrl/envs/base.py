@@ -107,8 +107,9 @@ class VecEnv(abc.ABC):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _prepare_actions(self, actions: np.ndarray) -> np.ndarray:
-        """Clip Box actions to the space bounds; pass Discrete actions through."""
+    def _prepare_actions(self, actions: np.ndarray):
+        """Clip Box actions to the space bounds; pass the others through (rows as
+        fastrl.spaces.ActionLayout stores them)."""
         space = self.action_space
         if isinstance(space, gymnasium.spaces.Box):
             return np.clip(actions, space.low, space.high).astype(space.dtype, copy=False)

@@ -14,7 +14,9 @@ class Trajectories:
     obs ``[T+1, B, *obs_shape]`` (env dtype; ``obs[T]`` follows the last step), actions
     ``[T, B, *action_shape]``, behaviour_logp ``[T, B]`` log-probs of the actions under the policy
     that chose them (the behaviour policy), rewards ``[T, B]``, terminated / truncated / valid
-    ``[T, B]`` bool, version ``[T, B]`` int64 policy version that acted.
+    ``[T, B]`` bool, version ``[T, B]`` int64 policy version that acted; with a recurrent model,
+    initial_state ``[B, state_size]`` the state each trajectory's first step was acted with (the
+    learner resets it inside the trajectory where ``valid[t - 1]`` is False: an episode starts at t).
     """
 
     obs: torch.Tensor
@@ -25,20 +27,33 @@ class Trajectories:
     truncated: torch.Tensor
     valid: torch.Tensor
     version: torch.Tensor
+    initial_state: torch.Tensor | None = None
+
+    def _map(self, fn) -> "Trajectories":
+        """``fn(name, tensor, batch axis)`` applied to every field that is set."""
+        return Trajectories(**{f.name: None if getattr(self, f.name) is None else
+                               fn(f.name, getattr(self, f.name), 0 if f.name == "initial_state" else 1)
+                               for f in fields(self)})
 
     def to(self, device: torch.device) -> "Trajectories":
         non_blocking = device.type == "cuda"
-        return Trajectories(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                               for f in fields(self)})
+        return self._map(lambda name, x, axis: x.to(device, non_blocking=non_blocking))
 
     def columns(self, index: torch.Tensor) -> "Trajectories":
-        return Trajectories(**{f.name: getattr(self, f.name)[:, index] for f in fields(self)})
+        return self._map(lambda name, x, axis: x[:, index] if axis else x[index])
 
     def concat(self, other: "Trajectories") -> "Trajectories":
         """This batch with ``other``'s trajectories appended (``other``'s fields cast to ours)."""
-        return Trajectories(**{f.name: torch.cat([getattr(self, f.name),
-                                                  getattr(other, f.name).to(getattr(self, f.name).dtype)], dim=1)
-                               for f in fields(self)})
+        if (self.initial_state is None) != (other.initial_state is None):
+            raise ValueError("Trajectories.concat: both batches need an initial_state, or neither")
+        return self._map(lambda name, x, axis: torch.cat([x, getattr(other, name).to(x.dtype)], dim=axis))
+
+    def episode_starts(self) -> torch.Tensor:
+        """``[T + 1, B]`` bool: step t acts on an episode's first observation (t >= 1; row 0 is
+        False: ``initial_state`` is already that of step 0)."""
+        starts = torch.zeros(self.obs.shape[0], self.obs.shape[1], dtype=torch.bool, device=self.obs.device)
+        starts[1:] = ~self.valid
+        return starts
 
     def is_finite(self) -> bool:
         """No NaN or infinity in the rewards, the behaviour log-probs or float observations."""
@@ -71,4 +86,5 @@ def gather_trajectories(arena, slot_ids: np.ndarray) -> Trajectories:
         behaviour_logp=take(arena.behaviour_logp, T),
         rewards=take(arena.rewards, T), terminated=take(arena.terminated, T).bool(),
         truncated=take(arena.truncated, T).bool(), valid=take(arena.valid, T).bool(),
-        version=take(arena.version, T))
+        version=take(arena.version, T),
+        initial_state=torch.from_numpy(arena.slot_state[np.asarray(slot_ids)]) if "slot_state" in arena.arrays else None)

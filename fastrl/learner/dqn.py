@@ -47,8 +47,8 @@ class DQNLearner(BaseLearner):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.timings["replay_s"] = 0.0
         self.replay = TransitionReplay(
-            self.rcfg, gamma=self.lcfg.gamma, num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape),
-            obs_dtype=observation_space.dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
+            self.rcfg, gamma=self.lcfg.gamma, num_streams=cfg.total_envs, obs_shape=self.model.obs_layout.storage_shape,
+            obs_dtype=self.model.obs_layout.storage_dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
         # Batches per added record: replay_ratio transitions sampled per env step, batch_size each.
         self.ratio = ReplayRatio(self.rcfg.replay_ratio / self.rcfg.batch_size, start=self.rcfg.min_fill)
         self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)

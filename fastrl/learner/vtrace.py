@@ -23,6 +23,7 @@ from torch import nn
 from ..config import Config
 from ..models import action_head, build_model
 from ..replay import SequenceReplay
+from ..spaces import ActionLayout, ObsLayout
 from .base import BaseLearner
 from .batch import Trajectories
 from .losses import appo_loss, impala_loss
@@ -42,10 +43,11 @@ class VTraceLearner(BaseLearner):
         # IMPALA-paper replay: replay.vtrace_fraction of every batch are replayed trajectories.
         self.replay = None
         if cfg.replay.vtrace_fraction > 0:
+            obs, act = ObsLayout(observation_space), ActionLayout(action_space)
             self.replay = SequenceReplay(
                 cfg.replay, sequence_length=cfg.learner.rollout, sequence_stride=cfg.learner.rollout,
-                num_streams=cfg.total_envs, obs_shape=tuple(observation_space.shape), obs_dtype=observation_space.dtype,
-                action_shape=tuple(action_space.shape or ()), action_dtype=action_space.dtype, seed=cfg.seed)
+                num_streams=cfg.total_envs, obs_shape=obs.storage_shape, obs_dtype=obs.storage_dtype,
+                action_shape=act.shape, action_dtype=act.dtype, seed=cfg.seed)
 
     def loss_settings(self) -> dict:
         lcfg = self.lcfg
@@ -77,6 +79,7 @@ class VTraceLearner(BaseLearner):
         batch = batch.to(self.device)
         lag = (self.version - batch.version).float()
         loss_mask = batch.valid & (lag <= self.lcfg.max_policy_lag)
+        loss_mask[:self.lcfg.burn_in] = False  # burn-in steps only warm the recurrent state
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
             normalizer.update(batch.obs[:-1][batch.valid])
@@ -133,13 +136,33 @@ class VTraceLearner(BaseLearner):
 
     def evaluate(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Current policy on the batch: params ``[T, B, P]``, values ``[T+1, B]``, log-probs of the
-        taken actions ``[T, B]``."""
+        taken actions ``[T, B]``. A recurrent model unrolls from ``batch.initial_state`` (reset
+        where an episode starts); its first ``learner.burn_in`` steps run without gradient."""
         T, B = batch.rewards.shape
-        params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
+        if getattr(self.model, "is_recurrent", False):
+            params, values = self.unroll(batch)
+        else:
+            params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
         params = params.reshape(T + 1, B, -1)[:T]
         logp = self.head.log_prob(params.reshape(T * B, -1),
                                   batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
         return params, values.reshape(T + 1, B), logp
+
+    def unroll(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrent model over all ``T + 1`` observations: (params ``[T+1, B, P]``, values ``[T+1, B]``)."""
+        if batch.initial_state is None:
+            raise ValueError("a recurrent model trains on Trajectories with initial_state [B, state_size]")
+        starts = batch.episode_starts()
+        burn_in = self.lcfg.burn_in
+        state = batch.initial_state
+        pieces = []
+        if burn_in:
+            with torch.no_grad():
+                params, values, state = self.model(batch.obs[:burn_in], state, starts[:burn_in])
+            pieces.append((params, values))
+        params, values, _ = self.model(batch.obs[burn_in:], state, starts[burn_in:])
+        pieces.append((params, values))
+        return torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
 
     def vtrace_targets(self, batch: Trajectories, logp: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor,
                        discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,316 @@
+"""Observation and action spaces as fastrl stores them: what gymnasium / envpool declare, turned
+into fixed-size rows the arena, the replay and the networks share.
+
+Observations. A plain ``Box`` is stored as it comes (one arena array of its shape and dtype). Any
+other space (``Dict``, ``Tuple``, nested, ``Discrete``, ``MultiBinary``, ``MultiDiscrete``) is
+flattened into *leaves*, and one step's leaves are packed into one row of bytes, each leaf at an
+8-byte aligned offset in its own dtype: uint8 stays uint8, float64 becomes float32, integers and
+``Discrete`` become int32, bool becomes uint8. One row per step keeps every copy on the hot path
+(worker -> arena, arena -> batcher, arena -> learner, replay) a single row copy, whatever the
+space; the network unpacks the row into typed leaves on its own device (:meth:`ObsLayout.unpack`,
+a zero-copy view). Declared bounds are never trusted (envpool declares float64 or nonsense
+bounds for many tasks): only dtypes and shapes are.
+
+A top-level ``Dict`` key named ``action_mask`` (the gymnasium / PettingZoo convention) is the
+action mask: one flag per action (per component for ``MultiDiscrete``), not fed to the encoders.
+
+Actions. ``Discrete`` -> int64 ``[]``; ``Box`` -> its dtype ``[d]``; ``MultiDiscrete`` -> int64
+``[k]``; ``MultiBinary`` -> int64 ``[n]``; ``Tuple`` of those -> float32 ``[sum of widths]``
+(integers are exact in float32 up to 2^24), unpacked into the tuple the env takes by
+:meth:`ActionLayout.to_env`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+MASK_KEY = "action_mask"
+_ALIGN = 8
+
+
+class UnsupportedSpace(ValueError):
+    """A space fastrl cannot store or act in; the message names it and its key path."""
+
+
+@dataclass(frozen=True)
+class ObsLeaf:
+    """One array of an observation: ``name`` is its key path joined by '.', ``shape`` / ``dtype``
+    how it is stored, ``kind`` how the network reads it (image | vector | discrete | mask),
+    ``size`` the number of values of a ``Discrete`` leaf (its one-hot width), ``offset`` its
+    first byte in a packed row."""
+
+    name: str
+    path: tuple
+    shape: tuple
+    dtype: np.dtype
+    kind: str
+    size: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _stored_dtype(dtype: np.dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return np.dtype(np.uint8)
+    if dtype.kind == "f":
+        return np.dtype(np.float32)
+    if dtype.kind in "iu" and dtype != np.uint8:
+        return np.dtype(np.int32)
+    return dtype
+
+
+def _leaf_kind(shape: tuple) -> str:
+    return "image" if len(shape) == 3 and min(image_hw(shape)) >= 7 else "vector"
+
+
+def image_hw(shape: tuple) -> tuple[int, int]:
+    """(height, width) of a 3-D image leaf, HWC or CHW (see :func:`is_channels_last`)."""
+    return (shape[0], shape[1]) if is_channels_last(shape) else (shape[1], shape[2])
+
+
+def is_channels_last(shape: tuple) -> bool:
+    """HWC when the last axis looks like channels (at most 4) and the first does not: (84, 84, 3),
+    (7, 7, 3); CHW otherwise: (4, 84, 84), (3, 64, 64)."""
+    return len(shape) == 3 and shape[-1] <= 4 < shape[0]
+
+
+def _flatten(space: gymnasium.Space, path: tuple, out: list) -> None:
+    name = ".".join(str(p) for p in path) or "obs"
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            _flatten(sub, path + (key,), out)
+    elif isinstance(space, spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            _flatten(sub, path + (i,), out)
+    elif isinstance(space, spaces.Box):
+        shape = tuple(int(s) for s in space.shape)
+        kind = "mask" if path == (MASK_KEY,) else _leaf_kind(shape)
+        out.append((name, path, shape, _stored_dtype(space.dtype), kind, 0))
+    elif isinstance(space, spaces.MultiBinary):
+        shape = tuple(int(s) for s in np.atleast_1d(space.n))
+        kind = "mask" if path == (MASK_KEY,) else _leaf_kind(shape)
+        out.append((name, path, shape, np.dtype(np.uint8), kind, 0))
+    elif isinstance(space, spaces.Discrete):
+        out.append((name, path, (), np.dtype(np.int32), "discrete", int(space.n)))
+    elif isinstance(space, spaces.MultiDiscrete):
+        # Each component a Discrete leaf of its own: one-hot widths differ per component.
+        nvec = np.asarray(space.nvec).reshape(-1)
+        for i, n in enumerate(nvec):
+            out.append((f"{name}[{i}]", path + (("component", i),), (), np.dtype(np.int32), "discrete", int(n)))
+    else:
+        where = f" at key path {name!r}" if path else ""
+        raise UnsupportedSpace(
+            f"observation space {type(space).__name__}{where} is not supported: fastrl stores Box, Discrete, "
+            f"MultiDiscrete, MultiBinary and Dict / Tuple of them; wrap the env to turn {space} into one of these")
+
+
+class ObsLayout:
+    """How observations of ``space`` are stored: ``storage_shape`` / ``storage_dtype`` of one
+    step in the arena and the replay, and the leaves of a packed row."""
+
+    def __init__(self, space: gymnasium.Space):
+        self.space = space
+        self.packed = not isinstance(space, spaces.Box)
+        raw: list = []
+        _flatten(space, (), raw)
+        leaves, offset = [], 0
+        for name, path, shape, dtype, kind, size in raw:
+            leaf = ObsLeaf(name, path, shape, dtype, kind, size, offset)
+            leaves.append(leaf)
+            offset += -(-leaf.nbytes // _ALIGN) * _ALIGN
+        self.leaves: tuple[ObsLeaf, ...] = tuple(leaves)
+        self.row_bytes = max(offset, _ALIGN)
+        self.mask = next((leaf for leaf in leaves if leaf.kind == "mask"), None)
+        if self.mask is not None and not self.packed:
+            self.mask = None
+        if self.packed:
+            self.storage_shape, self.storage_dtype = (self.row_bytes,), np.dtype(np.uint8)
+        else:
+            self.storage_shape, self.storage_dtype = tuple(space.shape), np.dtype(space.dtype)
+
+    def pack(self, obs, batch_size: int) -> np.ndarray:
+        """``batch_size`` observations (arrays with a leading batch axis, nested as the space:
+        dicts, tuples / namedtuples) -> ``[batch_size, *storage_shape]``. A plain Box is returned as is."""
+        if not self.packed:
+            return obs
+        rows = np.zeros((batch_size, self.row_bytes), dtype=np.uint8)
+        for leaf in self.leaves:
+            value = np.asarray(_lookup(obs, leaf.path))
+            try:
+                value = value.reshape(batch_size, *leaf.shape)
+            except ValueError:
+                raise ValueError(f"observation leaf {leaf.name!r} has shape {value.shape[1:]}, the space declares "
+                                 f"{leaf.shape}") from None
+            typed = np.ascontiguousarray(value, dtype=leaf.dtype).reshape(batch_size, -1)
+            rows[:, leaf.offset:leaf.offset + leaf.nbytes] = typed.view(np.uint8)
+        return rows
+
+    def unpack(self, rows):
+        """Packed rows ``[..., row_bytes]`` (uint8 torch tensor) -> ``{leaf name: [..., *shape]}`` views in
+        each leaf's stored dtype. Not packed: ``{"obs": rows}``."""
+        if not self.packed:
+            return {"obs": rows}
+        import torch
+
+        lead = rows.shape[:-1]
+        rows = rows.contiguous()
+        out = {}
+        for leaf in self.leaves:
+            part = rows[..., leaf.offset:leaf.offset + leaf.nbytes]
+            typed = part.view(_TORCH_DTYPES[leaf.dtype.str](torch)) if leaf.dtype.itemsize > 1 else part
+            out[leaf.name] = typed.reshape(*lead, *leaf.shape)
+        return out
+
+    def sample(self, batch_size: int) -> np.ndarray:
+        """``batch_size`` random observations of the space, stored as the arena stores them."""
+        samples = [self.space.sample() for _ in range(batch_size)]
+        if not self.packed:
+            return np.stack(samples)
+        return self.pack(_stack_nested(samples), batch_size)
+
+
+_TORCH_DTYPES = {"<f4": lambda t: t.float32, "<i4": lambda t: t.int32, "<i8": lambda t: t.int64,
+                 "<f2": lambda t: t.float16, "<i2": lambda t: t.int16, "<u2": lambda t: t.uint16,
+                 "|i1": lambda t: t.int8}
+
+
+def _lookup(obs, path: tuple):
+    for key in path:
+        if isinstance(key, tuple) and key[0] == "component":
+            obs = np.asarray(obs).reshape(np.shape(obs)[0], -1)[:, key[1]]
+        else:
+            obs = obs[key]
+    return obs
+
+
+def _stack_nested(samples: list):
+    first = samples[0]
+    if isinstance(first, dict):
+        return {key: _stack_nested([s[key] for s in samples]) for key in first}
+    if isinstance(first, tuple):
+        return tuple(_stack_nested([s[i] for s in samples]) for i in range(len(first)))
+    return np.stack([np.asarray(s) for s in samples])
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions
+
+
+@dataclass(frozen=True)
+class ActionPart:
+    """One component of an action: ``kind`` categorical | gaussian | bernoulli, ``n`` its
+    categories (categorical) or dimensions, ``param_slice`` / ``action_slice`` where it sits in
+    the network's params and in the stored action row."""
+
+    kind: str
+    n: int
+    param_slice: slice
+    action_slice: slice
+
+
+class ActionLayout:
+    """How actions of ``space`` are stored (``shape``, ``dtype``) and decomposed into parts."""
+
+    def __init__(self, space: gymnasium.Space):
+        self.space = space
+        self.parts: list[ActionPart] = []
+        self._params = self._width = 0
+        if isinstance(space, spaces.Discrete):
+            self._add("categorical", int(space.n), 1)
+            self.shape, self.dtype = (), np.dtype(np.int64)
+        elif isinstance(space, spaces.Box):
+            dim = int(np.prod(space.shape))
+            self._add("gaussian", dim, dim)
+            self.shape, self.dtype = tuple(space.shape), np.dtype(np.float32)  # cast to the space dtype by the env backend
+        elif isinstance(space, spaces.MultiDiscrete):
+            for n in np.asarray(space.nvec).reshape(-1):
+                self._add("categorical", int(n), 1)
+            self.shape, self.dtype = (self._width,), np.dtype(np.int64)
+        elif isinstance(space, spaces.MultiBinary):
+            n = int(np.prod(space.n))
+            self._add("bernoulli", n, n)
+            self.shape, self.dtype = (n,), np.dtype(np.int64)
+        elif isinstance(space, spaces.Tuple):
+            for i, sub in enumerate(space.spaces):
+                if isinstance(sub, spaces.Discrete):
+                    self._add("categorical", int(sub.n), 1)
+                elif isinstance(sub, spaces.Box):
+                    dim = int(np.prod(sub.shape))
+                    self._add("gaussian", dim, dim)
+                elif isinstance(sub, spaces.MultiDiscrete):
+                    for n in np.asarray(sub.nvec).reshape(-1):
+                        self._add("categorical", int(n), 1)
+                elif isinstance(sub, spaces.MultiBinary):
+                    n = int(np.prod(sub.n))
+                    self._add("bernoulli", n, n)
+                else:
+                    raise UnsupportedSpace(f"action space Tuple part {i} ({sub}) is not supported: parts must be "
+                                           f"Discrete, Box, MultiDiscrete or MultiBinary")
+            self.shape, self.dtype = (self._width,), np.dtype(np.float32)
+        else:
+            raise UnsupportedSpace(f"action space {space} is not supported: fastrl acts in Discrete, Box, "
+                                   f"MultiDiscrete, MultiBinary and Tuple of them")
+
+    def _add(self, kind: str, n: int, width: int) -> None:
+        params = 2 * n if kind == "gaussian" else n
+        self.parts.append(ActionPart(kind, n, slice(self._params, self._params + params),
+                                     slice(self._width, self._width + width)))
+        self._params += params
+        self._width += width
+
+    @property
+    def num_params(self) -> int:
+        """Width of the network's action parameters (logits, or mean and log-std)."""
+        return self._params
+
+    @property
+    def num_logits(self) -> int:
+        """Flags an action mask needs: one per category of every categorical part."""
+        return sum(p.n for p in self.parts if p.kind == "categorical")
+
+    def to_env(self, actions: np.ndarray):
+        """Stored actions ``[B, *shape]`` -> what ``env.step`` of a vector env takes: the same
+        array, or for a Tuple space a tuple of per-part arrays."""
+        if not isinstance(self.space, spaces.Tuple):
+            return actions
+        out, cursor = [], 0
+        for sub in self.space.spaces:
+            if isinstance(sub, spaces.Discrete):
+                out.append(actions[:, cursor].astype(np.int64))
+                cursor += 1
+            elif isinstance(sub, spaces.Box):
+                dim = int(np.prod(sub.shape))
+                part = actions[:, cursor:cursor + dim].reshape(-1, *sub.shape)
+                out.append(np.clip(part, sub.low, sub.high).astype(sub.dtype))
+                cursor += dim
+            else:
+                width = len(np.asarray(sub.nvec).reshape(-1)) if isinstance(sub, spaces.MultiDiscrete) \
+                    else int(np.prod(sub.n))
+                shape = np.shape(sub.nvec) if isinstance(sub, spaces.MultiDiscrete) else np.atleast_1d(sub.n)
+                out.append(actions[:, cursor:cursor + width].astype(np.int64).reshape(-1, *shape))
+                cursor += width
+        return tuple(out)
+
+
+def check_action_mask(obs_layout: ObsLayout, action_layout: ActionLayout) -> None:
+    """An ``action_mask`` must have one flag per category of the (categorical) actions."""
+    mask = obs_layout.mask
+    if mask is None:
+        return
+    kinds = {p.kind for p in action_layout.parts}
+    if kinds != {"categorical"}:
+        raise UnsupportedSpace(f"an action_mask needs Discrete or MultiDiscrete actions; the action space is "
+                               f"{action_layout.space}")
+    size = int(np.prod(mask.shape))
+    if size != action_layout.num_logits:
+        raise UnsupportedSpace(
+            f"action_mask has shape {mask.shape} ({size} flags) but the action space {action_layout.space} has "
+            f"{action_layout.num_logits} choices: the mask needs one flag per action (per component value for "
+            f"MultiDiscrete)")
