@@ -138,3 +138,45 @@ def make_nan_obs(every: int = 3, length: int = 5) -> NanObsEnv:
 
 def make_target(action_dim: int = 1, length: int = 10, target_scale: float = 0.5) -> TargetEnv:
     return TargetEnv(action_dim, length, target_scale)
+
+
+class MemoryEnv(gymnasium.Env):
+    """A cue shown only on the first step, to be acted on ``length`` steps later: needs memory.
+
+    Observation float32 [3]: (cue, is the decision step, t / length). The cue is +1 or -1 on the
+    first observation and 0 afterwards. Actions Discrete(2); only the action on the decision step
+    (the observation at t = length - 1) counts: reward +1 if it names the cue (0 for -1, 1 for +1),
+    else -1, and the episode terminates. A feed-forward policy sees no cue there: its expected
+    return is 0; a policy that remembers the cue gets 1.
+    """
+
+    def __init__(self, length: int = 8) -> None:
+        if length < 2:
+            raise ValueError(f"MemoryEnv needs length >= 2, got {length}")
+        self.length = length
+        self.observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self._t = 0
+        self._cue = 1
+
+    def _obs(self) -> np.ndarray:
+        cue = float(self._cue) if self._t == 0 else 0.0
+        return np.array([cue, float(self._t == self.length - 1), self._t / self.length], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self._t = 0
+        self._cue = 1 if self.np_random.random() < 0.5 else -1
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple:
+        if self._t == self.length - 1:
+            reward = 1.0 if int(action) == (1 if self._cue > 0 else 0) else -1.0
+            self._t += 1
+            return self._obs(), reward, True, False, {}
+        self._t += 1
+        return self._obs(), 0.0, False, False, {}
+
+
+def make_memory(length: int = 8) -> MemoryEnv:
+    return MemoryEnv(length)
