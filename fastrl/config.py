@@ -24,6 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
 import tomli_w
 
 DEFAULT_PROFILE = "cartpole-appo"
+Q_LEARNERS = ("dqn", "r2d2")  # value-based: epsilon-greedy actors, a replay every batch goes through
 
 
 class ConfigError(ValueError):
@@ -57,7 +58,7 @@ class ModelConfig:
 
 @dataclass
 class LearnerConfig:
-    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient) | dqn (Ape-X)
+    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient) | dqn (Ape-X) | r2d2
     rollout: int = 32  # T: steps per trajectory slot
     batch_size: int = 8192  # env steps per learner batch; a multiple of rollout
     num_epochs: int = 1
@@ -107,6 +108,8 @@ class ReplaySettings:
     batch_size: int = 512  # dqn: transitions per gradient step
     replay_ratio: float = 1.0  # dqn: transitions sampled per env step added
     vtrace_fraction: float = 0.0  # appo/impala: share of each batch drawn from replayed trajectories
+    sequence_length: int = 80  # r2d2: steps per replayed sequence; sequences start every learner.rollout steps
+    burn_in: int = 40  # r2d2: first steps of each sequence only warm the recurrent state (no loss, no gradient)
 
 
 @dataclass
@@ -153,7 +156,7 @@ CHOICES = {
     "model.kind": ("auto", "mlp", "nature_cnn", "impala_resnet"),
     "model.activation": ("tanh", "relu"),
     "model.core": ("none", "lstm", "gru"),
-    "learner.algo": ("appo", "impala", "dqn"),
+    "learner.algo": ("appo", "impala", "dqn", "r2d2"),
     "replay.compress": ("", "lz4"),
 }
 
@@ -237,6 +240,8 @@ RANGES = {
     "replay.alpha": NON_NEGATIVE,  # 0 = uniform sampling
     "replay.beta": NON_NEGATIVE,
     "replay.n_step": AT_LEAST_1,
+    "replay.sequence_length": AT_LEAST_1,
+    "replay.burn_in": NON_NEGATIVE,
     "replay.frame_stack": AT_LEAST_1,
     "replay.threads": AT_LEAST_1,
     "replay.batch_size": AT_LEAST_1,
@@ -448,6 +453,13 @@ def validate(cfg: Config) -> None:
 
 def _validate_core(cfg: Config) -> None:
     model, lcfg = cfg.model, cfg.learner
+    if lcfg.algo == "r2d2" and model.core == "none":
+        raise ConfigError("learner.algo=r2d2 needs a recurrent core: set model.core=lstm or gru")
+    if lcfg.algo == "r2d2" and cfg.replay.burn_in >= cfg.replay.sequence_length:
+        raise ConfigError(f"replay.burn_in ({cfg.replay.burn_in}) must be < replay.sequence_length "
+                          f"({cfg.replay.sequence_length}): burn-in steps carry no loss")
+    if lcfg.algo == "r2d2" and lcfg.burn_in:
+        raise ConfigError("learner.burn_in is for appo/impala; r2d2 burns in replay.burn_in steps of each sequence")
     if model.core != "none" and lcfg.algo == "dqn":
         raise ConfigError(f"model.core={model.core} needs a sequence learner: use learner.algo=r2d2 (recurrent "
                           f"Ape-X DQN) instead of dqn, or model.core=none")
@@ -464,11 +476,11 @@ def _validate_core(cfg: Config) -> None:
 
 def _validate_replay(cfg: Config) -> None:
     replay, lcfg = cfg.replay, cfg.learner
-    uses_replay = lcfg.algo == "dqn" or replay.vtrace_fraction > 0
-    if replay.vtrace_fraction > 0 and lcfg.algo == "dqn":
-        raise ConfigError("replay.vtrace_fraction is for learner.algo=appo or impala; dqn replays every batch")
-    if lcfg.algo == "dqn" and replay.replay_ratio <= 0:
-        raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for dqn, got {replay.replay_ratio}")
+    uses_replay = lcfg.algo in Q_LEARNERS or replay.vtrace_fraction > 0
+    if replay.vtrace_fraction > 0 and lcfg.algo in Q_LEARNERS:
+        raise ConfigError(f"replay.vtrace_fraction is for learner.algo=appo or impala; {lcfg.algo} replays every batch")
+    if lcfg.algo in Q_LEARNERS and replay.replay_ratio <= 0:
+        raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for {lcfg.algo}, got {replay.replay_ratio}")
     # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.
     held = replay.capacity // cfg.total_envs * cfg.total_envs
     if uses_replay and replay.min_fill > held:
@@ -476,12 +488,12 @@ def _validate_replay(cfg: Config) -> None:
                           f"({replay.capacity}) holds for {cfg.total_envs} envs: sampling could never start; "
                           f"lower replay.min_fill")
     if uses_replay:
-        horizon = replay.n_step if lcfg.algo == "dqn" else lcfg.rollout
+        horizon = {"dqn": replay.n_step, "r2d2": replay.sequence_length}.get(lcfg.algo, lcfg.rollout)
         per_env = replay.capacity // cfg.total_envs
         if per_env < replay.frame_stack + horizon:
             raise ConfigError(
                 f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
-                f"each needs >= frame_stack + {'n_step' if lcfg.algo == 'dqn' else 'learner.rollout'} = "
+                f"each needs >= frame_stack + {'n_step' if lcfg.algo == 'dqn' else 'the sequence length'} = "
                 f"{replay.frame_stack + horizon}: raise replay.capacity")
 
 

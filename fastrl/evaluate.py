@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .checkpoint import load_latest_checkpoint, model_fit_check
-from .config import Config, load_run_config
+from .config import Q_LEARNERS, Config, load_run_config
 from .envs import make_vec_env, probe_env
 from .models import action_head, build_model
 from .spaces import ObsLayout
@@ -22,7 +22,7 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     finish across envs would favour short episodes. A dqn policy always acts greedily on its
     Q-values (they are not logits to sample from).
     """
-    deterministic = deterministic or cfg.learner.algo == "dqn"
+    deterministic = deterministic or cfg.learner.algo in Q_LEARNERS
     n = min(episodes, 8)
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     env = make_vec_env(cfg.env.id, num_envs=n, batch_size=n, seed=seed, backend=cfg.env.backend,

@@ -19,6 +19,7 @@ import numba
 import numpy as np
 import torch
 
+from .config import Q_LEARNERS
 from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
@@ -167,7 +168,7 @@ def epsilon_greedy(q: torch.Tensor, epsilons: torch.Tensor) -> tuple[torch.Tenso
 
 def batcher_epsilons(cfg) -> np.ndarray | None:
     """``[W, E]`` exploration rates of this rank's envs for dqn (numbered across all ranks), else None."""
-    if cfg.learner.algo != "dqn":
+    if cfg.learner.algo not in Q_LEARNERS:
         return None
     info = DistInfo.from_env()
     per_rank = cfg.total_envs

@@ -170,6 +170,7 @@ class SequenceBatch:
     indices: np.ndarray  # [B] int64
     generations: np.ndarray  # [B] int64
     weights: np.ndarray  # [B] float32
+    initial_state: np.ndarray | None = None  # [B, state_size] float32: recurrent state at each start
 
 
 class _StreamReplay:
@@ -324,7 +325,7 @@ class _StreamReplay:
 
     # ---------------------------------------------------------------- adding
 
-    def _add(self, env_ids, obs, steps: dict, terminated, truncated, priorities=None) -> None:
+    def _add(self, env_ids, obs, steps: dict, terminated, truncated, priorities=None, states=None) -> None:
         env_ids = np.asarray(env_ids).astype(np.int64, copy=False).ravel()
         rows = len(env_ids)
         obs = np.asarray(obs)
@@ -358,7 +359,7 @@ class _StreamReplay:
         if self.frame_stack > 1:
             self._start_streams(env_ids, obs)
         self._write(env_ids, obs[:, -1] if self.frame_stack > 1 else obs, values, history=False,
-                    priorities=priorities)
+                    priorities=priorities, states=states)
 
     def _start_streams(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
         """History records for streams whose first observation is not a reset stack."""
@@ -376,12 +377,13 @@ class _StreamReplay:
             blanks["terminated"] = blanks["truncated"] = np.zeros(count, dtype=bool)
             self._write(np.full(count, stream, dtype=np.int64), stack[:-1], blanks, history=True)
 
-    def _write(self, env_ids, frames, values: dict, history: bool, priorities=None) -> None:
+    def _write(self, env_ids, frames, values: dict, history: bool, priorities=None, states=None) -> None:
         rows = len(env_ids)
         slots, times = np.empty(rows, np.int64), np.empty(rows, np.int64)
         first, valid = np.empty(rows, bool), np.empty(rows, bool)
         _place_records(env_ids, values["terminated"] | values["truncated"], self._written,
                        self._done_last, self._final_last, self.ring_len, slots, times, first, valid)
+        self._write_states(slots, times, states)
         if history:
             valid[:] = False
         self._frames.write(slots, frames)
@@ -406,6 +408,9 @@ class _StreamReplay:
         if count:
             self._tree.update(changed[:count], priorities[:count])
         self.added += rows
+
+    def _write_states(self, slots, times, states) -> None:
+        """Layouts that keep recurrent states store them here (see SequenceReplay)."""
 
     # ---------------------------------------------------------------- sampling
 
@@ -506,22 +511,40 @@ class SequenceReplay(_StreamReplay):
 
     def __init__(self, settings: ReplaySettings, *, sequence_length: int, sequence_stride: int,
                  num_streams: int, obs_shape: tuple, obs_dtype=np.uint8, action_shape: tuple = (),
-                 action_dtype=np.int64, seed=None):
+                 action_dtype=np.int64, seed=None, state_size: int = 0):
         """``settings`` the user's ``[replay]`` section (frame_stack, storage, sampling);
-        ``sequence_length`` and ``sequence_stride`` the learner's (R2D2: 80 and 40)."""
+        ``sequence_length`` and ``sequence_stride`` the learner's (R2D2: 80 and 40).
+        ``state_size`` > 0 keeps a recurrent state per sequence start (R2D2's stored state): only
+        at starts, not per record, so an Atari LSTM's 1024 floats cost capacity / stride rows; each
+        stream's capacity is then rounded down to a multiple of the stride."""
         for name, value in (("sequence_length", sequence_length), ("sequence_stride", sequence_stride)):
             if operator.index(value) not in AT_LEAST_1:
                 raise ValueError(f"SequenceReplay: {name} must be an integer {AT_LEAST_1}, got {value}")
+        if state_size:
+            per_stream = settings.capacity // num_streams // sequence_stride * sequence_stride
+            settings = dataclasses.replace(settings, capacity=per_stream * num_streams)
         super().__init__(settings, num_streams=num_streams, obs_shape=obs_shape,
                          obs_dtype=obs_dtype, action_shape=action_shape, action_dtype=action_dtype,
                          horizon=sequence_length, stride=sequence_stride, start_needs_valid=False,
                          step_fields={"logp": ((), np.float32)}, seed=seed)
+        self.state_size = state_size
+        self._states = np.zeros((self.capacity // sequence_stride, state_size), np.float32) if state_size else None
 
-    def add(self, env_ids, obs, actions, rewards, terminated, truncated, logp) -> None:
+    def add(self, env_ids, obs, actions, rewards, terminated, truncated, logp, states=None) -> None:
         """As :meth:`TransitionReplay.add`, plus ``logp`` ``[N]``: the behaviour policy's
-        log-probability of each action."""
+        log-probability of each action, and with ``state_size``, ``states`` ``[N, state_size]``:
+        the recurrent state each record's action was chosen with (kept where a sequence starts)."""
+        if (states is None) != (self._states is None):
+            raise ValueError("SequenceReplay.add: states [N, state_size] are needed exactly when state_size > 0")
         self._add(env_ids, obs, {"actions": actions, "rewards": rewards, "logp": logp},
-                  terminated, truncated)
+                  terminated, truncated, states=states)
+
+    def _write_states(self, slots, times, states) -> None:
+        if self._states is None:
+            return
+        starts = times % self.stride == 0
+        # Slots of a stream start at a multiple of ring_len, itself a multiple of the stride.
+        self._states[slots[starts] // self.stride] = 0.0 if states is None else np.asarray(states)[starts]
 
     def sample(self, batch_size: int, rng=None, beta: float | None = None) -> SequenceBatch | None:
         """Draw ``batch_size`` sequences by priority, time-major; None before ``min_fill``."""
@@ -540,7 +563,8 @@ class SequenceReplay(_StreamReplay):
                              logp=self._steps["logp"][taken], rewards=self._steps["rewards"][taken],
                              terminated=self._terminated[taken], truncated=self._truncated[taken],
                              valid=self._valid[taken], indices=indices, generations=generations,
-                             weights=weights)
+                             weights=weights,
+                             initial_state=None if self._states is None else self._states[indices // self.stride])
 
 
 @numba.njit(cache=True)

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import psutil
 
-from .config import Config
+from .config import Q_LEARNERS, Config
 from .shm import SHM_DIR
 from .spaces import ObsLayout
 
@@ -33,7 +33,7 @@ def _gib(nbytes: float) -> str:
 
 
 def uses_replay(cfg: Config) -> bool:
-    return cfg.learner.algo == "dqn" or cfg.replay.vtrace_fraction > 0
+    return cfg.learner.algo in Q_LEARNERS or cfg.replay.vtrace_fraction > 0
 
 
 def replay_frame_bytes(cfg: Config, observation_space) -> int:

@@ -3,7 +3,7 @@
 - process shell: :mod:`.process` (the learner process loop and how ranks agree to stop) and
   :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
 - algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
-  :mod:`.dqn` (Ape-X DQN); both build on :mod:`.base` (optimizer, counters, schedule, reward
+  :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X); all build on :mod:`.base` (optimizer, counters, schedule, reward
   transform, lag statistics, gradient step, state dict)
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay, fastrl.models and
@@ -18,11 +18,12 @@ from .factory import LEARNERS, make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
 from .process import learner_process
+from .r2d2 import R2D2Learner
 from .replay_feed import add_trajectories
 from .vtrace import VTraceLearner
 
 Learner = VTraceLearner
 
 __all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerHost", "NonFiniteTraining", "PRIORITY_EPS",
-           "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
+           "R2D2Learner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
            "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]

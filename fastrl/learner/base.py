@@ -16,6 +16,23 @@ from ..config import Config
 from .batch import Trajectories
 
 
+def unroll(model: nn.Module, obs: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor, burn_in: int = 0
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A recurrent model over ``obs`` ``[T, B, ...]`` from ``state`` ``[B, S]`` (zeroed where
+    ``episode_start`` ``[T, B]``), the first ``burn_in`` steps without gradient: they only warm
+    the state. Returns (params ``[T, B, P]``, values ``[T, B]``)."""
+    pieces = []
+    if burn_in:
+        with torch.no_grad():
+            params, values, state = model(obs[:burn_in], state, episode_start[:burn_in])
+        pieces.append((params, values))
+    params, values, _ = model(obs[burn_in:], state, episode_start[burn_in:])
+    pieces.append((params, values))
+    if len(pieces) == 1:
+        return params, values
+    return torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
+
+
 class BaseLearner:
     """Owns ``model`` and its Adam optimizer. ``version`` counts batches trained on (it is the
     weights' version the actors see); ``updates`` counts optimizer steps taken, ``skipped_updates``

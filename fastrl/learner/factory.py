@@ -7,9 +7,11 @@ from torch import nn
 from ..config import Config
 from .base import BaseLearner
 from .dqn import DQNLearner
+from .r2d2 import R2D2Learner
 from .vtrace import VTraceLearner
 
-LEARNERS: dict[str, type[BaseLearner]] = {"appo": VTraceLearner, "impala": VTraceLearner, "dqn": DQNLearner}
+LEARNERS: dict[str, type[BaseLearner]] = {"appo": VTraceLearner, "impala": VTraceLearner, "dqn": DQNLearner,
+                                          "r2d2": R2D2Learner}
 
 
 def make_learner(cfg: Config, observation_space, action_space, model: nn.Module | None = None,

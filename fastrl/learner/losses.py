@@ -112,3 +112,26 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     per_item = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
     loss = (per_item if weights is None else weights * per_item).mean()
     return loss, {"loss": loss.detach(), "td": (targets - q_taken).detach(), "q_mean": q_taken.detach().mean()}
+
+
+VALUE_RESCALE_EPS = 1e-3  # R2D2 (Kapturowski et al. 2019), after Pohlen et al. 2018
+
+
+def value_rescale(x: torch.Tensor, eps: float = VALUE_RESCALE_EPS) -> torch.Tensor:
+    """R2D2's invertible value rescaling ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``."""
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
+
+
+def inverse_value_rescale(x: torch.Tensor, eps: float = VALUE_RESCALE_EPS) -> torch.Tensor:
+    """``h^-1(x) = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)``."""
+    root = (torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return torch.sign(x) * (root.square() - 1.0)
+
+
+def sequence_priorities(td: torch.Tensor, mask: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
+    """R2D2's sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the trained
+    steps (``mask`` ``[T, B]``) of each sequence; ``td`` ``[T, B]`` -> ``[B]`` (0 where no step is trained)."""
+    error = td.abs() * mask
+    count = mask.sum(0)
+    mean = error.sum(0) / count.clamp(min=1)
+    return torch.where(count > 0, eta * error.max(0).values + (1.0 - eta) * mean, torch.zeros_like(mean))

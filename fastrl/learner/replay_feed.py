@@ -14,8 +14,8 @@ def add_trajectories(replay, batch: Trajectories, rewards: torch.Tensor, env_ids
 
     ``fresh[b]`` marks an env's first trajectory since its worker (re)started: its episode did
     not continue the stream's last record, so the stream is restarted before that column
-    (:meth:`fastrl.replay.TransitionReplay.restart_streams`). ``per_step``: further ``[T, B]``
-    numpy arrays for ``add`` (``priorities`` or ``logp``)."""
+    (:meth:`fastrl.replay.TransitionReplay.restart_streams`). ``per_step``: further ``[T, B, ...]``
+    numpy arrays for ``add`` (``priorities``, ``logp``, ``states``)."""
     T, B = rewards.shape
     env_ids = np.asarray(env_ids, dtype=np.int64)
     fresh = np.zeros(B, bool) if fresh is None else np.asarray(fresh, bool)
@@ -28,7 +28,8 @@ def add_trajectories(replay, batch: Trajectories, rewards: torch.Tensor, env_ids
         replay.add(np.repeat(env_ids[a:c], T), obs.reshape(-1, *obs.shape[2:]).numpy(),
                    actions.reshape(-1, *actions.shape[2:]).numpy(), rewards[:, a:c].T.reshape(-1).numpy(),
                    batch.terminated[:, a:c].T.reshape(-1).numpy(), batch.truncated[:, a:c].T.reshape(-1).numpy(),
-                   **{name: np.ascontiguousarray(values[:, a:c].T).reshape(-1) for name, values in per_step.items()})
+                   **{name: np.ascontiguousarray(np.swapaxes(values[:, a:c], 0, 1)).reshape(-1, *values.shape[2:])
+                      for name, values in per_step.items()})
 
     start = 0
     for b in np.flatnonzero(fresh).tolist():

@@ -24,7 +24,7 @@ from ..config import Config
 from ..models import action_head, build_model
 from ..replay import SequenceReplay
 from ..spaces import ActionLayout, ObsLayout
-from .base import BaseLearner
+from .base import BaseLearner, unroll
 from .batch import Trajectories
 from .losses import appo_loss, impala_loss
 from .losses import vtrace_targets as vtrace_targets_of
@@ -152,17 +152,7 @@ class VTraceLearner(BaseLearner):
         """The recurrent model over all ``T + 1`` observations: (params ``[T+1, B, P]``, values ``[T+1, B]``)."""
         if batch.initial_state is None:
             raise ValueError("a recurrent model trains on Trajectories with initial_state [B, state_size]")
-        starts = batch.episode_starts()
-        burn_in = self.lcfg.burn_in
-        state = batch.initial_state
-        pieces = []
-        if burn_in:
-            with torch.no_grad():
-                params, values, state = self.model(batch.obs[:burn_in], state, starts[:burn_in])
-            pieces.append((params, values))
-        params, values, _ = self.model(batch.obs[burn_in:], state, starts[burn_in:])
-        pieces.append((params, values))
-        return torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
+        return unroll(self.model, batch.obs, batch.initial_state, batch.episode_starts(), self.lcfg.burn_in)
 
     def vtrace_targets(self, batch: Trajectories, logp: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor,
                        discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

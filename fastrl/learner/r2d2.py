@@ -1,0 +1,177 @@
+"""R2D2 (Kapturowski et al. 2019, "Recurrent Experience Replay in Distributed Reinforcement
+Learning"): the Ape-X actors with a recurrent dueling Q-network and a sequence replay that keeps
+the recurrent state each sequence started with.
+
+The actors are the rollout workers and the batcher: epsilon-greedy on the recurrent Q-network,
+one epsilon per env (:func:`fastrl.inference.apex_epsilons`), each env's state in the arena.
+Every full trajectory slot enters a :class:`~fastrl.replay.SequenceReplay` with the state its
+first step was acted with; sequences of ``replay.sequence_length`` steps start every
+``learner.rollout`` steps, at slot starts, so R2D2's overlapping 80-step sequences every 40 steps
+are ``replay.sequence_length = 80`` with ``learner.rollout = 40``. New sequences enter with the
+largest priority seen (PER).
+
+Each gradient step samples ``replay.batch_size`` sequences by priority and unrolls the online and
+the target network from the stored state over the whole sequence (the state is zeroed where an
+episode starts inside it). The first ``replay.burn_in`` steps only warm the state: no gradient,
+no loss. The other steps regress on n-step double-Q targets under the invertible value rescaling
+``h``: ``y_t = h(G_t + gamma^m h^-1(Q_target(s_{t+m}, argmax_a Q_online(s_{t+m}, a))))``, windows
+cut at episode ends and at the sequence end (:func:`fastrl.kernels.nstep_targets`). The loss is
+the importance-weighted Huber loss; new priorities are ``0.9 max|delta| + 0.1 mean|delta|`` over a
+sequence's trained steps. The target network is copied every ``learner.target_update_every`` steps.
+
+The replay is not checkpointed (as the dqn learner's): a resumed run refills it first.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import Config
+from ..kernels import nstep_targets
+from ..models import build_model
+from ..replay import ReplayRatio, SequenceBatch, SequenceReplay
+from ..spaces import ObsLayout
+from .base import BaseLearner, unroll
+from .batch import Trajectories
+from .dqn import PRIORITY_EPS
+from .losses import inverse_value_rescale, sequence_priorities, td_loss, value_rescale
+from .replay_feed import add_trajectories
+
+
+class R2D2Learner(BaseLearner):
+    """Recurrent Ape-X: the online network ``model``, its ``target`` copy and a prioritized
+    :class:`~fastrl.replay.SequenceReplay` with stored states; driven like every learner of the family."""
+
+    def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
+                 device: torch.device | str = "cpu"):
+        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, algo="r2d2"), device)
+        if not getattr(self.model, "is_recurrent", False):
+            raise ValueError("learner.algo=r2d2 needs a recurrent model: set model.core=lstm or gru")
+        self.rcfg = cfg.replay
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+        self.timings["replay_s"] = 0.0
+        layout = ObsLayout(observation_space)
+        self.replay = SequenceReplay(
+            self.rcfg, sequence_length=self.rcfg.sequence_length, sequence_stride=self.lcfg.rollout,
+            num_streams=cfg.total_envs, obs_shape=layout.storage_shape, obs_dtype=layout.storage_dtype,
+            action_shape=(), action_dtype=np.int64, seed=cfg.seed, state_size=self.model.state_size)
+        trained_steps = self.rcfg.sequence_length - self.rcfg.burn_in
+        # replay.replay_ratio trained steps sampled per env step added.
+        self.ratio = ReplayRatio(self.rcfg.replay_ratio / (self.rcfg.batch_size * trained_steps),
+                                 start=self.rcfg.min_fill)
+        self.replayed_batches = 0
+        self.last_stats: dict = {}
+
+    def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
+              fresh: np.ndarray | None = None) -> dict:
+        """Add the trajectories ``batch`` (with ``initial_state``) to the replay, then take the
+        gradient steps the replay ratio allows; returns statistics."""
+        batch.validate()
+        T, B = batch.rewards.shape
+        if env_ids is None or np.shape(env_ids) != (B,):
+            raise ValueError(f"R2D2Learner.train needs env_ids [{B}]: the env of each trajectory (its replay stream)")
+        if batch.initial_state is None:
+            raise ValueError("R2D2Learner.train needs Trajectories with initial_state [B, state_size]")
+        env_ids = np.asarray(env_ids, dtype=np.int64)
+        lag_stats = self.lag_stats(batch)
+        self.set_learning_rate(progress)
+        start = time.perf_counter()
+        rewards = self.transformed_rewards(batch.rewards)
+        if not (batch.is_finite() and bool(torch.isfinite(batch.initial_state).all())):
+            self.replay.restart_streams(env_ids, ended=(batch.terminated[-1] | batch.truncated[-1]).numpy())
+            self.count_skip()
+            self.version += 1
+            return {**self.last_stats, **self.counters(), "replay_size": len(self.replay)}
+        normalizer = getattr(self.model, "normalizer", None)
+        if normalizer is not None:
+            normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+        states = np.zeros((T, B, self.model.state_size), np.float32)
+        states[0] = batch.initial_state.numpy()  # the replay keeps the states at sequence starts
+        add_trajectories(self.replay, batch, rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), states=states)
+        self.timings["replay_s"] += time.perf_counter() - start
+
+        stats = dict(self.last_stats)
+        for _ in range(self.ratio.allowed_batches(self.replay.added, self.replayed_batches)):
+            step_stats = self.update()
+            if step_stats is None:
+                break
+            stats = self.last_stats = step_stats
+        self.version += 1
+        stats.update(lag_stats, **self.counters(), replay_size=len(self.replay),
+                     replayed_batches=self.replayed_batches)
+        return stats
+
+    def loss(self, sample: SequenceBatch) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """(loss, stats, new sequence priorities ``[B]``) of one sampled batch of sequences."""
+        device = self.device
+        to = {"device": device, "non_blocking": device.type == "cuda"}
+        obs = torch.from_numpy(sample.obs).to(**to)
+        state = torch.from_numpy(sample.initial_state).to(**to)
+        valid = torch.from_numpy(sample.valid)
+        starts = torch.zeros(obs.shape[:2], dtype=torch.bool)
+        starts[1:] = ~valid
+        starts = starts.to(device)
+        burn_in = self.rcfg.burn_in
+        q_online, _ = unroll(self.model, obs, state, starts, burn_in)  # [L + 1, B, A]
+        with torch.no_grad():
+            q_target, _, _ = self.target(obs, state, starts)
+        L = sample.rewards.shape[0]
+        rewards = self.transformed_rewards(torch.from_numpy(sample.rewards)).numpy()
+        discounts = (self.lcfg.gamma * ~sample.terminated).astype(rewards.dtype)
+        returns, boot_discounts, ends = nstep_targets(rewards, discounts, self.rcfg.n_step, valid=sample.valid)
+        with torch.no_grad():
+            best = q_online.detach().argmax(-1, keepdim=True)
+            bootstrap = inverse_value_rescale(q_target.gather(-1, best).squeeze(-1))  # [L + 1, B]
+            ends_t = torch.from_numpy(ends).to(device)
+            targets = value_rescale(torch.from_numpy(returns).to(device)
+                                    + torch.from_numpy(boot_discounts).to(device) * bootstrap.gather(0, ends_t))
+        actions = torch.from_numpy(sample.actions).to(device).long()
+        taken = q_online[:L].gather(-1, actions[..., None]).squeeze(-1)  # [L, B]
+        mask = valid.clone()
+        mask[:burn_in] = False
+        mask = mask.to(device)
+        weights = torch.from_numpy(sample.weights).to(device).expand(L, -1)
+        loss, stats = td_loss(taken[mask], targets[mask], weights[mask])
+        td = torch.zeros_like(taken)
+        td[mask] = stats["td"]
+        return loss, stats, sequence_priorities(td.detach(), mask.float())
+
+    def update(self) -> dict | None:
+        """One gradient step on a sampled batch of sequences; None while the replay is below min_fill."""
+        start = time.perf_counter()
+        sample = self.replay.sample(self.rcfg.batch_size)
+        if sample is None:
+            return None
+        self.replayed_batches += 1
+        sampled = time.perf_counter()
+        self.timings["replay_s"] += sampled - start
+        loss, stats, priorities = self.loss(sample)
+        updates_before = self.updates
+        grad_norm, backward_done = self.gradient_step(loss)
+        if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        optimized = time.perf_counter()
+        priorities = priorities.double().cpu().numpy() + PRIORITY_EPS
+        if np.isfinite(priorities).all():
+            self.replay.update_priorities(sample.indices, sample.generations, priorities)
+        end = time.perf_counter()
+        self.timings["forward_backward_s"] += backward_done - sampled
+        self.timings["optimizer_s"] += optimized - backward_done
+        self.timings["replay_s"] += end - optimized
+        loss_value = float(stats["loss"])
+        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm,
+                "q_mean": float(stats["q_mean"])}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "target": self.target.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.target.load_state_dict(state.get("target", state["model"]))
+
+    def close(self) -> None:
+        self.replay.close()
