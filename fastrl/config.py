@@ -493,7 +493,7 @@ def _validate_replay(cfg: Config) -> None:
         if per_env < replay.frame_stack + horizon:
             raise ConfigError(
                 f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
-                f"each needs >= frame_stack + {'n_step' if lcfg.algo == 'dqn' else 'the sequence length'} = "
+                f"each needs >= frame_stack + {dict(dqn='n_step', r2d2='replay.sequence_length').get(lcfg.algo, 'learner.rollout')} = "
                 f"{replay.frame_stack + horizon}: raise replay.capacity")
 
 
