@@ -466,9 +466,6 @@ def _validate_core(cfg: Config) -> None:
     if lcfg.burn_in and model.core == "none":
         raise ConfigError(f"learner.burn_in={lcfg.burn_in} only warms a recurrent state: set model.core=lstm or "
                           f"gru, or learner.burn_in=0")
-    if model.core != "none" and cfg.replay.vtrace_fraction > 0:
-        raise ConfigError("replay.vtrace_fraction does not yet store recurrent states: with model.core="
-                          f"{model.core} set replay.vtrace_fraction=0")
     if lcfg.burn_in >= lcfg.rollout:
         raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
                           f"steps carry no loss, so some step of each trajectory must")

@@ -47,7 +47,8 @@ class VTraceLearner(BaseLearner):
             self.replay = SequenceReplay(
                 cfg.replay, sequence_length=cfg.learner.rollout, sequence_stride=cfg.learner.rollout,
                 num_streams=cfg.total_envs, obs_shape=obs.storage_shape, obs_dtype=obs.storage_dtype,
-                action_shape=act.shape, action_dtype=act.dtype, seed=cfg.seed)
+                action_shape=act.shape, action_dtype=act.dtype, seed=cfg.seed,
+                state_size=getattr(self.model, "state_size", 0))
 
     def loss_settings(self) -> dict:
         lcfg = self.lcfg
@@ -117,7 +118,12 @@ class VTraceLearner(BaseLearner):
         T, B = batch.rewards.shape
         if env_ids is None or np.shape(env_ids) != (B,):
             raise ValueError(f"replay.vtrace_fraction needs env_ids [{B}], the env of each trajectory")
-        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy())
+        states = {}
+        if batch.initial_state is not None:  # the replay keeps each sequence's (= slot's) first state
+            per_step = np.zeros((T, B, batch.initial_state.shape[1]), np.float32)
+            per_step[0] = batch.initial_state.numpy()
+            states = {"states": per_step}
+        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), **states)
         fraction = self.cfg.replay.vtrace_fraction
         wanted = int(round(B * fraction / (1.0 - fraction)))
         wanted -= (B + wanted) % self.lcfg.num_minibatches  # keep the minibatches equal
@@ -128,7 +134,8 @@ class VTraceLearner(BaseLearner):
             obs=torch.from_numpy(replayed.obs), actions=torch.from_numpy(replayed.actions),
             behaviour_logp=torch.from_numpy(replayed.logp), rewards=torch.from_numpy(replayed.rewards),
             terminated=torch.from_numpy(replayed.terminated), truncated=torch.from_numpy(replayed.truncated),
-            valid=torch.from_numpy(replayed.valid), version=torch.full((T, wanted), self.version, dtype=torch.int64)))
+            valid=torch.from_numpy(replayed.valid), version=torch.full((T, wanted), self.version, dtype=torch.int64),
+            initial_state=None if replayed.initial_state is None else torch.from_numpy(replayed.initial_state)))
 
     def rewards_and_discounts(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
         """Transformed rewards and ``gamma * (1 - terminated)``; ``[T, B]``."""
