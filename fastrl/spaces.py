@@ -275,6 +275,12 @@ class ActionLayout:
         """Flags an action mask needs: one per category of every categorical part."""
         return sum(p.n for p in self.parts if p.kind == "categorical")
 
+    def encode(self, action) -> np.ndarray:
+        """One action as ``space.sample()`` gives it -> its stored row ``[*shape]``."""
+        if isinstance(self.space, spaces.Tuple):
+            return np.concatenate([np.asarray(part, dtype=np.float32).reshape(-1) for part in action])
+        return np.asarray(action, dtype=self.dtype).reshape(self.shape)
+
     def to_env(self, actions: np.ndarray):
         """Stored actions ``[B, *shape]`` -> what ``env.step`` of a vector env takes: the same
         array, or for a Tuple space a tuple of per-part arrays."""

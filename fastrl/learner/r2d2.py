@@ -89,6 +89,11 @@ class R2D2Learner(BaseLearner):
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
             normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+        misaligned = [e for e in env_ids.tolist() if self.replay.stream_length(e) % T]
+        if misaligned:  # history records (frame stacks that are not reset stacks) shift the starts
+            raise RuntimeError(f"R2D2: replay streams {misaligned[:4]} do not start sequences at slot starts "
+                               f"(their first observation was not a reset stack); use replay.frame_stack=1 or "
+                               f"an env whose reset fills the stack")
         states = np.zeros((T, B, self.model.state_size), np.float32)
         states[0] = batch.initial_state.numpy()  # the replay keeps the states at sequence starts
         add_trajectories(self.replay, batch, rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), states=states)

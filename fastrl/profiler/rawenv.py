@@ -8,11 +8,13 @@ import queue
 import time
 from dataclasses import dataclass
 
+import gymnasium
 import numpy as np
 
 from ..config import Config
 from ..process_utils import configure_child
 from ..rollout import make_worker_env
+from ..spaces import ActionLayout
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
 
@@ -34,11 +36,17 @@ class EnvMeasurement:
 def random_action_table(space, batch_size: int, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` batches of uniform random actions: [count, batch_size, *space.shape]. Box bounds
     that are infinite are replaced by [-1, 1]."""
-    if not space.shape:  # Discrete
+    if isinstance(space, gymnasium.spaces.Discrete):
         return rng.integers(space.start, space.start + space.n, size=(count, batch_size), dtype=np.int64)
-    low = np.where(np.isfinite(space.low), space.low, -1.0)
-    high = np.where(np.isfinite(space.high), space.high, 1.0)
-    return rng.uniform(low, high, size=(count, batch_size, *space.shape)).astype(np.float32)
+    if isinstance(space, gymnasium.spaces.Box):
+        low = np.where(np.isfinite(space.low), space.low, -1.0)
+        high = np.where(np.isfinite(space.high), space.high, 1.0)
+        return rng.uniform(low, high, size=(count, batch_size, *space.shape)).astype(np.float32)
+    # MultiDiscrete / MultiBinary / Tuple: the space's own sampler, stored as fastrl stores actions.
+    layout = ActionLayout(space)
+    space.seed(int(rng.integers(2**31)))
+    rows = [layout.encode(space.sample()) for _ in range(count * batch_size)]
+    return np.stack(rows).reshape(count, batch_size, *layout.shape)
 
 
 def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: float, barrier, results,
