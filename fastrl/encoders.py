@@ -17,6 +17,8 @@ from torch.nn import functional as F
 from .spaces import ObsLayout, image_hw, is_channels_last
 
 NATURE_MIN_SIDE = 36  # the Nature CNN's 8/4, 4/2, 3/1 convolutions need at least 36 px
+ONE_HOT_MAX = 1024  # Discrete leaves up to this many values are one-hot; larger ones get an embedding
+EMBEDDING_SIZE = 64
 
 
 def _chw(shape: tuple, channels_last: bool) -> tuple:
@@ -217,7 +219,8 @@ def _is_float_leaf(leaf) -> bool:
 
 class LeafEncoder(nn.Module):
     """Packed observation rows -> features ``[B, out_features]``: each leaf becomes a float
-    input (uint8 images scaled to [0, 1], ``Discrete`` one-hot, integers and flags as floats;
+    input (uint8 images scaled to [0, 1], ``Discrete`` one-hot, or a learned embedding above
+    ``ONE_HOT_MAX`` values, integers and flags as floats;
     float leaves normalized when a :class:`LeafNormalizer` is given), image leaves go through an
     image encoder (``kind``), the rest is flattened; everything is concatenated and goes
     through an MLP (``hidden_sizes``). The ``action_mask`` leaf is left out unless
@@ -233,6 +236,7 @@ class LeafEncoder(nn.Module):
             raise ValueError("the observation has no leaf to encode besides the action_mask; "
                              "set model.encode_action_mask=true")
         self.images = nn.ModuleDict()
+        self.embeddings = nn.ModuleDict()
         width = 0
         for i, leaf in enumerate(layout.leaves):
             if leaf not in self.inputs:
@@ -240,6 +244,9 @@ class LeafEncoder(nn.Module):
             if leaf.kind == "image" and kind != "mlp":
                 self.images[_key(i)] = image_encoder(leaf.shape, kind)
                 width += self.images[_key(i)].out_features
+            elif leaf.kind == "discrete" and leaf.size > ONE_HOT_MAX:
+                self.embeddings[_key(i)] = nn.Embedding(leaf.size, EMBEDDING_SIZE)
+                width += EMBEDDING_SIZE
             elif leaf.kind == "discrete":
                 width += leaf.size
             else:
@@ -250,9 +257,13 @@ class LeafEncoder(nn.Module):
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         leaves = self.layout.unpack(rows)
         floats = {}
-        for leaf in self.inputs:
+        for i, leaf in enumerate(self.layout.leaves):
+            if leaf not in self.inputs:
+                continue
             x = leaves[leaf.name]
-            if leaf.kind == "discrete":
+            if leaf.kind == "discrete" and _key(i) in self.embeddings:
+                x = self.embeddings[_key(i)](x.long().clamp(0, leaf.size - 1))
+            elif leaf.kind == "discrete":
                 x = F.one_hot(x.long().clamp(0, leaf.size - 1), leaf.size).float()
             else:
                 x = scale_obs(x, 1.0 / 255.0 if leaf.kind == "image" and leaf.dtype == np.uint8 else 1.0)
