@@ -1,0 +1,108 @@
+"""Recurrent-core benchmark: what an LSTM costs on cartpole-appo, and how fast LSTM / GRU APPO
+solve the memory task.
+
+    flock /tmp/fastrl-bench.lock python scripts/bench_recurrent.py --seconds 30 --seeds 3
+
+Throughput: ``cartpole-appo`` as it is and with ``model.core=lstm`` (plus any ``--set`` overrides,
+applied to both), each trained for the same ``--seconds`` in this invocation. Env steps/s and
+learner updates/s are steady-state rates: counted from the first report with a learner update to
+the last report, so process start-up is left out.
+
+Time-to-solve: APPO with an LSTM and with a GRU core on MemoryEnv (fastrl.envs.toy: a cue on
+the first step, to be named ``--length`` steps later; feed-forward expected return 0), one run per
+seed; wall-clock from the train() call (start-up included) to the first report with
+episode_return_mean > ``--target``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+
+from fastrl.config import build_config, parse_override
+from fastrl.profiler import hardware
+from fastrl.runner import train
+
+MEMORY_SETTINGS = {
+    "env.id": "fastrl.envs.toy:make_memory", "env.num_workers": 1, "env.envs_per_worker": 64,
+    "env.num_splits": 2, "env.num_threads": 0, "model.hidden_sizes": [32], "model.core_size": 32,
+    "learner.rollout": 8, "learner.batch_size": 512, "learner.lr": 3e-3, "learner.entropy_coef": 0.01,
+    "learner.reward_scale": 1.0, "slots_per_env": 2, "device": "cpu", "checkpoint_every_s": 1000.0}
+
+
+def run_reports(profile: str, overrides: dict) -> list[dict]:
+    cfg = build_config(profile, {"report_every_s": 1.0, **overrides})
+    with tempfile.TemporaryDirectory(prefix="fastrl-bench-") as run_dir:
+        return train(cfg, run_dir=run_dir, quiet=True).reports
+
+
+def throughput(name: str, overrides: dict, seconds: float) -> dict:
+    reports = run_reports("cartpole-appo", {"device": "cpu", "train_for_seconds": seconds,
+                                            "train_for_env_steps": 0, **overrides})
+    steady = [r for r in reports if r["learner_updates"] > 0]
+    if len(steady) < 2:
+        raise SystemExit(f"{name}: fewer than two reports after the first learner update in {seconds:g} s; "
+                         f"raise --seconds")
+    first, last = steady[0], steady[-1]
+    elapsed = last["wall_time"] - first["wall_time"]
+    return {"name": name, "seconds": elapsed, "env_steps": last["env_steps"],
+            "env_steps_per_s": (last["env_steps"] - first["env_steps"]) / elapsed,
+            "updates_per_s": (last["learner_updates"] - first["learner_updates"]) / elapsed,
+            "final_return": last["episode_return_mean"]}
+
+
+def time_to_solve(core: str, seed: int, length: int, target: float, max_steps: int, limit_s: float) -> dict:
+    reports = run_reports("cartpole-appo", {**MEMORY_SETTINGS, "env.kwargs": {"length": length}, "model.core": core,
+                                            "seed": seed, "train_for_env_steps": max_steps,
+                                            "train_for_seconds": limit_s})
+    hit = next((r for r in reports if (r["episode_return_mean"] or 0) > target), None)
+    return {"core": core, "seed": seed, "seconds": hit["wall_time"] if hit else None,
+            "env_steps": hit["env_steps"] if hit else None, "final_return": reports[-1]["episode_return_mean"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=30.0, help="training seconds of each throughput run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for both throughput runs (e.g. model.core_size=128)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--length", type=int, default=5, help="MemoryEnv: steps from the cue to the decision")
+    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--max-steps", type=int, default=120_000, help="env-step budget per MemoryEnv seed")
+    p.add_argument("--limit", type=float, default=120.0, help="wall-clock budget per MemoryEnv seed")
+    args = p.parse_args(argv)
+    overrides = dict(parse_override(text) for text in args.set)
+
+    rows = [throughput("feed-forward", overrides, args.seconds),
+            throughput("lstm", {**overrides, "model.core": "lstm"}, args.seconds)]
+    solves = [time_to_solve(core, seed, args.length, args.target, args.max_steps, args.limit)
+              for core in ("lstm", "gru") for seed in range(args.seeds)]
+
+    print(f"\nhardware: {hardware()}")
+    print(f"cartpole-appo, {args.seconds:g} s each{' with ' + ' '.join(args.set) if args.set else ''}")
+    print(f"{'model':<14} {'env steps/s':>12} {'updates/s':>10} {'final return':>13}")
+    for r in rows:
+        print(f"{r['name']:<14} {r['env_steps_per_s']:>12,.0f} {r['updates_per_s']:>10.2f} "
+              f"{r['final_return'] or 0:>13.1f}")
+    ff, lstm = rows
+    print(f"{'lstm / ff':<14} {lstm['env_steps_per_s'] / ff['env_steps_per_s']:>12.2f} "
+          f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
+    print(f"MemoryEnv(length={args.length}) APPO, seconds to return > {args.target:g}:")
+    medians = {}
+    for core in ("lstm", "gru"):
+        runs = [s for s in solves if s["core"] == core]
+        for s in runs:
+            shown = (f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] is not None
+                     else "not solved")
+            print(f"  {core} seed {s['seed']}: {shown}; final return {s['final_return'] or 0:.2f}")
+        solved = [s["seconds"] for s in runs if s["seconds"] is not None]
+        medians[core] = statistics.median(solved) if len(solved) == len(runs) else None
+        median = f"{medians[core]:.1f} s" if medians[core] is not None else "not all seeds solved"
+        print(f"  {core} median: {median}")
+    print(json.dumps({"throughput": rows, "memory": solves, "memory_median_seconds": medians}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
