@@ -25,7 +25,7 @@ from .distributed import DistInfo
 from .heads import MASKED_LOGIT
 from .models import action_head, load_flat_state, num_state_values
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
-from .shm import Arena, WeightBuffer
+from .shm import Arena, WeightBuffer, set_error
 
 
 def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:
@@ -206,6 +206,11 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
                 actions_out[w].send_bytes(bytes(m for wk, m in zip(workers, messages) if wk == w))
     except ProcessExit:
         pass
+    except Exception as exc:
+        # The runner reports this line (an action mask that allows nothing, a model that fails on
+        # the observations); the traceback still goes to stderr.
+        set_error(arena, f"the inference batcher stopped: {exc}")
+        raise
     finally:
         del batcher
         arena.close()
