@@ -10,8 +10,8 @@ one episode into the next.
 The unroll is a Python loop of fused ``LSTMCell`` / ``GRUCell`` steps. Cutting each column at its
 episode starts and running the pieces as one packed sequence through ``nn.LSTM`` measured 2x
 slower here (CPU, one thread, T = 32, B = 128, CartPole-like episode ends: 113 vs 57 ms per
-training batch at 64 units, 563 vs 229 ms at 256; interleaved runs, /tmp/bench_core.py of the
-2026-11-23 session): the unroll is compute-bound and packing adds copies.
+training batch at 64 units, 563 vs 229 ms at 256, runs interleaved): the unroll is
+compute-bound and packing adds copies.
 """
 from __future__ import annotations
 
