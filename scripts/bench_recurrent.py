@@ -8,10 +8,11 @@ applied to both), each trained for the same ``--seconds`` in this invocation. En
 learner updates/s are steady-state rates: counted from the first report with a learner update to
 the last report, so process start-up is left out.
 
-Time-to-solve: APPO with an LSTM and with a GRU core on MemoryEnv (fastrl.envs.toy: a cue on
-the first step, to be named ``--length`` steps later; feed-forward expected return 0), one run per
-seed; wall-clock from the train() call (start-up included) to the first report with
-episode_return_mean > ``--target``.
+Time-to-solve: APPO with an LSTM and with a GRU core, and R2D2 (LSTM), on MemoryEnv
+(fastrl.envs.toy: a cue on the first step, to be named ``--length`` steps later; feed-forward
+expected return 0), one run per seed; wall-clock from the train() call (start-up included) to the
+first report with episode_return_mean > ``--target`` (for R2D2 that training mean includes its
+actors' epsilon-greedy exploration).
 """
 from __future__ import annotations
 
@@ -52,10 +53,21 @@ def throughput(name: str, overrides: dict, seconds: float) -> dict:
             "final_return": last["episode_return_mean"]}
 
 
+# R2D2 on the same task: 8-step sequences every 4 steps, 2 of them burn-in.
+R2D2_MEMORY_SETTINGS = {
+    "env.id": "fastrl.envs.toy:make_memory", "env.num_workers": 1, "env.envs_per_worker": 64, "device": "cpu",
+    "model.hidden_sizes": [32], "model.core_size": 32, "learner.rollout": 4, "learner.batch_size": 256,
+    "learner.target_update_every": 100, "replay.sequence_length": 8, "replay.burn_in": 2,
+    "replay.min_fill": 2000, "replay.capacity": 50_000, "checkpoint_every_s": 1000.0}
+LEARNERS = ("lstm", "gru", "r2d2")
+
+
 def time_to_solve(core: str, seed: int, length: int, target: float, max_steps: int, limit_s: float) -> dict:
-    reports = run_reports("cartpole-appo", {**MEMORY_SETTINGS, "env.kwargs": {"length": length}, "model.core": core,
-                                            "seed": seed, "train_for_env_steps": max_steps,
-                                            "train_for_seconds": limit_s})
+    """``core`` lstm / gru (APPO) or r2d2 (its LSTM)."""
+    profile, settings = ("cartpole-r2d2", R2D2_MEMORY_SETTINGS) if core == "r2d2" else \
+        ("cartpole-appo", {**MEMORY_SETTINGS, "model.core": core})
+    reports = run_reports(profile, {**settings, "env.kwargs": {"length": length}, "seed": seed,
+                                    "train_for_env_steps": max_steps, "train_for_seconds": limit_s})
     hit = next((r for r in reports if (r["episode_return_mean"] or 0) > target), None)
     return {"core": core, "seed": seed, "seconds": hit["wall_time"] if hit else None,
             "env_steps": hit["env_steps"] if hit else None, "final_return": reports[-1]["episode_return_mean"]}
@@ -69,15 +81,15 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--length", type=int, default=5, help="MemoryEnv: steps from the cue to the decision")
     p.add_argument("--target", type=float, default=0.8)
-    p.add_argument("--max-steps", type=int, default=120_000, help="env-step budget per MemoryEnv seed")
-    p.add_argument("--limit", type=float, default=120.0, help="wall-clock budget per MemoryEnv seed")
+    p.add_argument("--max-steps", type=int, default=200_000, help="env-step budget per MemoryEnv seed")
+    p.add_argument("--limit", type=float, default=150.0, help="wall-clock budget per MemoryEnv seed")
     args = p.parse_args(argv)
     overrides = dict(parse_override(text) for text in args.set)
 
     rows = [throughput("feed-forward", overrides, args.seconds),
             throughput("lstm", {**overrides, "model.core": "lstm"}, args.seconds)]
     solves = [time_to_solve(core, seed, args.length, args.target, args.max_steps, args.limit)
-              for core in ("lstm", "gru") for seed in range(args.seeds)]
+              for core in LEARNERS for seed in range(args.seeds)]
 
     print(f"\nhardware: {hardware()}")
     print(f"cartpole-appo, {args.seconds:g} s each{' with ' + ' '.join(args.set) if args.set else ''}")
@@ -88,9 +100,9 @@ def main(argv=None) -> int:
     ff, lstm = rows
     print(f"{'lstm / ff':<14} {lstm['env_steps_per_s'] / ff['env_steps_per_s']:>12.2f} "
           f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
-    print(f"MemoryEnv(length={args.length}) APPO, seconds to return > {args.target:g}:")
+    print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return > {args.target:g}:")
     medians = {}
-    for core in ("lstm", "gru"):
+    for core in LEARNERS:
         runs = [s for s in solves if s["core"] == core]
         for s in runs:
             shown = (f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] is not None
