@@ -180,3 +180,331 @@ class MemoryEnv(gymnasium.Env):
 
 def make_memory(length: int = 8) -> MemoryEnv:
     return MemoryEnv(length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Composite observation and action spaces (fastrl.spaces): a grid world with a Dict observation
+# and an action mask, envs for each action space, observation forms, and broken masks for the
+# error paths. They raise IllegalAction when an action outside their action space, or one their
+# action_mask forbade, reaches them.
+
+
+class IllegalAction(RuntimeError):
+    """An env received an action outside its action space, or one its own action_mask forbade."""
+
+
+def _check_action(env: gymnasium.Env, action) -> None:
+    if not env.action_space.contains(action):
+        raise IllegalAction(f"{type(env).__name__}: action {action!r} is not in {env.action_space}")
+
+
+def _random_legal(rng: np.random.Generator, n: int, must: int) -> np.ndarray:
+    """uint8 [n]: each choice legal with probability 1/2, ``must`` always legal."""
+    legal = (rng.random(n) < 0.5).astype(np.uint8)
+    legal[must] = 1
+    return legal
+
+
+class DictGridEnv(gymnasium.Env):
+    """A ``size`` x ``size`` room inside walls; agent and goal start in random distinct cells.
+
+    Observation Dict: "image" uint8 ``(2 size - 1, 2 size - 1, 3)`` HWC, an egocentric view of
+    the whole room (the agent in the centre), 255 where channel 0 a wall (or outside the room),
+    1 the goal, 2 the agent is; "position" Discrete(size * size) the agent's cell (row * size +
+    column); "action_mask" MultiBinary(4), moves into a wall are illegal. Actions Discrete(4):
+    up, right, down, left. Reaching the goal terminates with reward ``1 - 0.9 * t / time_limit``
+    (t steps taken, as in MiniGrid); ``time_limit`` steps truncate with 0. At size 5 the best
+    policy scores about 0.85 (3.3 steps to the goal on average), a uniformly random legal one
+    about 0.25. A masked move raises IllegalAction.
+    """
+
+    MOVES = np.array([(-1, 0), (0, 1), (1, 0), (0, -1)])
+
+    def __init__(self, size: int = 5, time_limit: int = 20) -> None:
+        self.size = size
+        self.time_limit = time_limit
+        view = 2 * size - 1
+        self.observation_space = spaces.Dict({
+            "image": spaces.Box(0, 255, (view, view, 3), np.uint8),
+            "position": spaces.Discrete(size * size),
+            "action_mask": spaces.MultiBinary(4),
+        })
+        self.action_space = spaces.Discrete(4)
+        # The room with walls around it, padded with walls so that any view window fits.
+        self._walls = np.full((3 * size, 3 * size), 255, np.uint8)
+        self._walls[size:2 * size, size:2 * size] = 0
+        self._agent = np.zeros(2, np.int64)  # cell in _walls coordinates
+        self._goal = np.zeros(2, np.int64)
+        self._t = 0
+
+    def _mask(self) -> np.ndarray:
+        targets = self._agent + self.MOVES
+        return (self._walls[targets[:, 0], targets[:, 1]] == 0).astype(np.uint8)
+
+    def _obs(self) -> dict:
+        r, c = self._agent - (self.size - 1)
+        view = 2 * self.size - 1
+        image = np.zeros((view, view, 3), np.uint8)
+        image[..., 0] = self._walls[r:r + view, c:c + view]
+        goal_r, goal_c = self._goal - (r, c)
+        image[goal_r, goal_c, 1] = 255
+        image[self.size - 1, self.size - 1, 2] = 255
+        position = (self._agent[0] - self.size) * self.size + self._agent[1] - self.size
+        return {"image": image, "position": int(position), "action_mask": self._mask()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        cells = self.np_random.choice(self.size * self.size, 2, replace=False)
+        self._agent = np.array(divmod(int(cells[0]), self.size)) + self.size
+        self._goal = np.array(divmod(int(cells[1]), self.size)) + self.size
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action) -> tuple:
+        _check_action(self, action)
+        action = int(action)
+        if not self._mask()[action]:
+            raise IllegalAction(f"DictGridEnv: move {action} into a wall from {(self._agent - self.size).tolist()} "
+                                f"was masked")
+        self._t += 1
+        self._agent = self._agent + self.MOVES[action]
+        if np.array_equal(self._agent, self._goal):
+            return self._obs(), 1.0 - 0.9 * self._t / self.time_limit, True, False, {}
+        return self._obs(), 0.0, False, self._t >= self.time_limit, {}
+
+
+class _NewTargetEachStep(gymnasium.Env):
+    """Episodes of ``length`` steps (terminated). Each observation shows a new target
+    (``_obs``); the action taken on it is scored by ``_reward``, which raises IllegalAction for
+    a masked one. An action outside the action space raises IllegalAction too."""
+
+    length: int
+    _t: int = 0
+
+    def _obs(self):
+        raise NotImplementedError
+
+    def _reward(self, action) -> float:
+        raise NotImplementedError
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action) -> tuple:
+        _check_action(self, action)
+        reward = self._reward(action)
+        self._t += 1
+        return self._obs(), reward, self._t == self.length, False, {}
+
+
+class CueEnv(_NewTargetEachStep):
+    """Name the cue: each step shows a cue k in [0, num_actions); action k scores 1, others 0.
+
+    ``form`` picks how the cue is observed: "discrete" Discrete(num_actions); "tuple"
+    Tuple(Discrete(num_actions), Box float32 [2] of noise); "float64" Dict {"cue": float64
+    one-hot with bounds (-inf, inf), "noise": float64 [2] with bounds of the whole float64
+    range}, bounds as envpool declares them. Episodes last ``length`` steps.
+    """
+
+    FORMS = ("discrete", "tuple", "float64")
+
+    def __init__(self, num_actions: int = 3, length: int = 8, form: str = "discrete") -> None:
+        if form not in self.FORMS:
+            raise ValueError(f"CueEnv form must be one of {self.FORMS}, got {form!r}")
+        self.num_actions = num_actions
+        self.length = length
+        self.form = form
+        if form == "discrete":
+            self.observation_space = spaces.Discrete(num_actions)
+        elif form == "tuple":
+            self.observation_space = spaces.Tuple((spaces.Discrete(num_actions),
+                                                   spaces.Box(-1.0, 1.0, (2,), np.float32)))
+        else:
+            big = np.finfo(np.float64).max
+            self.observation_space = spaces.Dict({
+                "cue": spaces.Box(-np.inf, np.inf, (num_actions,), np.float64),
+                "noise": spaces.Box(-big, big, (2,), np.float64),
+            })
+        self.action_space = spaces.Discrete(num_actions)
+        self._cue = 0
+
+    def _obs(self):
+        self._cue = int(self.np_random.integers(self.num_actions))
+        if self.form == "discrete":
+            return self._cue
+        noise = self.np_random.uniform(-1.0, 1.0, 2)
+        if self.form == "tuple":
+            return self._cue, noise.astype(np.float32)
+        return {"cue": np.eye(self.num_actions)[self._cue], "noise": noise}
+
+    def _reward(self, action) -> float:
+        return float(int(action) == self._cue)
+
+
+class MaskedCueEnv(_NewTargetEachStep):
+    """Name the cue, among legal actions that change every step.
+
+    Observation Dict {"cue": Discrete(num_actions), "action_mask": MultiBinary(mask_size)}: each
+    step a random subset of the actions is legal (each with probability 1/2, the cue always);
+    the legal action named by the cue scores 1, other legal ones 0, a masked one raises
+    IllegalAction. Episodes last ``length`` steps. Broken on purpose, for the error paths:
+    ``empty_mask_at`` = t > 0 shows an all-zero mask at step t of every episode; ``mask_size``
+    other than ``num_actions`` gives a mask of the wrong shape.
+    """
+
+    def __init__(self, num_actions: int = 6, length: int = 8, empty_mask_at: int = 0,
+                 mask_size: int | None = None) -> None:
+        self.num_actions = num_actions
+        self.length = length
+        self.empty_mask_at = empty_mask_at
+        self.observation_space = spaces.Dict({
+            "cue": spaces.Discrete(num_actions),
+            "action_mask": spaces.MultiBinary(num_actions if mask_size is None else mask_size),
+        })
+        self.action_space = spaces.Discrete(num_actions)
+        self._cue = 0
+        self._legal = np.ones(num_actions, np.uint8)
+
+    def _obs(self) -> dict:
+        self._cue = int(self.np_random.integers(self.num_actions))
+        self._legal = _random_legal(self.np_random, self.num_actions, self._cue)
+        if self._t == self.empty_mask_at > 0:
+            self._legal[:] = 0
+        mask = np.zeros(self.observation_space["action_mask"].n, np.uint8)
+        mask[:self.num_actions] = self._legal[:len(mask)]
+        return {"cue": self._cue, "action_mask": mask}
+
+    def _reward(self, action) -> float:
+        if not self._legal[int(action)]:
+            raise IllegalAction(f"MaskedCueEnv: action {action} was masked (legal: {np.flatnonzero(self._legal)})")
+        return float(int(action) == self._cue)
+
+
+class MatchComponentsEnv(_NewTargetEachStep):
+    """MultiDiscrete actions: match each component to a target shown in the observation.
+
+    Observation Dict {"target": MultiDiscrete(nvec)} (plus "action_mask" MultiBinary(sum(nvec))
+    with ``masked``: each value of each component legal with probability 1/2, the target's
+    always; a masked value raises IllegalAction). Actions MultiDiscrete(nvec); reward = the
+    fraction of components equal to the target's. Episodes last ``length`` steps.
+    """
+
+    def __init__(self, nvec: tuple = (3, 4, 2), length: int = 8, masked: bool = False) -> None:
+        self.nvec = np.asarray(nvec, np.int64)
+        self.length = length
+        self.masked = masked
+        obs = {"target": spaces.MultiDiscrete(self.nvec)}
+        if masked:
+            obs["action_mask"] = spaces.MultiBinary(int(self.nvec.sum()))
+        self.observation_space = spaces.Dict(obs)
+        self.action_space = spaces.MultiDiscrete(self.nvec)
+        self._starts = np.concatenate([[0], np.cumsum(self.nvec)[:-1]])  # each component's first flag
+        self._target = np.zeros(len(self.nvec), np.int64)
+        self._legal = np.ones(int(self.nvec.sum()), np.uint8)
+
+    def _obs(self) -> dict:
+        self._target = self.np_random.integers(self.nvec)
+        if not self.masked:
+            return {"target": self._target.copy()}
+        self._legal = np.concatenate([_random_legal(self.np_random, int(n), int(k))
+                                      for n, k in zip(self.nvec, self._target)])
+        return {"target": self._target.copy(), "action_mask": self._legal.copy()}
+
+    def _reward(self, action) -> float:
+        action = np.asarray(action, np.int64)
+        if not self._legal[self._starts + action].all():
+            raise IllegalAction(f"MatchComponentsEnv: action {action.tolist()} has a masked component")
+        return float(np.mean(action == self._target))
+
+
+class MatchBitsEnv(_NewTargetEachStep):
+    """MultiBinary actions: copy the ``n`` target bits of a MultiBinary(n) observation; reward =
+    the fraction of bits copied. Episodes last ``length`` steps."""
+
+    def __init__(self, n: int = 4, length: int = 8) -> None:
+        self.n = n
+        self.length = length
+        self.observation_space = spaces.MultiBinary(n)
+        self.action_space = spaces.MultiBinary(n)
+        self._target = np.zeros(n, np.int8)
+
+    def _obs(self) -> np.ndarray:
+        self._target = self.np_random.integers(0, 2, self.n).astype(np.int8)
+        return self._target.copy()
+
+    def _reward(self, action) -> float:
+        return float(np.mean(np.asarray(action) == self._target))
+
+
+class TupleActionEnv(_NewTargetEachStep):
+    """Tuple(Discrete, Box) actions: pick a category and a point.
+
+    Observation Tuple(Discrete(num_categories), Box float32 [1] in [-0.5, 0.5]): the target
+    category and point. Actions Tuple(Discrete(num_categories), Box [-1, 1]^1 float32); reward =
+    [category right] - (point - target)^2. Episodes last ``length`` steps.
+    """
+
+    def __init__(self, num_categories: int = 3, length: int = 8) -> None:
+        self.num_categories = num_categories
+        self.length = length
+        self.observation_space = spaces.Tuple((spaces.Discrete(num_categories),
+                                               spaces.Box(-0.5, 0.5, (1,), np.float32)))
+        self.action_space = spaces.Tuple((spaces.Discrete(num_categories),
+                                          spaces.Box(-1.0, 1.0, (1,), np.float32)))
+        self._category = 0
+        self._point = np.zeros(1, np.float32)
+
+    def _obs(self) -> tuple:
+        self._category = int(self.np_random.integers(self.num_categories))
+        self._point = self.np_random.uniform(-0.5, 0.5, 1).astype(np.float32)
+        return self._category, self._point.copy()
+
+    def _reward(self, action) -> float:
+        category, point = action
+        return float(int(category) == self._category) - float(np.sum((point - self._point) ** 2))
+
+
+class UnsupportedSpaceEnv(CountdownEnv):
+    """A countdown env that declares an observation space fastrl cannot store: ``kind`` text,
+    graph or sequence, at the top level or (``nested``) under key "inner" of a Dict
+    {"position": Box, "inner": Dict {"items": <that space>}}. Only its spaces are ever used."""
+
+    def __init__(self, kind: str = "text", nested: bool = False) -> None:
+        super().__init__()
+        space = {"text": lambda: spaces.Text(8),
+                 "graph": lambda: spaces.Graph(spaces.Box(0.0, 1.0, (2,), np.float32), None),
+                 "sequence": lambda: spaces.Sequence(spaces.Discrete(3))}[kind]()
+        if nested:
+            space = spaces.Dict({"position": self.observation_space, "inner": spaces.Dict({"items": space})})
+        self.observation_space = space
+
+
+def make_dict_grid(size: int = 5, time_limit: int = 20) -> DictGridEnv:
+    return DictGridEnv(size, time_limit)
+
+
+def make_cue(num_actions: int = 3, length: int = 8, form: str = "discrete") -> CueEnv:
+    return CueEnv(num_actions, length, form)
+
+
+def make_masked_cue(num_actions: int = 6, length: int = 8, empty_mask_at: int = 0,
+                    mask_size: int | None = None) -> MaskedCueEnv:
+    return MaskedCueEnv(num_actions, length, empty_mask_at, mask_size)
+
+
+def make_match_components(nvec: tuple = (3, 4, 2), length: int = 8, masked: bool = False) -> MatchComponentsEnv:
+    return MatchComponentsEnv(tuple(nvec), length, masked)
+
+
+def make_match_bits(n: int = 4, length: int = 8) -> MatchBitsEnv:
+    return MatchBitsEnv(n, length)
+
+
+def make_tuple_action(num_categories: int = 3, length: int = 8) -> TupleActionEnv:
+    return TupleActionEnv(num_categories, length)
+
+
+def make_unsupported_space(kind: str = "text", nested: bool = False) -> UnsupportedSpaceEnv:
+    return UnsupportedSpaceEnv(kind, nested)
