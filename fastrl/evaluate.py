@@ -54,6 +54,8 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             started[ids] = True
             after_done[ids] = done
             obs = torch.as_tensor(layout.pack(obs, len(ids))).to(device)
+            if layout.mask is not None:
+                model.check_mask(obs, torch.as_tensor(done))
             if recurrent:
                 starts = torch.as_tensor(episode_start, device=device)[None]
                 rows = torch.as_tensor(ids, device=device)

@@ -54,6 +54,7 @@ class InferenceBatcher:
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.recurrent = bool(getattr(model, "is_recurrent", False))
+        self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
         if self.recurrent:
             W, E, S = arena.env_state.shape
             self.env_state = arena.env_state.reshape(W * E, S)  # [W * E, S] views
@@ -79,6 +80,9 @@ class InferenceBatcher:
         # numpy fancy indexing on the shared arrays measured ~2x cheaper than torch's here.
         obs = torch.from_numpy(arena.obs[slots, steps])
         with torch.inference_mode():
+            if self.masks:
+                final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
+                self.model.check_mask(obs, torch.from_numpy(final != 0))
             if not self.on_cpu:
                 obs = obs.to(self.device, non_blocking=True)
             if self.recurrent:

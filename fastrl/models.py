@@ -134,17 +134,43 @@ class ActorCritic(nn.Module):
             cursor += part.n
         return torch.cat(chunks, dim=-1)
 
-    def masked(self, logits: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """``logits`` with the observation's illegal actions set to MASKED_LOGIT (no mask: unchanged).
-        Raises ValueError when a step's mask leaves some action component nothing to choose."""
+    def legal_actions(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """The observations' action masks as bool ``[B, num_logits]``; None without a mask."""
         leaf = self.obs_layout.mask
         if leaf is None:
+            return None
+        return self.obs_layout.unpack(obs)[leaf.name].reshape(obs.shape[0], -1) != 0
+
+    def choiceless_steps(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """bool ``[B]``: steps whose mask leaves some action component nothing to choose."""
+        legal = self.legal_actions(obs)
+        if legal is None:
+            return None
+        return torch.stack([~legal[:, p.param_slice].any(-1) for p in self.action_layout.parts]).any(0)
+
+    def check_mask(self, obs: torch.Tensor, final: torch.Tensor | None = None) -> None:
+        """Raise ValueError if a step's mask allows no action, unless that step acts on an
+        episode's final observation (``final`` ``[B]`` bool): under next-step autoreset that
+        action is discarded, and envs may well show an empty mask there."""
+        empty = self.choiceless_steps(obs)
+        if empty is None:
+            return
+        if final is not None:
+            empty = empty & ~final.to(empty.device)
+        if bool(empty.any()):
+            raise ValueError("an action_mask allows no action in a step that is not an episode's end: every "
+                             "step must leave at least one legal action (per component for MultiDiscrete)")
+
+    def masked(self, logits: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """``logits`` with the observation's illegal actions set to MASKED_LOGIT (no mask: unchanged).
+        A component whose mask allows nothing stays unmasked: that is an episode's final
+        observation, whose action is discarded (the batcher refuses any other, see check_mask)."""
+        legal = self.legal_actions(obs)
+        if legal is None:
             return logits
-        legal = self.obs_layout.unpack(obs)[leaf.name].reshape(logits.shape[0], -1) != 0
         for part in self.action_layout.parts:
-            if not bool(legal[:, part.param_slice].any(-1).all()):
-                raise ValueError(f"an action_mask allows no action (component of {part.n} choices) in some step: "
-                                 f"every step must leave at least one legal action")
+            chunk = legal[:, part.param_slice]
+            legal[:, part.param_slice] = chunk | ~chunk.any(-1, keepdim=True)
         return logits.masked_fill(~legal, MASKED_LOGIT)
 
     def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,6 +43,7 @@ class RolloutWorker:
         self.env_slot = arena.env_slot[worker_id]
         self.env_t = arena.env_t[worker_id]
         self.env_start = arena.env_start[worker_id]
+        self.env_final = arena.env_final[worker_id]
         self.obs_layout = ObsLayout(env.observation_space)
         self.request_envs = arena.request_envs[worker_id]
         self.free_requests = deque(range(cfg.env.num_splits))
@@ -96,7 +97,7 @@ class RolloutWorker:
         # wall time fell from 12.9% to 4.8% (fastrl-profile --profile cartpole-appo).
         stepped, num_full = _record_steps(
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
-            self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.episode_return,
+            self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
             self.episode_length,
             self.slot_obs, arena.rewards, arena.terminated, arena.truncated, arena.valid,
             arena.episode_return[w], arena.episode_length[w], arena.episode_count[w:w + 1], self.full_rows)
@@ -124,7 +125,7 @@ class RolloutWorker:
 
 @numba.njit(cache=True, nogil=True)
 def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
-                  env_slot, env_t, started, prev_done, env_start, episode_return, episode_length,
+                  env_slot, env_t, started, prev_done, env_start, env_final, episode_return, episode_length,
                   slot_obs, slot_rewards, slot_terminated, slot_truncated, slot_valid,
                   ring_return, ring_length, ring_count, full_rows):
     """Write the batch row i of env ``ids[i]`` at its cursor ``(env_slot, env_t)``.
@@ -132,7 +133,8 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
     Batch: ``ids`` ``[B]``, ``obs`` ``[B, D]`` (flattened), ``rewards``/``terminated``/``truncated``
     ``[B]``. Per env of the worker ``[E]``: cursors, ``started`` (first observation written),
     ``prev_done`` (this step is the autoreset step: not valid), ``env_start`` (set: the env's next
-    acted step starts an episode), running episode return and length.
+    acted step starts an episode), ``env_final`` (set: it acts on an episode's final observation),
+    running episode return and length.
     Arena: ``slot_obs`` ``[N, T + 1, D]``, step arrays ``[N, T]``, the worker's finished-episode
     ring ``[R]`` and its count ``[1]``.
 
@@ -151,6 +153,7 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
             slot_obs[slot, 0, :] = obs[i]
             started[env] = True
             env_start[env] = 1
+            env_final[env] = 0
             continue
         stepped += 1
         t = env_t[env]
@@ -163,6 +166,7 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
         prev_done[env] = done
         # After the autoreset step the observation is a reset one: a new episode acts next.
         env_start[env] = not valid
+        env_final[env] = done
         if valid:
             episode_return[env] += rewards[i]
             episode_length[env] += 1

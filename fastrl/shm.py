@@ -78,6 +78,9 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         # 1: the env's next acted step starts an episode (its first observation, or the reset
         # observation after an autoreset step); the batcher zeroes its recurrent state then.
         ArraySpec("env_start", (W, E), "|u1"),
+        # 1: the env's next acted step is on an episode's final observation (its action is
+        # discarded by the autoreset); an empty action mask is allowed there.
+        ArraySpec("env_final", (W, E), "|u1"),
         ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
         ArraySpec("env_steps", (W,), "<i8"),
         ArraySpec("episode_return", (W, EPISODE_RING), "<f8"),

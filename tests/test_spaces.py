@@ -169,16 +169,30 @@ def random_masks(rng, rows: int, nvec) -> np.ndarray:
 
 
 @pytest.mark.parametrize("env", [MaskedCueEnv(), MatchComponentsEnv(masked=True)], ids=["discrete", "multidiscrete"])
-def test_a_step_whose_mask_allows_nothing_raises(env):
+def test_a_step_whose_mask_allows_nothing_raises_unless_it_ends_an_episode(env):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     model = ActorCritic(env.observation_space, env.action_space)
     nvec = [p.n for p in ActionLayout(env.action_space).parts]
     masks = random_masks(rng, 5, nvec)
-    model(torch.from_numpy(masked_rows(env.observation_space, masks, rng)))  # all legal somewhere: fine
+    model.check_mask(torch.from_numpy(masked_rows(env.observation_space, masks, rng)))  # all legal somewhere
     masks[3, -nvec[-1]:] = 0  # the last component of step 3 has no legal value
+    obs = torch.from_numpy(masked_rows(env.observation_space, masks, rng))
     with pytest.raises(ValueError, match="action_mask allows no action"):
-        model(torch.from_numpy(masked_rows(env.observation_space, masks, rng)))
+        model.check_mask(obs)
+    # On an episode's final observation the action is discarded: an empty mask is fine there,
+    # and that component is left unmasked rather than all -inf.
+    final = torch.tensor([False, False, False, True, False])
+    model.check_mask(obs, final)
+    params, _ = model(obs)
+    assert (params[3, -nvec[-1]:] > MASKED_LOGIT).all() and torch.isfinite(params[3]).all()
+
+
+def test_an_empty_mask_on_the_final_observation_trains(tmp_path):
+    env = MaskedCueEnv()
+    cfg = small_config("make_masked_cue", {"empty_mask_at": env.length}, train_for_env_steps=3_000)
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    assert result.final["env_steps"] >= 3_000
 
 
 @pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
