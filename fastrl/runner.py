@@ -378,6 +378,18 @@ def _stop_processes(arena: Arena, procs: dict, console: Console) -> None:
 def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
                 clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
     """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
+    threads = torch.get_num_threads()
+    # As the learner process does: torch's default (every core) measured 2-5x slower here.
+    torch.set_num_threads(cfg.learner.torch_threads)
+    try:
+        return _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
+                             clocks, dist_info)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
+                  clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = _new_arena(layout, resume_state, shared=False)

@@ -102,6 +102,16 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
         elif env_id not in _registered_ids(backend):
             raise ValueError(_unknown_id_message(env_id, f"not a {backend} id"))
         return backend
+    module_name, _, attr = env_id.partition(":")
+    if attr.isidentifier() and module_name:
+        # "module:callable" is checked first: loading the registries imports every envpool
+        # family (3-5 s per process on a loaded 2-core machine). Not importable that way, the
+        # id may still be gymnasium's "module:Env" form.
+        try:
+            _import_factory(env_id)
+            return "factory"
+        except ValueError:
+            pass
     for candidate in ("envpool", "gymnasium"):
         if env_id in _registered_ids(candidate):
             return candidate
