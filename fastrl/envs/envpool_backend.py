@@ -48,11 +48,23 @@ def make_envpool_vec_env(
             **(env_kwargs or {}),
         )
 
+    first = _single_player(env_id, make_pool(num_envs if async_mode else batch_size, seed))
     if async_mode:
-        pool = make_pool(num_envs, seed)
-        return EnvpoolAsync(pool, _frame_skip(env_id, pool))
-    pools = [make_pool(batch_size, seed + start) for start in range(0, num_envs, batch_size)]
-    return EnvpoolSplits(pools, _frame_skip(env_id, pools[0]))
+        return EnvpoolAsync(first, _frame_skip(env_id, first))
+    pools = [first] + [make_pool(batch_size, seed + start) for start in range(batch_size, num_envs, batch_size)]
+    return EnvpoolSplits(pools, _frame_skip(env_id, first))
+
+
+def _single_player(env_id: str, pool: Any) -> Any:
+    """``pool``, if its task has one player. Multi-player tasks (pgx board games,
+    IntersectionMultiAgent) return one observation and reward per player (``info["players"]``):
+    as rows of one agent's batch they would not fit the slots, so they stop here in one line."""
+    players = int(pool.config.get("max_num_players", 1))
+    if players > 1:
+        pool.close()
+        raise ValueError(f"{env_id!r} is a {players}-player envpool task (one observation and reward per player "
+                         f"each step); fastrl trains single-agent envs: pick a single-player task")
+    return pool
 
 
 def _spaces(pools: list[Any]) -> tuple[Any, Any]:
