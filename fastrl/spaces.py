@@ -146,8 +146,8 @@ class ObsLayout:
             try:
                 value = value.reshape(batch_size, *leaf.shape)
             except ValueError:
-                raise ValueError(f"observation leaf {leaf.name!r} has shape {value.shape[1:]}, the space declares "
-                                 f"{leaf.shape}") from None
+                raise ValueError(f"observation leaf {leaf.name!r} came as {list(value.shape)} for {batch_size} envs; "
+                                 f"the space declares {list(leaf.shape)} per env") from None
             typed = np.ascontiguousarray(value, dtype=leaf.dtype).reshape(batch_size, -1)
             rows[:, leaf.offset:leaf.offset + leaf.nbytes] = typed.view(np.uint8)
         return rows
