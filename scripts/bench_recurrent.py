@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for both throughput runs (e.g. model.core_size=128)")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--learners", nargs="+", choices=LEARNERS, default=list(LEARNERS),
+                   help="which MemoryEnv learners to time (default: all)")
+    p.add_argument("--no-throughput", action="store_true", help="skip the cartpole-appo throughput runs")
     p.add_argument("--length", type=int, default=5, help="MemoryEnv: steps from the cue to the decision")
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--max-steps", type=int, default=200_000, help="env-step budget per MemoryEnv seed")
@@ -86,23 +89,24 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     overrides = dict(parse_override(text) for text in args.set)
 
-    rows = [throughput("feed-forward", overrides, args.seconds),
-            throughput("lstm", {**overrides, "model.core": "lstm"}, args.seconds)]
+    rows = [] if args.no_throughput else [throughput("feed-forward", overrides, args.seconds),
+                                          throughput("lstm", {**overrides, "model.core": "lstm"}, args.seconds)]
     solves = [time_to_solve(core, seed, args.length, args.target, args.max_steps, args.limit)
-              for core in LEARNERS for seed in range(args.seeds)]
+              for core in args.learners for seed in range(args.seeds)]
 
     print(f"\nhardware: {hardware()}")
-    print(f"cartpole-appo, {args.seconds:g} s each{' with ' + ' '.join(args.set) if args.set else ''}")
-    print(f"{'model':<14} {'env steps/s':>12} {'updates/s':>10} {'final return':>13}")
-    for r in rows:
-        print(f"{r['name']:<14} {r['env_steps_per_s']:>12,.0f} {r['updates_per_s']:>10.2f} "
-              f"{r['final_return'] or 0:>13.1f}")
-    ff, lstm = rows
-    print(f"{'lstm / ff':<14} {lstm['env_steps_per_s'] / ff['env_steps_per_s']:>12.2f} "
-          f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
+    if rows:
+        print(f"cartpole-appo, {args.seconds:g} s each{' with ' + ' '.join(args.set) if args.set else ''}")
+        print(f"{'model':<14} {'env steps/s':>12} {'updates/s':>10} {'final return':>13}")
+        for r in rows:
+            print(f"{r['name']:<14} {r['env_steps_per_s']:>12,.0f} {r['updates_per_s']:>10.2f} "
+                  f"{r['final_return'] or 0:>13.1f}")
+        ff, lstm = rows
+        print(f"{'lstm / ff':<14} {lstm['env_steps_per_s'] / ff['env_steps_per_s']:>12.2f} "
+              f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
     print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return > {args.target:g}:")
     medians = {}
-    for core in LEARNERS:
+    for core in args.learners:
         runs = [s for s in solves if s["core"] == core]
         for s in runs:
             shown = (f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] is not None
