@@ -211,6 +211,19 @@ def test_multi_player_envpool_tasks_are_refused_in_one_line(async_mode):
         make_vec_env("TicTacToe-v1", 4, 2, seed=0, async_mode=async_mode)
 
 
+def test_envpool_integer_box_actions_are_multidiscrete():
+    # jumanji's Cleaner declares Box(0, 3, (3,), int32) (one move per agent) and a (3, 4) mask:
+    # one categorical per component, which the per-component mask fits.
+    with make_vec_env("Cleaner-v0", 4, 4, seed=0) as env:
+        assert env.action_space == gymnasium.spaces.MultiDiscrete([4, 4, 4])
+        env.async_reset()
+        obs, _, _, _, env_ids = env.recv()
+        legal = obs["action_mask"].astype(bool)  # [B, 3, 4]
+        env.send(legal.argmax(-1).astype(np.int64), env_ids)
+        _, rewards, terminated, _, _ = env.recv()
+    assert rewards.shape == (4,) and not terminated.any()
+
+
 def test_atari_defaults_match_envpool():
     config = envpool.make_spec("Pong-v5").config
     assert {key: getattr(config, key) for key in ENVPOOL_ATARI_DEFAULTS} == ENVPOOL_ATARI_DEFAULTS

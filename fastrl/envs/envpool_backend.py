@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import envpool
+import gymnasium
 import numpy as np
 from envpool.registration import registry
 
@@ -77,7 +78,20 @@ def _spaces(pools: list[Any]) -> tuple[Any, Any]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", category=UserWarning)
         spaces = [(pool.observation_space, pool.action_space) for pool in pools]
-    return spaces[0]
+    observation_space, action_space = spaces[0]
+    return observation_space, _integer_box_as_multidiscrete(action_space)
+
+
+def _integer_box_as_multidiscrete(space: Any) -> Any:
+    """An integer Box from 0 (envpool's form of jumanji's multi-component discrete actions:
+    Connector's Box(0, 4, (10,), int32), BinPack's Box(0, [39 19], (2,), int32)) as the
+    MultiDiscrete(high + 1) it is, so fastrl acts with one categorical per component (and can
+    apply a per-component action_mask) instead of a Gaussian cast to integers. envpool takes the
+    int64 actions as they are."""
+    if (isinstance(space, gymnasium.spaces.Box) and space.dtype.kind in "iu" and np.all(space.low == 0)
+            and np.all(space.high >= 0)):
+        return gymnasium.spaces.MultiDiscrete(np.asarray(space.high, dtype=np.int64) + 1)
+    return space
 
 
 def _frame_skip(env_id: str, pool: Any) -> int:
