@@ -294,7 +294,7 @@ class ActionLayout:
             elif isinstance(sub, spaces.Box):
                 dim = int(np.prod(sub.shape))
                 part = actions[:, cursor:cursor + dim].reshape(-1, *sub.shape)
-                out.append(np.clip(part, sub.low, sub.high).astype(sub.dtype))
+                out.append(np.clip(part, *box_bounds(sub)).astype(sub.dtype))
                 cursor += dim
             else:
                 width = len(np.asarray(sub.nvec).reshape(-1)) if isinstance(sub, spaces.MultiDiscrete) \
@@ -303,6 +303,23 @@ class ActionLayout:
                 out.append(actions[:, cursor:cursor + width].astype(np.int64).reshape(-1, *shape))
                 cursor += width
         return tuple(out)
+
+
+# Beyond this a declared bound is a placeholder ("no bound"), not a limit the env means.
+_BOUND_LIMIT = 1e30
+
+
+def box_bounds(space: spaces.Box) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of a Box as limits fastrl can act on: a bound that is infinite, beyond 1e30 or
+    a denormal-sized non-zero placeholder (envpool declares ViZDoom's and DeepMind Control's spaces
+    as [2.2e-308, 1.8e308]: the smallest positive double stands for "no lower bound") becomes
+    -inf / +inf, so clipping never pins an action to nonsense."""
+    def sensible(bound: np.ndarray) -> np.ndarray:
+        bound = np.asarray(bound, dtype=np.float64)
+        return np.isfinite(bound) & (np.abs(bound) < _BOUND_LIMIT) & ~((bound != 0) & (np.abs(bound) < 1e-30))
+
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    return np.where(sensible(low), low, -np.inf), np.where(sensible(high), high, np.inf)
 
 
 def check_action_mask(obs_layout: ObsLayout, action_layout: ActionLayout) -> None:

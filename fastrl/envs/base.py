@@ -24,6 +24,8 @@ from collections import deque
 import gymnasium
 import numpy as np
 
+from fastrl.spaces import box_bounds
+
 # (obs [B, *obs_shape], rewards float32 [B], terminated bool [B], truncated bool [B],
 #  env_ids int32 [B]) with B = batch_size.
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -112,7 +114,8 @@ class VecEnv(abc.ABC):
         fastrl.spaces.ActionLayout stores them)."""
         space = self.action_space
         if isinstance(space, gymnasium.spaces.Box):
-            return np.clip(actions, space.low, space.high).astype(space.dtype, copy=False)
+            # Declared bounds that are placeholders (envpool's [2.2e-308, 1.8e308]) do not clip.
+            return np.clip(actions, *box_bounds(space)).astype(space.dtype, copy=False)
         return np.asarray(actions)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..config import Config
 from ..process_utils import configure_child
 from ..rollout import make_worker_env
-from ..spaces import ActionLayout
+from ..spaces import ActionLayout, box_bounds
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
 
@@ -39,8 +39,8 @@ def random_action_table(space, batch_size: int, count: int, rng: np.random.Gener
     if isinstance(space, gymnasium.spaces.Discrete):
         return rng.integers(space.start, space.start + space.n, size=(count, batch_size), dtype=np.int64)
     if isinstance(space, gymnasium.spaces.Box):
-        low = np.where(np.isfinite(space.low), space.low, -1.0)
-        high = np.where(np.isfinite(space.high), space.high, 1.0)
+        low, high = box_bounds(space)
+        low, high = np.where(np.isfinite(low), low, -1.0), np.where(np.isfinite(high), high, 1.0)
         return rng.uniform(low, high, size=(count, batch_size, *space.shape)).astype(np.float32)
     # MultiDiscrete / MultiBinary / Tuple: the space's own sampler, stored as fastrl stores actions.
     layout = ActionLayout(space)
