@@ -3,7 +3,8 @@
 - process shell: :mod:`.process` (the learner process loop and how ranks agree to stop) and
   :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
 - algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
-  :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X); all build on :mod:`.base` (optimizer, counters, schedule, reward
+  :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X) on :mod:`.qlearning` (their target
+  network, replay-ratio loop and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
   transform, lag statistics, gradient step, state dict)
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay, fastrl.models and

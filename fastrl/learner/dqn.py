@@ -17,7 +17,6 @@ refills it to ``replay.min_fill`` before its first gradient step.
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
@@ -27,32 +26,25 @@ from torch import nn
 from ..config import Config
 from ..kernels import nstep_targets
 from ..models import build_model
-from ..replay import ReplayRatio, TransitionReplay
-from .base import BaseLearner
+from ..replay import TransitionReplay
 from .batch import Trajectories
 from .losses import td_loss
+from .qlearning import PRIORITY_EPS, ReplayQLearner
 from .replay_feed import add_trajectories
 
-PRIORITY_EPS = 1e-6  # keeps every valid transition sampleable (a zero priority never is)
-
-
-class DQNLearner(BaseLearner):
+class DQNLearner(ReplayQLearner):
     """Ape-X DQN: the online network ``model``, its ``target`` copy and a prioritized
     :class:`~fastrl.replay.TransitionReplay`; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
                  device: torch.device | str = "cpu"):
-        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, algo="dqn"), device)
-        self.rcfg = cfg.replay
-        self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.timings["replay_s"] = 0.0
-        self.replay = TransitionReplay(
-            self.rcfg, gamma=self.lcfg.gamma, num_streams=cfg.total_envs, obs_shape=self.model.obs_layout.storage_shape,
-            obs_dtype=self.model.obs_layout.storage_dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
+        model = build_model(observation_space, action_space, cfg.model, model, algo="dqn")
+        layout = model.obs_layout
+        replay = TransitionReplay(
+            cfg.replay, gamma=cfg.learner.gamma, num_streams=cfg.total_envs, obs_shape=layout.storage_shape,
+            obs_dtype=layout.storage_dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
         # Batches per added record: replay_ratio transitions sampled per env step, batch_size each.
-        self.ratio = ReplayRatio(self.rcfg.replay_ratio / self.rcfg.batch_size, start=self.rcfg.min_fill)
-        self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)
-        self.last_stats: dict = {}
+        super().__init__(cfg, model, device, replay, cfg.replay.replay_ratio / cfg.replay.batch_size)
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
               fresh: np.ndarray | None = None) -> dict:
@@ -60,12 +52,7 @@ class DQNLearner(BaseLearner):
         replay stream; ``fresh`` ``[B]``: see :func:`~fastrl.learner.replay_feed.add_trajectories`),
         then take the gradient steps the replay ratio allows; returns statistics."""
         batch.validate()
-        T, B = batch.rewards.shape
-        if env_ids is None:
-            raise ValueError("DQNLearner.train needs env_ids [B]: the env of each trajectory (its replay stream)")
-        env_ids = np.asarray(env_ids, dtype=np.int64)
-        if env_ids.shape != (B,):
-            raise ValueError(f"DQNLearner.train: env_ids must have shape [{B}], got {list(env_ids.shape)}")
+        env_ids = self.stream_ids(batch, env_ids)
         lag_stats = self.lag_stats(batch)
         self.set_learning_rate(progress)
         start = time.perf_counter()
@@ -81,28 +68,7 @@ class DQNLearner(BaseLearner):
         add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
         self.timings["replay_s"] += time.perf_counter() - start
 
-        stats = dict(self.last_stats)
-        for _ in range(self.ratio.allowed_batches(self.replay.added, self.replayed_batches)):
-            step_stats = self.update()
-            if step_stats is None:
-                break
-            stats = self.last_stats = step_stats
-        self.version += 1
-        stats.update(lag_stats, **self.counters(), replay_size=len(self.replay),
-                     replayed_batches=self.replayed_batches)
-        return stats
-
-    def drop(self, batch: Trajectories, env_ids: np.ndarray) -> dict:
-        """Refuse a batch with NaN/Inf observations or rewards, counted as a skipped update.
-
-        Stored, they would poison every batch that samples them. Their envs' streams restart, as
-        after a worker restart: the next records do not follow the stored ones, and an n-step
-        window across the gap would skip the dropped steps."""
-        ended = (batch.terminated[-1] | batch.truncated[-1]).cpu().numpy()
-        self.replay.restart_streams(env_ids, ended=ended)
-        self.count_skip()
-        self.version += 1
-        return {**self.last_stats, **self.counters(), "replay_size": len(self.replay)}
+        return self.replay_steps(lag_stats)
 
     def q_values(self, network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
         return network(obs.to(self.device, non_blocking=self.device.type == "cuda"))[0]
@@ -140,48 +106,16 @@ class DQNLearner(BaseLearner):
         taken = online[:T].gather(-1, batch.actions.to(self.device).long()[..., None]).squeeze(-1)
         return ((targets - taken).abs() + PRIORITY_EPS).double().cpu().numpy()
 
-    def update(self) -> dict | None:
-        """One gradient step on a sampled replay batch; None while the replay is below min_fill."""
-        start = time.perf_counter()
-        sample = self.replay.sample(self.rcfg.batch_size)
-        if sample is None:
-            return None
-        self.replayed_batches += 1
+    def loss(self, sample) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """The importance-weighted TD loss of sampled n-step transitions, its statistics and their
+        new priorities ``|td|``."""
         to_device = {"device": self.device, "non_blocking": self.device.type == "cuda"}
         actions = torch.from_numpy(sample.actions).to(**to_device)
         returns = torch.from_numpy(sample.returns).to(**to_device)
         discounts = torch.from_numpy(sample.discounts).to(**to_device)
         weights = torch.from_numpy(sample.weights).to(**to_device)
         obs, next_obs = torch.from_numpy(sample.obs), torch.from_numpy(sample.next_obs)
-        sampled = time.perf_counter()
-        self.timings["replay_s"] += sampled - start
-
         targets = returns + discounts * self.bootstrap_values(next_obs)
         taken = self.q_values(self.model, obs).gather(-1, actions[:, None]).squeeze(-1)
         loss, stats = td_loss(taken, targets, weights)
-
-        updates_before = self.updates
-        grad_norm, backward_done = self.gradient_step(loss)
-        if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
-            self.target.load_state_dict(self.model.state_dict())
-        optimized = time.perf_counter()
-        priorities = stats["td"].abs().double().cpu().numpy() + PRIORITY_EPS
-        if np.isfinite(priorities).all():
-            self.replay.update_priorities(sample.indices, sample.generations, priorities)
-        end = time.perf_counter()
-        self.timings["forward_backward_s"] += backward_done - sampled
-        self.timings["optimizer_s"] += optimized - backward_done
-        self.timings["replay_s"] += end - optimized
-        loss_value = float(stats["loss"])
-        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm,
-                "q_mean": float(stats["q_mean"])}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "target": self.target.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.target.load_state_dict(state.get("target", state["model"]))
-
-    def close(self) -> None:
-        self.replay.close()
+        return loss, stats, stats["td"].abs()

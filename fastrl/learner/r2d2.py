@@ -23,7 +23,6 @@ The replay is not checkpointed (as the dqn learner's): a resumed run refills it 
 """
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
@@ -33,38 +32,31 @@ from torch import nn
 from ..config import Config
 from ..kernels import nstep_targets
 from ..models import build_model
-from ..replay import ReplayRatio, SequenceBatch, SequenceReplay
-from ..spaces import ObsLayout
-from .base import BaseLearner, unroll
+from ..replay import SequenceBatch, SequenceReplay
+from .base import unroll
 from .batch import Trajectories
-from .dqn import PRIORITY_EPS
 from .losses import inverse_value_rescale, sequence_priorities, td_loss, value_rescale
+from .qlearning import ReplayQLearner
 from .replay_feed import add_trajectories
 
 
-class R2D2Learner(BaseLearner):
+class R2D2Learner(ReplayQLearner):
     """Recurrent Ape-X: the online network ``model``, its ``target`` copy and a prioritized
     :class:`~fastrl.replay.SequenceReplay` with stored states; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
                  device: torch.device | str = "cpu"):
-        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, algo="r2d2"), device)
-        if not getattr(self.model, "is_recurrent", False):
+        model = build_model(observation_space, action_space, cfg.model, model, algo="r2d2")
+        if not getattr(model, "is_recurrent", False):
             raise ValueError("learner.algo=r2d2 needs a recurrent model: set model.core=lstm or gru")
-        self.rcfg = cfg.replay
-        self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.timings["replay_s"] = 0.0
-        layout = ObsLayout(observation_space)
-        self.replay = SequenceReplay(
-            self.rcfg, sequence_length=self.rcfg.sequence_length, sequence_stride=self.lcfg.rollout,
+        rcfg, layout = cfg.replay, model.obs_layout
+        replay = SequenceReplay(
+            rcfg, sequence_length=rcfg.sequence_length, sequence_stride=cfg.learner.rollout,
             num_streams=cfg.total_envs, obs_shape=layout.storage_shape, obs_dtype=layout.storage_dtype,
-            action_shape=(), action_dtype=np.int64, seed=cfg.seed, state_size=self.model.state_size)
-        trained_steps = self.rcfg.sequence_length - self.rcfg.burn_in
+            action_shape=(), action_dtype=np.int64, seed=cfg.seed, state_size=model.state_size)
         # replay.replay_ratio trained steps sampled per env step added.
-        self.ratio = ReplayRatio(self.rcfg.replay_ratio / (self.rcfg.batch_size * trained_steps),
-                                 start=self.rcfg.min_fill)
-        self.replayed_batches = 0
-        self.last_stats: dict = {}
+        trained_steps = rcfg.sequence_length - rcfg.burn_in
+        super().__init__(cfg, model, device, replay, rcfg.replay_ratio / (rcfg.batch_size * trained_steps))
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
               fresh: np.ndarray | None = None) -> dict:
@@ -72,20 +64,15 @@ class R2D2Learner(BaseLearner):
         gradient steps the replay ratio allows; returns statistics."""
         batch.validate()
         T, B = batch.rewards.shape
-        if env_ids is None or np.shape(env_ids) != (B,):
-            raise ValueError(f"R2D2Learner.train needs env_ids [{B}]: the env of each trajectory (its replay stream)")
+        env_ids = self.stream_ids(batch, env_ids)
         if batch.initial_state is None:
             raise ValueError("R2D2Learner.train needs Trajectories with initial_state [B, state_size]")
-        env_ids = np.asarray(env_ids, dtype=np.int64)
         lag_stats = self.lag_stats(batch)
         self.set_learning_rate(progress)
         start = time.perf_counter()
         rewards = self.transformed_rewards(batch.rewards)
         if not (batch.is_finite() and bool(torch.isfinite(batch.initial_state).all())):
-            self.replay.restart_streams(env_ids, ended=(batch.terminated[-1] | batch.truncated[-1]).numpy())
-            self.count_skip()
-            self.version += 1
-            return {**self.last_stats, **self.counters(), "replay_size": len(self.replay)}
+            return self.drop(batch, env_ids)
         normalizer = getattr(self.model, "normalizer", None)
         if normalizer is not None:
             normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
@@ -99,16 +86,7 @@ class R2D2Learner(BaseLearner):
         add_trajectories(self.replay, batch, rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), states=states)
         self.timings["replay_s"] += time.perf_counter() - start
 
-        stats = dict(self.last_stats)
-        for _ in range(self.ratio.allowed_batches(self.replay.added, self.replayed_batches)):
-            step_stats = self.update()
-            if step_stats is None:
-                break
-            stats = self.last_stats = step_stats
-        self.version += 1
-        stats.update(lag_stats, **self.counters(), replay_size=len(self.replay),
-                     replayed_batches=self.replayed_batches)
-        return stats
+        return self.replay_steps(lag_stats)
 
     def loss(self, sample: SequenceBatch) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """(loss, stats, new sequence priorities ``[B]``) of one sampled batch of sequences."""
@@ -144,39 +122,3 @@ class R2D2Learner(BaseLearner):
         td = torch.zeros_like(taken)
         td[mask] = stats["td"]
         return loss, stats, sequence_priorities(td.detach(), mask.float())
-
-    def update(self) -> dict | None:
-        """One gradient step on a sampled batch of sequences; None while the replay is below min_fill."""
-        start = time.perf_counter()
-        sample = self.replay.sample(self.rcfg.batch_size)
-        if sample is None:
-            return None
-        self.replayed_batches += 1
-        sampled = time.perf_counter()
-        self.timings["replay_s"] += sampled - start
-        loss, stats, priorities = self.loss(sample)
-        updates_before = self.updates
-        grad_norm, backward_done = self.gradient_step(loss)
-        if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
-            self.target.load_state_dict(self.model.state_dict())
-        optimized = time.perf_counter()
-        priorities = priorities.double().cpu().numpy() + PRIORITY_EPS
-        if np.isfinite(priorities).all():
-            self.replay.update_priorities(sample.indices, sample.generations, priorities)
-        end = time.perf_counter()
-        self.timings["forward_backward_s"] += backward_done - sampled
-        self.timings["optimizer_s"] += optimized - backward_done
-        self.timings["replay_s"] += end - optimized
-        loss_value = float(stats["loss"])
-        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm,
-                "q_mean": float(stats["q_mean"])}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "target": self.target.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.target.load_state_dict(state.get("target", state["model"]))
-
-    def close(self) -> None:
-        self.replay.close()
