@@ -416,3 +416,42 @@ def test_only_a_recurrent_policy_solves_the_memory_task(core, solves, tmp_path):
         assert greedy["episode_return_mean"] > 0.9
     else:
         assert solved is None and abs(returns[-1][2]) < 0.3
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_layer_by_layer_unroll_matches_torch_cells_step_by_step_with_gradients(kind, layers):
+    """RecurrentCore computes each layer over all steps at once; the reference steps torch's own
+    LSTMCell / GRUCell one step at a time, zeroing the state at episode starts."""
+    torch.manual_seed(0)
+    core = RecurrentCore(kind, 10, 8, layers)
+    for p in core.parameters():
+        torch.nn.init.normal_(p)
+    T, B = 6, 5
+    x = torch.randn(T, B, 10, requires_grad=True)
+    state0 = torch.randn(B, core.state_size, requires_grad=True)
+    starts = torch.rand(T, B) < 0.3
+    out, last = core(x, state0, starts)
+    keep = (~starts).float().unsqueeze(-1)
+    state, outs = state0, []
+    for t in range(T):
+        chunks = (state * keep[t]).view(B, layers, core.parts, 8)
+        new, inp = [], x[t]
+        for i, cell in enumerate(core.cells):
+            if kind == "lstm":
+                h, c = cell(inp, (chunks[:, i, 0], chunks[:, i, 1]))
+                new += [h, c]
+            else:
+                h = cell(inp, chunks[:, i, 0])
+                new.append(h)
+            inp = h
+        state = torch.stack(new, 1).reshape(B, -1)
+        outs.append(inp)
+    reference = torch.stack(outs)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, state, rtol=1e-5, atol=1e-5)
+    wrt = [x, state0, *core.parameters()]
+    ours = torch.autograd.grad((out ** 2).sum() + (last ** 2).sum(), wrt)
+    theirs = torch.autograd.grad((reference ** 2).sum() + (state ** 2).sum(), wrt)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
