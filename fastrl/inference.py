@@ -90,12 +90,13 @@ class InferenceBatcher:
             else:
                 params, _ = self.model(obs)
             if self.epsilons is None:
-                actions, logp = self.head.sample_with_log_prob(params)
+                actions, behaviour_logp = self.head.sample_with_log_prob(params)
             else:
                 env_ids = arena.request_envs[workers, requests]  # [n, b]
-                actions, logp = epsilon_greedy(params.cpu(), self.epsilons[workers[:, None], env_ids].reshape(-1))
-            actions, logp = actions.cpu().numpy(), logp.cpu().numpy()
-        write_actions(slots, steps, actions.reshape(len(slots), -1), logp, self.version,
+                epsilons = self.epsilons[workers[:, None], env_ids].reshape(-1)
+                actions, behaviour_logp = epsilon_greedy(params.cpu(), epsilons)
+            actions, behaviour_logp = actions.cpu().numpy(), behaviour_logp.cpu().numpy()
+        write_actions(slots, steps, actions.reshape(len(slots), -1), behaviour_logp, self.version,
                       self.slot_actions, arena.behaviour_logp, arena.version)
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
@@ -142,13 +143,14 @@ def request_cursors(request_envs, env_slot, env_t, workers, requests):
 
 
 @numba.njit(cache=True, nogil=True)
-def write_actions(slots, steps, actions, logp, version, slot_actions, slot_logp, slot_version):
-    """Row k of ``actions`` ``[n, A]`` and ``logp`` ``[n]``, and ``version``, into slot row
-    ``(slots[k], steps[k])`` of ``slot_actions`` ``[N, T, A]``, ``slot_logp`` and ``slot_version`` ``[N, T]``."""
+def write_actions(slots, steps, actions, behaviour_logp, version, slot_actions, slot_behaviour_logp, slot_version):
+    """Row k of ``actions`` ``[n, A]`` and ``behaviour_logp`` ``[n]``, and ``version``, into slot row
+    ``(slots[k], steps[k])`` of ``slot_actions`` ``[N, T, A]``, ``slot_behaviour_logp`` and ``slot_version``
+    ``[N, T]``."""
     for k in range(slots.shape[0]):
         s, t = slots[k], steps[k]
         slot_actions[s, t, :] = actions[k]
-        slot_logp[s, t] = logp[k]
+        slot_behaviour_logp[s, t] = behaviour_logp[k]
         slot_version[s, t] = version
 
 

@@ -162,7 +162,7 @@ class SequenceBatch:
 
     obs: np.ndarray
     actions: np.ndarray  # [T, B, *action_shape]
-    logp: np.ndarray  # [T, B] float32 behaviour log-probabilities
+    behaviour_logp: np.ndarray  # [T, B] float32 behaviour policy's log-probabilities
     rewards: np.ndarray  # [T, B] float32
     terminated: np.ndarray  # [T, B] bool
     truncated: np.ndarray  # [T, B] bool
@@ -526,17 +526,17 @@ class SequenceReplay(_StreamReplay):
         super().__init__(settings, num_streams=num_streams, obs_shape=obs_shape,
                          obs_dtype=obs_dtype, action_shape=action_shape, action_dtype=action_dtype,
                          horizon=sequence_length, stride=sequence_stride, start_needs_valid=False,
-                         step_fields={"logp": ((), np.float32)}, seed=seed)
+                         step_fields={"behaviour_logp": ((), np.float32)}, seed=seed)
         self.state_size = state_size
         self._states = np.zeros((self.capacity // sequence_stride, state_size), np.float32) if state_size else None
 
-    def add(self, env_ids, obs, actions, rewards, terminated, truncated, logp, states=None) -> None:
-        """As :meth:`TransitionReplay.add`, plus ``logp`` ``[N]``: the behaviour policy's
+    def add(self, env_ids, obs, actions, rewards, terminated, truncated, behaviour_logp, states=None) -> None:
+        """As :meth:`TransitionReplay.add`, plus ``behaviour_logp`` ``[N]``: the behaviour policy's
         log-probability of each action, and with ``state_size``, ``states`` ``[N, state_size]``:
         the recurrent state each record's action was chosen with (kept where a sequence starts)."""
         if (states is None) != (self._states is None):
             raise ValueError("SequenceReplay.add: states [N, state_size] are needed exactly when state_size > 0")
-        self._add(env_ids, obs, {"actions": actions, "rewards": rewards, "logp": logp},
+        self._add(env_ids, obs, {"actions": actions, "rewards": rewards, "behaviour_logp": behaviour_logp},
                   terminated, truncated, states=states)
 
     def _write_states(self, slots, times, states) -> None:
@@ -560,10 +560,10 @@ class SequenceReplay(_StreamReplay):
         self._frames.read(rows.ravel(), obs)
         taken = steps[:-1]
         return SequenceBatch(obs=obs, actions=self._steps["actions"][taken],
-                             logp=self._steps["logp"][taken], rewards=self._steps["rewards"][taken],
-                             terminated=self._terminated[taken], truncated=self._truncated[taken],
-                             valid=self._valid[taken], indices=indices, generations=generations,
-                             weights=weights,
+                             behaviour_logp=self._steps["behaviour_logp"][taken],
+                             rewards=self._steps["rewards"][taken], terminated=self._terminated[taken],
+                             truncated=self._truncated[taken], valid=self._valid[taken], indices=indices,
+                             generations=generations, weights=weights,
                              initial_state=None if self._states is None else self._states[indices // self.stride])
 
 

@@ -157,7 +157,7 @@ class ObsLayout:
         each leaf's stored dtype. Not packed: ``{"obs": rows}``."""
         if not self.packed:
             return {"obs": rows}
-        import torch
+        import torch  # here, not at the top: the rollout workers import this module and never torch
 
         lead = rows.shape[:-1]
         rows = rows.contiguous()

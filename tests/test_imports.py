@@ -89,8 +89,10 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_learner_family_imports_down_only():
     graph = import_graph()
     shell = {"fastrl.learner.process", "fastrl.learner.host"}
-    algorithms = {"fastrl.learner.factory", "fastrl.learner.vtrace", "fastrl.learner.dqn", "fastrl.learner.base"}
+    algorithms = {"fastrl.learner.factory", "fastrl.learner.vtrace", "fastrl.learner.dqn", "fastrl.learner.base",
+                  "fastrl.learner.qlearning", "fastrl.learner.r2d2"}
     for module in algorithms:
         assert not graph[module] & shell, f"{module} imports the process shell"
-    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.replay", "fastrl.models"):
+    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed", "fastrl.replay",
+                   "fastrl.models"):
         assert not graph[module] & (shell | algorithms), f"{module} imports upwards"

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from fastrl.config import build_config
 from fastrl.kernels import vtrace
 from fastrl.learner import Learner, appo_loss, impala_loss, td_loss
+from tests.test_dqn import E, T, make_dqn, perturb, reference_windows, stream_batches
 from tests.test_learner import random_batch
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -32,10 +33,10 @@ def test_pure_losses_reproduce_the_learners_numbers(algo, loss_fn):
     learner, batch = learner_and_tensors(algo)
     probe = copy.deepcopy(learner)
     rewards, discounts = probe.rewards_and_discounts(batch)
-    params, values, logp = probe.evaluate(batch)
+    params, values, target_logp = probe.evaluate(batch)
     T, B = rewards.shape
     entropy = probe.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
-    loss, stats = loss_fn(logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
+    loss, stats = loss_fn(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
                           **probe.loss_settings())
     reported = learner.train(batch)  # one epoch, one minibatch: the loss before its step
     for key in ("loss", "policy_loss", "value_loss", "entropy"):
@@ -90,3 +91,52 @@ def test_td_loss_is_the_weighted_huber_loss_and_reports_td_errors():
     assert torch.equal(stats["td"], targets - q.detach())
     loss.backward()
     assert q.grad is not None and targets.grad is None
+
+
+def test_td_loss_reproduces_the_dqn_learners_numbers():
+    """q_taken, the n-step double-Q targets and the importance weights of the batch the learner
+    samples, computed here from its networks, its streams and its tree: td_loss on them is the
+    loss its gradient step reports."""
+    learner = make_dqn()
+    perturb(learner.target)  # online and target differ: double Q matters
+    batches = stream_batches(2, seed=3, p_terminate=0.15, p_truncate=0.1)
+    # Each env's stream, time-major [2T (+1), E], as the replay holds it.
+    obs = torch.empty(2 * T + 1, E, 4)
+    actions = torch.empty(2 * T, E, dtype=torch.int64)
+    rewards = torch.empty(2 * T, E)
+    terminated, truncated = torch.empty(2 * T, E, dtype=torch.bool), torch.empty(2 * T, E, dtype=torch.bool)
+    for k, (batch, env_ids) in enumerate(batches):
+        rows, cols = slice(k * T, (k + 1) * T), torch.from_numpy(env_ids)
+        obs[k * T:(k + 1) * T + 1, cols] = batch.obs
+        actions[rows, cols], terminated[rows, cols], truncated[rows, cols] = (
+            batch.actions, batch.terminated, batch.truncated)
+        rewards[rows, cols] = learner.transformed_rewards(batch.rewards)
+        learner.train(batch, env_ids=env_ids)  # 64 records: min_fill reached, no step taken yet
+    assert learner.updates == 0
+
+    model, target = copy.deepcopy(learner.model), copy.deepcopy(learner.target)  # before the step
+    ring = learner.replay.ring_len
+    tree = learner.replay.priorities(np.arange(E * ring))  # p^alpha of every slot
+    drawn = []
+    sample = learner.replay.sample
+    learner.replay.sample = lambda batch_size: drawn.append(sample(batch_size, rng=5)) or drawn[-1]  # a fixed draw
+    reported = learner.update()
+    indices = drawn[0].indices
+
+    env, t = indices // ring, indices % ring  # slot env * L + t holds record t of env's stream (t < L here)
+    cfg = learner.cfg
+    returns, discounts, ends = reference_windows(rewards.double().numpy(), terminated.numpy(), truncated.numpy(),
+                                                 cfg.learner.gamma, cfg.replay.n_step)
+    with torch.no_grad():
+        end_obs = obs[ends[t, env], env]
+        best = model(end_obs)[0].argmax(-1, keepdim=True)
+        bootstrap = target(end_obs)[0].gather(-1, best).squeeze(-1)
+        targets = torch.from_numpy(returns[t, env] + discounts[t, env] * bootstrap.double().numpy()).float()
+    q_taken = model(obs[t, env])[0].gather(-1, actions[t, env][:, None]).squeeze(-1)
+    weights = torch.from_numpy((tree[indices] / tree[indices].min()) ** -cfg.replay.beta).float()
+    loss, stats = td_loss(q_taken, targets, weights)
+
+    assert weights.min() < 1  # the importance weights matter
+    np.testing.assert_allclose(drawn[0].weights, weights.numpy(), rtol=1e-6)
+    assert float(loss.detach()) == pytest.approx(reported["loss"], rel=1e-5)
+    assert float(stats["q_mean"]) == pytest.approx(reported["q_mean"], rel=1e-5)

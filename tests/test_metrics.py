@@ -55,3 +55,35 @@ def test_the_reports_kept_in_memory_are_bounded(tmp_path, monkeypatch):
     reporter.close()
     assert len(reporter.history) == 5  # the newest five
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 12  # every report on disk
+
+
+def test_a_resumed_run_s_eta_counts_what_it_did_before_the_resume():
+    """Both budgets count from the start of the run (--help says so): 60 of 100 trained seconds and
+    600 env steps were done before the resume."""
+    import re
+
+    from fastrl.metrics import Reporter
+    from fastrl.shm import Control
+
+    def eta(target_env_steps: int, target_seconds: float) -> float:
+        arena = small_arena(num_workers=1)
+        arena.control[Control.ENV_STEPS_OFFSET] = 600
+        arena.env_steps[0] = 100  # this session's steps
+        reporter = Reporter(arena, None, frame_skip=1, target_env_steps=target_env_steps,
+                            target_seconds=target_seconds, trained_before=60.0)
+        record = {"env_steps": reporter.env_steps(), "env_steps_per_s": 10.0, "fps": 10.0,
+                  "episode_return_mean": 0.0, "policy_lag_mean": 0.0, "policy_lag_max": 0.0, "learner_updates": 0}
+        assert record["env_steps"] == 700
+        return float(re.search(r"ETA (\d+)s", reporter.status_line(record)).group(1))
+
+    assert abs(eta(target_env_steps=0, target_seconds=100) - 40) <= 1  # 40 s left, not 100
+    assert eta(target_env_steps=1000, target_seconds=0) == 30  # 300 steps left at 10/s, not 900
+    assert eta(target_env_steps=1000, target_seconds=100) == 30  # the nearer budget
+
+
+def test_help_says_how_the_budgets_count_with_resume():
+    from fastrl.cli import train_parser
+
+    text = " ".join(train_parser().format_help().split())
+    assert "a resumed run counts the steps it did before the resume" in text
+    assert "a resumed run counts the time it trained before the resume" in text

@@ -98,7 +98,7 @@ def sequence_sample(cfg, learner, seed=0, episode_end_at=None):
         valid[episode_end_at + 1] = False  # the autoreset step
     return SequenceBatch(
         obs=rng.standard_normal((L + 1, B, 3)).astype(np.float32), actions=rng.integers(0, 2, (L, B)),
-        logp=np.zeros((L, B), np.float32), rewards=rng.standard_normal((L, B)).astype(np.float32),
+        behaviour_logp=np.zeros((L, B), np.float32), rewards=rng.standard_normal((L, B)).astype(np.float32),
         terminated=terminated, truncated=np.zeros((L, B), bool), valid=valid, indices=np.arange(B),
         generations=np.zeros(B, np.int64), weights=np.ones(B, np.float32),
         initial_state=rng.standard_normal((B, learner.model.state_size)).astype(np.float32))

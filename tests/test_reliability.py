@@ -161,6 +161,7 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothin
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_one_line(tmp_path):
+    before = segments()
     (tmp_path / "checkpoints").write_text("a file where the checkpoint folder should be")
     proc = start_cli(tmp_path, "--overwrite", "--train-for-env-steps", "100000")
     _, err = proc.communicate(timeout=180)
@@ -168,3 +169,4 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_one_line(tmp_pat
     assert err.strip().count("\n") == 0 and "cannot write checkpoint" in err, err
     assert "the run stopped: cannot write checkpoint" in (tmp_path / "train.log").read_text()
     assert not alive(children_of(tmp_path))
+    assert segments() <= before

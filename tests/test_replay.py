@@ -45,7 +45,7 @@ class NaiveEnvs:
                 for h in range(stack - 1):
                     older = [self.frames[env][0]] * (stack - 1 - h) + list(self.frames[env])[:h + 1]
                     self.record(env, self.obs(older), action=0, reward=0.0, terminated=False,
-                                truncated=False, valid=False, logp=0.0)
+                                truncated=False, valid=False, behaviour_logp=0.0)
             else:
                 self.frames.append(self.reset_frames(env))
 
@@ -66,7 +66,7 @@ class NaiveEnvs:
     def step(self, env):
         """One agent step of ``env``: returns the replay row (obs acted on, action, ...)."""
         obs = self.obs(self.frames[env])
-        action, logp = int(self.rng.integers(0, 5)), float(self.rng.normal())
+        action, behaviour_logp = int(self.rng.integers(0, 5)), float(self.rng.normal())
         if self.pending_reset[env]:  # action discarded, env resets
             self.frames[env] = self.reset_frames(env)
             reward, terminated, truncated, valid = 0.0, False, False, False
@@ -78,8 +78,8 @@ class NaiveEnvs:
             valid = True
         self.pending_reset[env] = terminated or truncated
         self.record(env, obs, action=action, reward=np.float32(reward), terminated=terminated,
-                    truncated=truncated, valid=valid, logp=np.float32(logp))
-        return env, obs, action, reward, terminated, truncated, logp
+                    truncated=truncated, valid=valid, behaviour_logp=np.float32(behaviour_logp))
+        return env, obs, action, reward, terminated, truncated, behaviour_logp
 
     def chunk(self, max_steps=3):
         """Rows from a random subset of envs, a random number of steps each, interleaved."""
@@ -88,9 +88,9 @@ class NaiveEnvs:
         rows = [self.step(int(env)) for env in self.rng.permutation(envs)]
         if not rows:
             return None
-        env_ids, obs, actions, rewards, terminated, truncated, logp = map(np.array, zip(*rows))
+        env_ids, obs, actions, rewards, terminated, truncated, behaviour_logp = map(np.array, zip(*rows))
         return dict(env_ids=env_ids, obs=obs, actions=actions, rewards=rewards,
-                    terminated=terminated, truncated=truncated, logp=logp)
+                    terminated=terminated, truncated=truncated, behaviour_logp=behaviour_logp)
 
 
 def expected_sampleable(envs, ring_len, stack, horizon, stride=1, needs_valid=True):
@@ -312,11 +312,11 @@ def test_sequences_are_time_major_windows_on_the_stride(stack):
             np.testing.assert_array_equal(batch.obs[:, b], np.stack([r["obs"] for r in records]))
             for name, field in [("action", batch.actions), ("reward", batch.rewards),
                                 ("terminated", batch.terminated), ("truncated", batch.truncated),
-                                ("valid", batch.valid), ("logp", batch.logp)]:
+                                ("valid", batch.valid), ("behaviour_logp", batch.behaviour_logp)]:
                 np.testing.assert_array_equal(field[:, b], [r[name] for r in records[:T]])
             seen.add((env, t))
 
-    fill(replay, envs, 80, check, extra_fields=("logp",))
+    fill(replay, envs, 80, check, extra_fields=("behaviour_logp",))
     assert len(seen) > 50
 
 

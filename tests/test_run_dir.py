@@ -61,6 +61,27 @@ def test_run_dir_mistakes_are_one_line_errors(tmp_path, resume, overwrite, setup
     assert "\n" not in str(info.value)
 
 
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):  # tests run as root, where chmod cannot take write access away
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("fastrl.run_dir.tempfile.NamedTemporaryFile", refuse)
+    with pytest.raises(RunDirError, match=r"cannot write into run directory '.*run' \(Permission denied\); "
+                                          r"pass a writable --run-dir") as info:
+        check_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_as_run_dir_is_reported_before_the_env_is_probed(tmp_path):
+    path = tmp_path / "run"
+    path.write_text("x")
+    cfg = tiny_config()
+    cfg.env.id = "NoSuchEnv-v0"  # the env probe would fail with "Unknown env id" if it came first
+    with pytest.raises(RunError, match="is a file; pass another --run-dir") as info:
+        train(cfg, run_dir=path, quiet=True)
+    assert "NoSuchEnv" not in str(info.value) and "\n" not in str(info.value)
+
+
 def test_cli_reports_a_file_as_run_dir_without_a_traceback(tmp_path, capsys):
     path = tmp_path / "run"
     path.write_text("x")
@@ -96,6 +117,17 @@ def test_resume_with_another_model_is_refused_before_config_toml_changes(finishe
     cfg.model.hidden_sizes = [16]
     cfg.serial = True
     with pytest.raises(RunError, match=r"model\.hidden_sizes: \[64, 64\] -> \[16\]") as info:
+        train(cfg, run_dir=finished_run, resume=True, quiet=True)
+    assert "\n" not in str(info.value) and "--run-dir" in str(info.value)
+    assert (finished_run / "config.toml").read_text() == config_before
+
+
+def test_resume_with_another_env_is_refused_before_config_toml_changes(finished_run):
+    config_before = (finished_run / "config.toml").read_text()
+    cfg = load_run_config(finished_run)
+    cfg.env.id = "Acrobot-v1"
+    cfg.serial = True
+    with pytest.raises(RunError, match=r"env\.id: 'CartPole-v1' -> 'Acrobot-v1'") as info:
         train(cfg, run_dir=finished_run, resume=True, quiet=True)
     assert "\n" not in str(info.value) and "--run-dir" in str(info.value)
     assert (finished_run / "config.toml").read_text() == config_before

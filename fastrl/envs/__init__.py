@@ -17,7 +17,10 @@ from typing import Any
 
 import gymnasium
 
+from fastrl.envs import atari
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
+from fastrl.envs.gym_backend import GymnasiumSplits
+from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
 
@@ -74,14 +77,13 @@ def make_vec_env(
     env_kwargs = dict(env_kwargs or {})
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
+        # envpool is optional, and importing it loads every env family (seconds): only when used.
         from fastrl.envs.envpool_backend import make_envpool_vec_env
 
         env = make_envpool_vec_env(
             env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
         )
     else:
-        from fastrl.envs.gym_backend import GymnasiumSplits
-
         env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
         env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
     _check_spaces(env, env_id)
@@ -123,11 +125,11 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
 
 def _registered_ids(backend: str) -> Mapping[str, Any]:
     if backend == "envpool":
-        from envpool.registration import registry
+        from envpool.registration import registry  # optional, and seconds to load: only when asked
 
         return registry.specs
     try:
-        import ale_py  # noqa: F401  (registers the ALE ids with gymnasium)
+        import ale_py  # noqa: F401  (optional; importing it registers the ALE ids with gymnasium)
     except ImportError:
         pass
     return gymnasium.registry
@@ -171,8 +173,6 @@ def _gymnasium_env_fn(
             return env
 
         return make_checked, 1
-    from fastrl.envs import atari
-
     if atari.is_atari_id(env_id):
         config, _ = atari.atari_config(env_kwargs)
         return (lambda: atari.make_atari_env(env_id, **env_kwargs)), config["frame_skip"]
@@ -182,8 +182,6 @@ def _gymnasium_env_fn(
 def _check_spaces(env: VecEnv, env_id: str) -> None:
     """Fail now, in one line naming the space (and its key path), if fastrl cannot store the
     observations or act in the action space (see fastrl.spaces)."""
-    from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
-
     try:
         check_action_mask(ObsLayout(env.observation_space), ActionLayout(env.action_space))
     except UnsupportedSpace as exc:

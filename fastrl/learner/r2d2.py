@@ -83,7 +83,8 @@ class R2D2Learner(ReplayQLearner):
                                f"an env whose reset fills the stack")
         states = np.zeros((T, B, self.model.state_size), np.float32)
         states[0] = batch.initial_state.numpy()  # the replay keeps the states at sequence starts
-        add_trajectories(self.replay, batch, rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), states=states)
+        add_trajectories(self.replay, batch, rewards, env_ids, fresh, behaviour_logp=batch.behaviour_logp.numpy(),
+                         states=states)
         self.timings["replay_s"] += time.perf_counter() - start
 
         return self.replay_steps(lag_stats)

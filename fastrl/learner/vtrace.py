@@ -123,7 +123,8 @@ class VTraceLearner(BaseLearner):
             per_step = np.zeros((T, B, batch.initial_state.shape[1]), np.float32)
             per_step[0] = batch.initial_state.numpy()
             states = {"states": per_step}
-        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, logp=batch.behaviour_logp.numpy(), **states)
+        add_trajectories(self.replay, batch, batch.rewards, env_ids, fresh, behaviour_logp=batch.behaviour_logp.numpy(),
+                         **states)
         fraction = self.cfg.replay.vtrace_fraction
         wanted = int(round(B * fraction / (1.0 - fraction)))
         wanted -= (B + wanted) % self.lcfg.num_minibatches  # keep the minibatches equal
@@ -132,7 +133,7 @@ class VTraceLearner(BaseLearner):
             return batch
         return batch.concat(Trajectories(
             obs=torch.from_numpy(replayed.obs), actions=torch.from_numpy(replayed.actions),
-            behaviour_logp=torch.from_numpy(replayed.logp), rewards=torch.from_numpy(replayed.rewards),
+            behaviour_logp=torch.from_numpy(replayed.behaviour_logp), rewards=torch.from_numpy(replayed.rewards),
             terminated=torch.from_numpy(replayed.terminated), truncated=torch.from_numpy(replayed.truncated),
             valid=torch.from_numpy(replayed.valid), version=torch.full((T, wanted), self.version, dtype=torch.int64),
             initial_state=None if replayed.initial_state is None else torch.from_numpy(replayed.initial_state)))
@@ -151,9 +152,9 @@ class VTraceLearner(BaseLearner):
         else:
             params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
         params = params.reshape(T + 1, B, -1)[:T]
-        logp = self.head.log_prob(params.reshape(T * B, -1),
-                                  batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
-        return params, values.reshape(T + 1, B), logp
+        target_logp = self.head.log_prob(params.reshape(T * B, -1),
+                                         batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
+        return params, values.reshape(T + 1, B), target_logp
 
     def unroll(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
         """The recurrent model over all ``T + 1`` observations: (params ``[T+1, B, P]``, values ``[T+1, B]``)."""
@@ -161,25 +162,25 @@ class VTraceLearner(BaseLearner):
             raise ValueError("a recurrent model trains on Trajectories with initial_state [B, state_size]")
         return unroll(self.model, batch.obs, batch.initial_state, batch.episode_starts(), self.lcfg.burn_in)
 
-    def vtrace_targets(self, batch: Trajectories, logp: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor,
-                       discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def vtrace_targets(self, batch: Trajectories, target_logp: torch.Tensor, values: torch.Tensor,
+                       rewards: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """V-trace value targets ``vs`` and policy-gradient advantages of ``batch``, both ``[T, B]``."""
         settings = self.loss_settings()
-        return vtrace_targets_of(logp, batch.behaviour_logp, values, rewards, discounts, batch.valid,
+        return vtrace_targets_of(target_logp, batch.behaviour_logp, values, rewards, discounts, batch.valid,
                                  **{k: settings[k] for k in ("clip_rho", "clip_c", "clip_pg_rho", "lambda_")})
 
     def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor) -> dict:
         """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on."""
         start = time.perf_counter()
         T, B = rewards.shape
-        params, values, logp = self.evaluate(batch)
+        params, values, target_logp = self.evaluate(batch)
         vtrace_start = time.perf_counter()
         # Computed here rather than inside the loss only so that the profiler can time it apart.
-        targets = self.vtrace_targets(batch, logp.detach(), values.detach(), rewards, discounts)
+        targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
         vtrace_time = time.perf_counter() - vtrace_start
         entropy = self.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
-        loss, stats = self.loss(logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid, mask,
-                                targets=targets, **self.loss_settings())
+        loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
+                                mask, targets=targets, **self.loss_settings())
         grad_norm, backward_done = self.gradient_step(loss)
         end = time.perf_counter()
         self.timings["forward_backward_s"] += backward_done - start - vtrace_time
