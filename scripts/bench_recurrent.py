@@ -104,16 +104,17 @@ def main(argv=None) -> int:
         ff, lstm = rows
         print(f"{'lstm / ff':<14} {lstm['env_steps_per_s'] / ff['env_steps_per_s']:>12.2f} "
               f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
-    print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return > {args.target:g}:")
     medians = {}
-    for core in args.learners:
+    if solves:
+        print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return > {args.target:g}:")
+    for core in args.learners if solves else ():
         runs = [s for s in solves if s["core"] == core]
         for s in runs:
             shown = (f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] is not None
                      else "not solved")
             print(f"  {core} seed {s['seed']}: {shown}; final return {s['final_return'] or 0:.2f}")
         solved = [s["seconds"] for s in runs if s["seconds"] is not None]
-        medians[core] = statistics.median(solved) if len(solved) == len(runs) else None
+        medians[core] = statistics.median(solved) if solved and len(solved) == len(runs) else None
         median = f"{medians[core]:.1f} s" if medians[core] is not None else "not all seeds solved"
         print(f"  {core} median: {median}")
     print(json.dumps({"throughput": rows, "memory": solves, "memory_median_seconds": medians}))
