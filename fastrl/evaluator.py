@@ -1,0 +1,228 @@
+"""Evaluation during training: complete episodes on the evaluator's own envs with the latest
+published weights, every ``eval.every_s`` seconds, off the training hot path.
+
+The evaluator reads the weights the learner publishes for the batcher (fastrl.shm.WeightBuffer),
+plays ``eval.episodes`` episodes with ``fastrl.evaluate.evaluate_policy`` (not counted as training
+env steps, not in the training episode statistics), records the result in the arena's
+``eval_stats`` for the runner's next report, and keeps ``checkpoints/best.pt``: the weights with
+the best evaluated mean return. In its own process it runs at a lower CPU priority: on a machine
+with fewer cores than processes it takes what the actors and the learner leave.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
+from .config import Config
+from .evaluate import evaluate_policy
+from .models import load_flat_state, num_state_values
+from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
+from .shm import Arena, Control, WeightBuffer, set_error
+from .video import VideoError, write_video  # imageio itself is imported only to write
+
+EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
+SEED_OFFSET = 1_000_003  # evaluation episodes never replay the training envs' seeds
+
+
+class EvalStats:
+    """Indices into ``arena.eval_stats``. ``SEQ`` is odd while the evaluator writes a result and
+    counts finished evaluations (two per result), so a reader never takes a torn one."""
+
+    SEQ = 0
+    WEIGHTS_VERSION = 1
+    AT_ENV_STEPS = 2  # training env steps when the evaluated weights were taken
+    RETURN_MEAN = 3
+    RETURN_STD = 4
+    LENGTH_MEAN = 5
+    EPISODES = 6
+    ENV_STEPS = 7  # env steps played by every evaluation of this session so far
+    SECONDS = 8  # how long the last evaluation took
+    BEST_RETURN = 9
+    CLIP_AT = 10  # AT_ENV_STEPS of the newest clip (eval.video_every_s), -1 before the first
+    SIZE = 11
+
+
+CLIP_FRAMES = 900  # 30 s at the video's 30 fps: a clip, not the whole of a long Atari episode
+
+
+def clip_path(at_env_steps: int) -> str:
+    """A training clip's path inside the run directory."""
+    return f"videos/eval_{at_env_steps:012d}.mp4"
+
+
+class EvalResults:
+    """The runner's side: the newest evaluation since the last call, as metrics keys."""
+
+    def __init__(self, arena: Arena):
+        self.stats = arena.eval_stats
+        self.seen = int(self.stats[EvalStats.SEQ])
+        self.clip_seen = -1
+
+    def new(self) -> dict:
+        seq = int(self.stats[EvalStats.SEQ])
+        if seq == self.seen or seq % 2:
+            return {}
+        s = self.stats.copy()
+        if int(self.stats[EvalStats.SEQ]) != seq:
+            return {}  # a result landed during the copy: take it next report
+        self.seen = seq
+        clip = int(s[EvalStats.CLIP_AT])
+        new_clip = {"eval_video": clip_path(clip)} if clip >= 0 and clip != self.clip_seen else {}
+        self.clip_seen = clip
+        return {**new_clip, "eval_return_mean": float(s[EvalStats.RETURN_MEAN]), "eval_return_std": float(s[EvalStats.RETURN_STD]),
+                "eval_length_mean": float(s[EvalStats.LENGTH_MEAN]), "eval_episodes": int(s[EvalStats.EPISODES]),
+                "eval_env_steps": int(s[EvalStats.ENV_STEPS]), "eval_weights_version": int(s[EvalStats.WEIGHTS_VERSION]),
+                "eval_at_env_steps": int(s[EvalStats.AT_ENV_STEPS]), "eval_seconds": float(s[EvalStats.SECONDS]),
+                "eval_best_return": float(s[EvalStats.BEST_RETURN])}
+
+
+class Evaluator:
+    """Evaluates the newest published weights and keeps best.pt (when ``run_dir`` is set)."""
+
+    def __init__(self, cfg: Config, arena: Arena, model: torch.nn.Module, run_dir: Path | None,
+                 device: str = "cpu", keep_going=None):
+        self.cfg = cfg
+        self.arena = arena
+        self.model = model.to(device).eval()
+        self.device = device
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.keep_going = keep_going
+        self.weights = WeightBuffer(arena)
+        self.flat = np.empty(num_state_values(model), dtype=np.float32)
+        self.stats = arena.eval_stats
+        self.evaluations = 0
+        self.best = self._best_so_far()
+        self.stats[EvalStats.BEST_RETURN] = self.best
+        self.stats[EvalStats.CLIP_AT] = -1
+        # The first evaluation brings a clip, then one every eval.video_every_s.
+        self.next_clip = time.monotonic() if cfg.eval.video_every_s and self.run_dir is not None else math.inf
+
+    def _best_so_far(self) -> float:
+        """A resumed run keeps its best.pt unless a better evaluation replaces it."""
+        path = best_checkpoint_path(self.run_dir) if self.run_dir is not None else None
+        if path is None or not path.exists():
+            return -math.inf
+        try:
+            return float(load_checkpoint(path)["eval"]["eval_return_mean"])
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            return -math.inf  # unreadable: the next evaluation writes a good one
+
+    def load_latest_weights(self) -> int | None:
+        """Copy the newest published weights into the model; their version, None before the first."""
+        if int(self.weights.version[0]) < 0:
+            return None
+        while True:
+            version = self.weights.read_into(self.flat)
+            if version is not None:
+                break
+            time.sleep(0.001)  # the learner is writing that buffer: retry in a moment
+        load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
+        return version
+
+    def evaluate(self) -> dict | None:
+        """One evaluation of the newest weights; None if none are published yet."""
+        at_env_steps = int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+        version = self.load_latest_weights()
+        if version is None:
+            return None
+        started = time.perf_counter()
+        result = evaluate_policy(self.cfg, self.model, self.cfg.eval.episodes, self.cfg.eval.deterministic,
+                                 self.device, seed=self.cfg.seed + SEED_OFFSET + 7919 * self.evaluations,
+                                 num_envs=self.cfg.eval.num_envs, keep_going=self.keep_going)
+        self.evaluations += 1
+        seconds = time.perf_counter() - started
+        improved = result["episode_return_mean"] > self.best
+        if improved:
+            self.best = result["episode_return_mean"]
+            self._save_best(result, version, at_env_steps)
+        clip_at = self._clip(at_env_steps) if time.monotonic() >= self.next_clip else None
+        self._record(result, version, at_env_steps, seconds, clip_at)
+        return result
+
+    def _clip(self, at_env_steps: int) -> int:
+        """Write one episode's clip of the evaluated weights (its first CLIP_FRAMES frames)."""
+        self.next_clip = time.monotonic() + self.cfg.eval.video_every_s
+        write_video(self.cfg, self.model, self.run_dir / clip_path(at_env_steps), episodes=1,
+                    deterministic=self.cfg.eval.deterministic, seed=self.cfg.seed + SEED_OFFSET,
+                    max_frames=CLIP_FRAMES, keep_going=self.keep_going)
+        return at_env_steps
+
+    def _record(self, result: dict, version: int, at_env_steps: int, seconds: float, clip_at: int | None) -> None:
+        s = self.stats
+        s[EvalStats.SEQ] += 1  # odd: writing
+        s[EvalStats.WEIGHTS_VERSION] = version
+        s[EvalStats.AT_ENV_STEPS] = at_env_steps
+        s[EvalStats.RETURN_MEAN] = result["episode_return_mean"]
+        s[EvalStats.RETURN_STD] = result["episode_return_std"]
+        s[EvalStats.LENGTH_MEAN] = result["episode_length_mean"]
+        s[EvalStats.EPISODES] = result["episodes"]
+        s[EvalStats.ENV_STEPS] += result["env_steps_played"]
+        s[EvalStats.SECONDS] = seconds
+        s[EvalStats.BEST_RETURN] = self.best
+        if clip_at is not None:
+            s[EvalStats.CLIP_AT] = clip_at
+        s[EvalStats.SEQ] += 1
+
+    def _save_best(self, result: dict, version: int, at_env_steps: int) -> None:
+        if self.run_dir is None:
+            return
+        state = {
+            "learner": {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}},
+            "counters": {"env_steps": at_env_steps, "weights_version": version},
+            "config": self.cfg.to_dict(),
+            "eval": {"eval_return_mean": result["episode_return_mean"],
+                     "eval_return_std": result["episode_return_std"],
+                     "eval_length_mean": result["episode_length_mean"], "eval_episodes": result["episodes"],
+                     "deterministic": self.cfg.eval.deterministic},
+        }
+        write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
+
+
+def evaluator_process(cfg: Config, layout, arena_name: str, model: torch.nn.Module, run_dir: Path | None,
+                      parent_pid: int) -> None:
+    """Main loop of the evaluator process: sleep (blocking, checking the stop flag), evaluate, repeat.
+
+    The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
+    interval pushes the next one back instead of running back to back."""
+    configure_child(parent_pid)
+    try:
+        os.nice(EVAL_NICENESS)
+    except OSError:
+        pass  # not permitted here: evaluate at the same priority
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed + SEED_OFFSET)
+    arena = Arena.attach(layout, arena_name)
+    control = arena.control
+
+    def keep_going() -> None:
+        check_alive(control, parent_pid)
+
+    evaluator = Evaluator(cfg, arena, model, run_dir, "cpu", keep_going)
+    try:
+        due = time.monotonic() + cfg.eval.every_s
+        while True:
+            while time.monotonic() < due:
+                time.sleep(min(WAIT_TIMEOUT_S, max(0.0, due - time.monotonic())))
+                keep_going()
+            if evaluator.evaluate() is None:
+                due = time.monotonic() + WAIT_TIMEOUT_S  # no weights yet
+                continue
+            due = max(due + cfg.eval.every_s, time.monotonic() + cfg.eval.every_s / 2)
+    except ProcessExit:
+        pass
+    except (CheckpointError, VideoError) as exc:
+        set_error(arena, f"{exc} (turn clips off with --set eval.video_every_s=0)" if isinstance(exc, VideoError)
+                  else str(exc))
+        raise
+    except Exception as exc:
+        set_error(arena, f"evaluation during training stopped: {exc} (turn it off with --set eval.every_s=0)")
+        raise
+    finally:
+        del evaluator
+        arena.close()

@@ -1,0 +1,191 @@
+"""Videos of a policy's episodes: one env rendered as RGB frames, written as an H.264 MP4.
+
+The frames are the env's own render, not its observations: an Atari agent sees 84x84 grey
+stacks, a person wants the 210x160 colour screen. envpool renders its tasks itself
+(``render_mode="rgb_array"`` and ``render()``, envpool >= 1.0); gymnasium envs, Atari through
+ale-py and ``module:callable`` factories get ``render_mode="rgb_array"`` and their ``render()``.
+Either way the observations the policy acts on are the ones it was trained on.
+
+A frame is taken after every ``recv()`` of the one env: an episode of L steps gives L + 1
+frames, its first observation and one per step (the last shows the end, before the reset).
+Encoding needs imageio with its ffmpeg plugin (a bundled ffmpeg binary): the ``[video]`` extra.
+"""
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import Config
+from .envs import resolve_backend
+from .envs.base import VecEnv
+from .evaluate import evaluate_policy, load_run_model
+
+VIDEO_EXTRA = "pip install 'fastrl[video]'"
+# A frame per agent step: CartPole steps at 50 Hz and Atari (frame skip 4) at 15 Hz, so 30 fps
+# plays both near real time without a per-env table.
+DEFAULT_FPS = 30
+
+
+class VideoError(RuntimeError):
+    """A video cannot be recorded or written; the message says what to do."""
+
+
+def require_video_extra() -> None:
+    """VideoError naming the pip command when imageio or its ffmpeg plugin is missing."""
+    _imageio()
+
+
+def check_video_output(path: str | Path) -> Path:
+    """Fail early, in one line, if a video cannot be written to ``path``: the ``[video]`` extra is
+    missing, the name does not end in .mp4, or its directory cannot be written (made if missing)."""
+    _imageio()
+    path = Path(path)
+    if path.suffix.lower() != ".mp4":
+        raise VideoError(f"a video is written as MP4: give a path ending in .mp4, not '{path}'")
+    if path.is_dir():
+        raise VideoError(f"'{path}' is a directory: give a file name ending in .mp4")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=path.parent, prefix=".fastrl-write-test-").close()
+    except (FileExistsError, NotADirectoryError):
+        raise VideoError(f"cannot write the video '{path}': a part of its directory is a file; pick another "
+                         f"path") from None
+    except OSError as exc:
+        raise VideoError(f"cannot write the video '{path}' ({exc.strerror or exc}): pick a path in a "
+                         f"writable directory") from None
+    return path
+
+
+def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes: int, deterministic: bool = False,
+                device: str = "cpu", seed: int = 12345, fps: int | None = None, max_frames: int | None = None,
+                keep_going=None) -> dict:
+    """Play ``episodes`` episodes with ``model`` on one rendered env of ``cfg.env`` and write them
+    (their first ``max_frames`` frames, if given) to ``path`` as H.264 at ``fps`` (default
+    DEFAULT_FPS). Returns evaluate_policy's result with ``video`` (the path) and ``video_frames``.
+    Raises VideoError (one line); no partial file is left."""
+    path = check_video_output(path)
+    writer = _imageio().get_writer(path, format="FFMPEG", mode="I", fps=fps or DEFAULT_FPS, codec="libx264",
+                                   pixelformat="yuv420p", ffmpeg_log_level="error",
+                                   # H.264 needs even sides; the default 16 would rescale CartPole's 600x400.
+                                   macro_block_size=2)
+    frames = 0
+
+    def add_frame(frame: np.ndarray) -> None:
+        nonlocal frames
+        if max_frames is None or frames < max_frames:
+            writer.append_data(frame)
+            frames += 1
+
+    try:
+        result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going)
+        writer.close()
+    except OSError as exc:  # ffmpeg could not write: a full disk, say
+        _discard(writer, path)
+        raise VideoError(f"cannot write the video '{path}' ({exc.strerror or exc})") from None
+    except BaseException:
+        _discard(writer, path)
+        raise
+    return {**result, "video": str(path), "video_frames": frames}
+
+
+def write_run_video(run_dir: Path, path: str | Path, episodes: int, deterministic: bool = False, device: str = "cpu",
+                    seed: int = 12345, best: bool = False, fps: int | None = None) -> dict:
+    """fastrl-eval --video: write_video with a run's latest (or ``best``) weights; the result also
+    says which checkpoint (evaluate.load_run_model)."""
+    path = check_video_output(path)  # before the slow part: a bad path or a missing extra fails at once
+    cfg, model, source = load_run_model(run_dir, best)
+    return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps), **source}
+
+
+def record_frames(cfg: Config, model: torch.nn.Module, episodes: int = 1, max_frames: int = 1000,
+                  deterministic: bool = True, device: str = "cpu", seed: int = 12345) -> tuple[np.ndarray, dict]:
+    """A clip in memory, for TensorBoard or W&B during training: uint8 [T, H, W, 3], the first
+    ``max_frames`` frames of ``episodes`` episodes (played to their end all the same: the result,
+    evaluate_policy's, is about complete episodes)."""
+    frames: list[np.ndarray] = []
+
+    def keep(frame: np.ndarray) -> None:
+        if len(frames) < max_frames:
+            frames.append(frame.copy())  # a backend may hand out a buffer it reuses
+
+    result = play_rendered(cfg, model, episodes, keep, deterministic, device, seed)
+    return np.stack(frames), result
+
+
+def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: Callable[[np.ndarray], None],
+                  deterministic: bool = False, device: str = "cpu", seed: int = 12345, keep_going=None) -> dict:
+    """evaluate_policy on one rendered env, handing every frame (uint8 [H, W, 3]) to ``on_frame``."""
+    env, render = open_rendered_env(cfg, seed)
+
+    def grab() -> None:
+        try:
+            frame = render()
+        except Exception as exc:  # a backend or env without rgb_array rendering, a missing renderer package
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            raise VideoError(f"cannot render {cfg.env.id!r} ({type(exc).__name__}: {first_line})") from None
+        on_frame(_checked_frame(frame, cfg.env.id))
+
+    return evaluate_policy(cfg, model, episodes, deterministic, device, seed, env=env, after_recv=grab,
+                           keep_going=keep_going)
+
+
+def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.ndarray]]:
+    """One env of ``cfg.env`` (a VecEnv of num_envs = batch_size = 1) and a function that renders
+    its current frame."""
+    env_id = cfg.env.id
+    backend = resolve_backend(env_id, cfg.env.backend)
+    kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}
+    if backend == "envpool":
+        import envpool
+
+        from .envs.envpool_backend import EnvpoolSplits
+
+        pool = envpool.make(env_id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed % 2**31, **kwargs)
+        env_ids = np.zeros(1, dtype=np.int32)
+        return EnvpoolSplits([pool], frame_skip=1), lambda: pool.render(env_ids=env_ids)[0]
+    from .envs import _gymnasium_env_fn
+    from .envs.gym_backend import GymnasiumSplits
+
+    make_env, _ = _gymnasium_env_fn(env_id, backend, kwargs)
+    made: list = []
+
+    def make_and_keep():
+        try:
+            made.append(make_env())
+        except TypeError as exc:
+            if "render_mode" not in str(exc):
+                raise
+            raise VideoError(f"env factory {env_id!r} takes no render_mode: to record videos, accept "
+                             f"render_mode='rgb_array' and return RGB frames from render()") from None
+        return made[-1]
+
+    return GymnasiumSplits(make_and_keep, 1, 1, seed), lambda: made[0].render()
+
+
+def _checked_frame(frame, env_id: str) -> np.ndarray:
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] == 3 and frame.dtype == np.uint8):
+        got = f"{frame.dtype} {list(frame.shape)}" if isinstance(frame, np.ndarray) else type(frame).__name__
+        raise VideoError(f"{env_id!r} rendered {got}, not an RGB frame (uint8 [height, width, 3])")
+    return frame
+
+
+def _imageio():
+    try:
+        import imageio
+        import imageio_ffmpeg  # noqa: F401  (the ffmpeg binary imageio's FFMPEG format runs)
+    except ImportError:
+        raise VideoError(f"writing a video needs imageio with its ffmpeg plugin: {VIDEO_EXTRA}") from None
+    return imageio
+
+
+def _discard(writer, path: Path) -> None:
+    """Close ``writer`` after a failure and remove what it wrote."""
+    try:
+        writer.close()
+    except Exception:  # ffmpeg may already be gone (it is what failed)
+        pass
+    path.unlink(missing_ok=True)

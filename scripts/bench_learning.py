@@ -1,0 +1,303 @@
+"""Learning benchmark: does a profile keep the promise of its ``expected`` line? Steps and wall
+time to the promised return, median over seeds, and the learning curves.
+
+    python scripts/bench_learning.py --profile cartpole-appo --seeds 3
+    python scripts/bench_learning.py --profile mujoco-appo --set device=cpu
+    python scripts/bench_learning.py --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
+
+The promise is read from the profile's ``expected`` line, e.g. ``episode_return_mean >= 475
+within 60 s wall ...`` or ``HalfCheetah-v5 episode_return_mean >= 1500 within 2M env steps``: a
+metrics key, a threshold, and a budget in env steps (K / M suffixes) or wall seconds (s, min,
+h). ``--metric``, ``--target``, ``--budget-steps`` and ``--budget-seconds`` replace its parts; a
+budget flag replaces the line's budget.
+
+Each seed trains the profile (plus ``--set``) with the budget as its limit on the budget's own
+clock: a step budget sets ``train_for_env_steps``, a time budget ``train_for_seconds`` (which
+counts from when the run's processes start, so the run goes on a few seconds of start-up past a
+wall budget); the profile's other limit stays. ``learner.lr_decay`` decays over that limit, so a
+budget shorter than the profile's own trains with another schedule than ``fastrl-train`` gives.
+
+A run reaches the promise at its first report with the metric >= the threshold: env steps there
+(for ``eval_*`` metrics the env steps where the evaluated weights were taken) and wall time from
+the train() call, start-up included; a report interval (``report_every_s``, ``--set
+report_every_s=1`` for finer) is the resolution. The median over seeds counts a seed that did not
+reach the threshold as later than every seed that did, so it exists while more than half of
+the seeds reach it; the promise holds when the median is within the budget.
+
+Run directories are kept (``OUT_DIR/PROFILE/seed<k>``: metrics.jsonl, config.toml) for
+``fastrl-plot`` or ``--no-train``; the curves (mean over seeds, min-max band, the threshold and
+the budget as lines) go to ``OUT_DIR/PROFILE.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from fastrl.config import build_config, load_profile, parse_override
+from fastrl.learner.host import NonFiniteTraining
+from fastrl.learning_curves import EVAL_X, load_run, plot_learning_curves
+from fastrl.plotting import pyplot
+from fastrl.profiler import hardware
+from fastrl.run_dir import holds_run
+from fastrl.runner import RunError, train
+
+DEFAULT_METRIC = "episode_return_mean"
+# The bench owns these: seeds come from --seeds, the run's limit from the budget.
+BENCH_KEYS = ("seed", "train_for_env_steps", "train_for_seconds")
+SCALES = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
+SECONDS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "min": 60.0, "minutes": 60.0, "h": 3600.0, "hours": 3600.0}
+NUMBER = r"[-+]?\d[\d,_]*(?:\.\d+)?"
+PROMISE = re.compile(rf"(?P<metric>[A-Za-z_][\w/]*)\s*>=\s*(?P<threshold>{NUMBER})\s+within\s+"
+                     rf"(?P<amount>{NUMBER})\s*(?P<scale>[kKM]?)\s*"
+                     rf"(?P<unit>(?:env )?steps|{'|'.join(sorted(SECONDS, key=len, reverse=True))})\b")
+
+
+class PromiseError(ValueError):
+    """A profile's promise that cannot be read or checked as asked; one line that names the fix."""
+
+
+@dataclass(frozen=True)
+class Promise:
+    metric: str  # a metrics.jsonl key
+    threshold: float  # reached when the metric >= threshold
+    budget_steps: int = 0  # env steps; 0 = no step budget
+    budget_seconds: float = 0.0  # wall seconds from the train() call; 0 = no time budget
+
+    def describe(self) -> str:
+        budgets = ([f"{self.budget_steps:,} env steps"] if self.budget_steps else []) + \
+                  ([f"{self.budget_seconds:g} s wall"] if self.budget_seconds else [])
+        return f"{self.metric} >= {self.threshold:g} within {' and '.join(budgets)}"
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "").replace("_", ""))
+
+
+def parse_promise(profile: str, expected: str) -> Promise:
+    """The first ``METRIC >= VALUE within N[K|M] [env] steps`` or ``... within N s|min|h`` in a
+    profile's ``expected`` line; PromiseError (one line naming the profile) when there is none."""
+    match = PROMISE.search(expected)
+    if match is None:
+        raise PromiseError(f"profile '{profile}': cannot read a promise from its expected line '{expected}'; write "
+                           f"it as 'METRIC >= VALUE within N[K|M] env steps' or '... within N s wall', or pass "
+                           f"--target with --budget-steps or --budget-seconds")
+    amount = _number(match["amount"]) * SCALES[match["scale"]]
+    metric, threshold = match["metric"], _number(match["threshold"])
+    if match["unit"].endswith("steps"):
+        return Promise(metric, threshold, budget_steps=int(amount))
+    return Promise(metric, threshold, budget_seconds=amount * SECONDS[match["unit"]])
+
+
+def resolve_promise(profile: str, expected: str, metric: str | None = None, target: float | None = None,
+                    budget_steps: int | None = None, budget_seconds: float | None = None) -> Promise:
+    """The profile's promise with the command line's parts in place of its own; an expected line
+    that cannot be read is fine when ``target`` and a budget are given."""
+    has_budget = budget_steps is not None or budget_seconds is not None
+    try:
+        promise = parse_promise(profile, expected)
+    except PromiseError:
+        if target is None or not has_budget:
+            raise
+        promise = Promise(DEFAULT_METRIC, target)
+    if has_budget:
+        promise = replace(promise, budget_steps=budget_steps or 0, budget_seconds=budget_seconds or 0.0)
+    return replace(promise, metric=metric or promise.metric,
+                   threshold=promise.threshold if target is None else target)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_outcome(rows: list[dict], promise: Promise) -> dict:
+    """One run's metrics.jsonl rows judged against ``promise``: ``env_steps`` and ``wall_time``
+    of the first report with the metric >= the threshold (None when none did), and the metric's
+    ``final`` and ``max`` values (None when it was never a number)."""
+    values = [row[promise.metric] for row in rows if _is_number(row.get(promise.metric))]
+    hit = next((row for row in rows if _is_number(row.get(promise.metric))
+                and row[promise.metric] >= promise.threshold), None)
+    steps_key = EVAL_X["env_steps"] if promise.metric.startswith("eval_") else "env_steps"
+    return {"reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
+            "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
+            "max": max(values) if values else None, "last_env_steps": rows[-1]["env_steps"] if rows else 0,
+            "last_wall_time": rows[-1]["wall_time"] if rows else 0.0}
+
+
+def _median_to_target(outcomes: list[dict], key: str) -> float:
+    """Median of ``key`` over runs; a run that did not reach the target counts as never (inf)."""
+    return statistics.median(o[key] if o["reached"] else math.inf for o in outcomes)
+
+
+def summarize(outcomes: list[dict], promise: Promise) -> dict:
+    """Median env steps and wall seconds to the target over seeds (None where more than half the
+    seeds never reached it), how many seeds reached it, and whether the promise holds."""
+    steps, seconds = _median_to_target(outcomes, "env_steps"), _median_to_target(outcomes, "wall_time")
+    holds = (math.isfinite(steps) and (not promise.budget_steps or steps <= promise.budget_steps)
+             and (not promise.budget_seconds or seconds <= promise.budget_seconds))
+    return {"seeds": len(outcomes), "seeds_reached": sum(o["reached"] for o in outcomes),
+            "median_env_steps": steps if math.isfinite(steps) else None,
+            "median_wall_time": seconds if math.isfinite(seconds) else None, "holds": holds}
+
+
+def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
+    """What one seed's run sets on top of its profile: ``settings`` (--set), the seed, and the
+    budget as the run's limit on the budget's clock."""
+    overrides = {**settings, "seed": seed}
+    if promise.budget_steps:
+        overrides["train_for_env_steps"] = promise.budget_steps
+    if promise.budget_seconds:
+        overrides["train_for_seconds"] = promise.budget_seconds
+    return overrides
+
+
+def describe_outcome(profile: str, seed: int, outcome: dict, promise: Promise) -> str:
+    final = "never reported" if outcome["final"] is None else f"final {outcome['final']:.1f}, max {outcome['max']:.1f}"
+    if outcome["reached"]:
+        reached = (f"{promise.metric} >= {promise.threshold:g} at {outcome['env_steps']:,} env steps, "
+                   f"{outcome['wall_time']:.1f} s wall")
+    else:
+        reached = (f"not reached within budget ({outcome['last_env_steps']:,} env steps, "
+                   f"{outcome['last_wall_time']:.1f} s wall)")
+    return f"{profile} seed {seed}: {reached}; {final}"
+
+
+def plan(args, settings: dict) -> list[dict]:
+    """Per profile: its promise, run directories and configs, all checked before any training."""
+    plans = []
+    for profile in args.profiles:
+        name = Path(profile).stem
+        promise = resolve_promise(name, load_profile(profile).expected, args.metric, args.target,
+                                  args.budget_steps, args.budget_seconds)
+        configs = [build_config(profile, run_overrides(promise, seed, settings)) for seed in range(args.seeds)]
+        if promise.metric.startswith("eval_") and not configs[0].eval.every_s:
+            raise PromiseError(f"profile '{name}': --metric {promise.metric} needs evaluation during training: "
+                               f"--set eval.every_s=SECONDS")
+        run_dirs = [args.out_dir / name / f"seed{seed}" for seed in range(args.seeds)]
+        for run_dir in run_dirs:
+            if args.no_train and not (run_dir / "metrics.jsonl").is_file():
+                raise PromiseError(f"--no-train: '{run_dir}' holds no metrics.jsonl; run without --no-train first")
+            if not args.no_train and not args.overwrite and holds_run(run_dir):
+                raise PromiseError(f"'{run_dir}' already holds a run: pass --overwrite to replace it, --no-train "
+                                   f"to judge it again, or another --out-dir")
+        plot = args.plot or args.out_dir / f"{name}.png"
+        plans.append({"profile": name, "promise": promise, "configs": configs,
+                      "run_dirs": run_dirs, "plot": None if args.no_plot else plot})
+    return plans
+
+
+def bench(args) -> int:
+    settings = dict(parse_override(text) for text in args.set)
+    owned = [key for key in settings if key in BENCH_KEYS]
+    if owned:
+        raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds 0..N-1 from --seeds, the run's limit from "
+                           f"the promise or --budget-steps / --budget-seconds)")
+    if args.plot and len(args.profiles) > 1:
+        raise PromiseError("--plot names one figure: pass one --profile, or leave --plot out for "
+                           "OUT_DIR/PROFILE.png each")
+    if not args.no_plot:
+        pyplot("--plot")  # a missing matplotlib fails now, not after the training
+    plans = plan(args, settings)
+    results = []
+    for p in plans:
+        outcomes = []
+        for seed, (cfg, run_dir) in enumerate(zip(p["configs"], p["run_dirs"])):
+            if not args.no_train:
+                train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite)
+            outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(load_run(run_dir).rows, p["promise"])}
+            print(describe_outcome(p["profile"], seed, outcome, p["promise"]), flush=True)
+            outcomes.append(outcome)
+        if p["plot"] is not None and all(o["final"] is None for o in outcomes):
+            print(f"{p['profile']}: no curve to draw, no run reported {p['promise'].metric}")
+            p["plot"] = None
+        if p["plot"] is not None:
+            promise = p["promise"]
+            x_key = args.x_key or ("wall_time" if promise.budget_seconds and not promise.budget_steps else "env_steps")
+            budget = promise.budget_steps if x_key == "env_steps" else promise.budget_seconds
+            Path(p["plot"]).parent.mkdir(parents=True, exist_ok=True)
+            plot_learning_curves(p["run_dirs"], x_key, [promise.metric], Path(p["plot"]),
+                                 targets={promise.metric: promise.threshold}, x_limit=budget or None)
+        results.append({"profile": p["profile"], "promise": asdict(p["promise"]), "settings": settings,
+                        "runs": outcomes, **summarize(outcomes, p["promise"]),
+                        "plot": str(p["plot"]) if p["plot"] is not None else None})
+    machine = hardware()
+    print_table(results, machine)
+    print(json.dumps({"hardware": machine, "profiles": results}))
+    return 0
+
+
+def print_table(results: list[dict], machine: dict) -> None:
+    print(f"\nhardware: {machine}")
+    print("wall time counts from the train() call (start-up included); median over seeds, a seed that did not "
+          "reach the target counting as never")
+    print(f"{'profile':<16} {'promise':<52} {'reached':>8} {'median env steps':>17} {'median wall s':>14} "
+          f"{'holds':>6}")
+    for r in results:
+        promise = Promise(**r["promise"])
+        steps = "-" if r["median_env_steps"] is None else f"{r['median_env_steps']:,.0f}"
+        seconds = "-" if r["median_wall_time"] is None else f"{r['median_wall_time']:.1f}"
+        print(f"{r['profile']:<16} {promise.describe():<52} {r['seeds_reached']:>4}/{r['seeds']:<3} {steps:>17} "
+              f"{seconds:>14} {'yes' if r['holds'] else 'no':>6}")
+        if r["plot"]:
+            print(f"  curves: {r['plot']}")
+
+
+def env_steps(text: str) -> int:
+    """``2M``, ``500K``, ``2_000_000`` -> an int; ValueError for anything else."""
+    match = re.fullmatch(rf"({NUMBER})\s*([kKM]?)", text.strip())
+    if match is None:
+        raise ValueError(text)
+    return int(_number(match[1]) * SCALES[match[2]])
+
+
+def positive(parse):
+    """An argparse type: ``parse(text)``, which must be > 0."""
+    def checked(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got '{text}'")
+        return value
+    return checked
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", dest="profiles", nargs="+", action="extend", required=True, metavar="NAME",
+                   help="profile names or TOML paths (repeatable)")
+    p.add_argument("--seeds", type=positive(int), default=3, help="runs per profile, seeds 0..N-1 (default 3)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for every run (e.g. device=cpu, report_every_s=1)")
+    p.add_argument("--metric", help="metrics key to judge (default: the promise's, e.g. episode_return_mean)")
+    p.add_argument("--target", type=float, help="threshold in place of the promise's")
+    p.add_argument("--budget-steps", type=positive(env_steps), metavar="N",
+                   help="env-step budget (2M, 500K, ...) in place of the promise's budget (and the runs' "
+                        "train_for_env_steps)")
+    p.add_argument("--budget-seconds", type=positive(float), metavar="S",
+                   help="wall-time budget in place of the promise's budget (and the runs' train_for_seconds)")
+    p.add_argument("--x", dest="x_key", choices=("env_steps", "wall_time"),
+                   help="x axis of the curves (default: the budget's; env_steps when there are both)")
+    p.add_argument("--out-dir", type=Path, default=Path("runs/bench_learning"),
+                   help="run directories go to OUT_DIR/PROFILE/seed<k> (default runs/bench_learning)")
+    p.add_argument("--overwrite", action="store_true", help="replace runs already in those directories")
+    p.add_argument("--no-train", action="store_true",
+                   help="judge and plot the runs already in OUT_DIR again (e.g. with another --target)")
+    p.add_argument("--plot", type=Path, metavar="PATH.png", help="the figure (default OUT_DIR/PROFILE.png)")
+    p.add_argument("--no-plot", action="store_true", help="draw no figure (no matplotlib needed)")
+    args = p.parse_args(argv)
+    try:
+        return bench(args)
+    except (ValueError, RunError, NonFiniteTraining, OSError) as exc:  # ConfigError, PlotError, PromiseError
+        print(f"bench_learning: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

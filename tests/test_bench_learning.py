@@ -1,0 +1,188 @@
+"""scripts/bench_learning.py without training: every profile's promise parses (or fails in one
+line naming the profile), the command line's parts replace it, and time-to-target and the median
+over seeds on synthetic reports."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastrl.config import available_profiles, build_config, load_profile, to_toml
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_learning.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_script()
+Promise, PromiseError = bench.Promise, bench.PromiseError
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_profile_states_a_promise_the_bench_can_read(name):
+    promise = bench.parse_promise(name, load_profile(name).expected)
+    assert promise.metric == "episode_return_mean" and promise.threshold > 0
+    assert bool(promise.budget_steps) != bool(promise.budget_seconds)
+
+
+@pytest.mark.parametrize("line, promise", [
+    ("episode_return_mean >= 475 within 60 s wall on a 2-core CPU (reaches ~500)",
+     Promise("episode_return_mean", 475.0, budget_seconds=60.0)),
+    ("HalfCheetah-v5 episode_return_mean >= 1500 within 2M env steps",
+     Promise("episode_return_mean", 1500.0, 2_000_000)),
+    ("Pong episode_return_mean >= 18 within 10M env steps (40M frames) on one GPU; not yet verified",
+     Promise("episode_return_mean", 18.0, 10_000_000)),
+    ("eval_return_mean >= 1,500.5 within 500K steps", Promise("eval_return_mean", 1500.5, 500_000)),
+    ("Pong episode_return_mean >= -20 within 1.5 h on this CPU", Promise("episode_return_mean", -20.0,
+                                                                         budget_seconds=5400.0)),
+    ("episode_return_mean >= 300 within 5 min", Promise("episode_return_mean", 300.0, budget_seconds=300.0)),
+    ("episode_return_mean >= 300 within 2_000_000 env steps", Promise("episode_return_mean", 300.0, 2_000_000)),
+])
+def test_promise_lines(line, promise):
+    assert bench.parse_promise("p", line) == promise
+
+
+@pytest.mark.parametrize("line", ["", "reaches ~500 quickly", "episode_return_mean >= 18 within 40M frames",
+                                  "episode_return_mean > 18 within 2M env steps"])
+def test_an_unreadable_promise_is_one_line_naming_the_profile(line):
+    with pytest.raises(PromiseError) as info:
+        bench.parse_promise("my-profile", line)
+    message = str(info.value)
+    assert message.startswith("profile 'my-profile': cannot read a promise") and "\n" not in message
+    assert "--target" in message and "--budget-steps" in message
+
+
+def test_command_line_parts_replace_the_promises():
+    line = "Pong episode_return_mean >= 18 within 10M env steps"
+    assert bench.resolve_promise("p", line) == Promise("episode_return_mean", 18.0, 10_000_000)
+    # A budget flag replaces the line's budget: Atari on a CPU gets an hour instead of 10M steps.
+    assert bench.resolve_promise("p", line, budget_seconds=3600.0) == Promise("episode_return_mean", 18.0,
+                                                                              budget_seconds=3600.0)
+    assert bench.resolve_promise("p", line, metric="eval_return_mean", target=0.0, budget_steps=1000,
+                                 budget_seconds=60.0) == Promise("eval_return_mean", 0.0, 1000, 60.0)
+    # An unreadable line is fine when the command line says everything.
+    assert bench.resolve_promise("p", "learns", target=5.0, budget_steps=100) == Promise("episode_return_mean", 5.0,
+                                                                                         100)
+    with pytest.raises(PromiseError, match="profile 'p'"):
+        bench.resolve_promise("p", "learns", target=5.0)
+
+
+def test_the_budget_is_the_runs_limit_on_its_own_clock():
+    time_budget = bench.run_overrides(Promise("episode_return_mean", 475.0, budget_seconds=60.0), 2,
+                                      {"device": "cpu"})
+    assert time_budget == {"device": "cpu", "seed": 2, "train_for_seconds": 60.0}  # the profile's step limit stays
+    assert bench.run_overrides(Promise("m", 1.0, 2_000_000), 0, {}) == {"seed": 0, "train_for_env_steps": 2_000_000}
+
+
+def reports(returns, steps_per_report=1000, seconds_per_report=2.0):
+    return [{"env_steps": (i + 1) * steps_per_report, "wall_time": 3.0 + i * seconds_per_report,
+             "episode_return_mean": r} for i, r in enumerate(returns)]
+
+
+PROMISE = Promise("episode_return_mean", 475.0, budget_seconds=60.0)
+
+
+def test_time_to_target_is_the_first_report_at_or_above_the_threshold():
+    rows = reports([float("nan"), 100.0, 475.0, 300.0, 500.0])
+    outcome = bench.run_outcome(rows, PROMISE)
+    assert outcome["reached"] and outcome["env_steps"] == 3000 and outcome["wall_time"] == 7.0
+    assert outcome["final"] == 500.0 and outcome["max"] == 500.0
+    missed = bench.run_outcome(reports([None, 10.0, 474.9, 20.0]), PROMISE)
+    assert not missed["reached"] and missed["env_steps"] is None and missed["wall_time"] is None
+    assert missed["final"] == 20.0 and missed["max"] == 474.9
+    assert missed["last_env_steps"] == 4000 and missed["last_wall_time"] == 9.0
+    never = bench.run_outcome(reports([None, float("nan")]), PROMISE)
+    assert not never["reached"] and never["final"] is None and never["max"] is None
+
+
+def test_an_evaluation_reaches_the_target_at_the_env_steps_of_its_weights():
+    rows = [{"env_steps": 1000, "wall_time": 5.0, "episode_return_mean": 480.0},
+            {"env_steps": 2000, "wall_time": 9.0, "episode_return_mean": 490.0, "eval_return_mean": 500.0,
+             "eval_at_env_steps": 1200}]
+    outcome = bench.run_outcome(rows, Promise("eval_return_mean", 475.0, budget_seconds=60.0))
+    assert outcome["env_steps"] == 1200 and outcome["wall_time"] == 9.0
+
+
+def outcome(steps, seconds):
+    return {"reached": steps is not None, "env_steps": steps, "wall_time": seconds}
+
+
+def test_median_over_seeds_counts_a_seed_that_missed_as_never():
+    every = bench.summarize([outcome(3000, 12.0), outcome(1000, 8.0), outcome(2000, 70.0)], PROMISE)
+    assert every == {"seeds": 3, "seeds_reached": 3, "median_env_steps": 2000, "median_wall_time": 12.0,
+                     "holds": True}
+    one_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(1000, 50.0)], PROMISE)
+    assert one_missed["seeds_reached"] == 2 and one_missed["median_env_steps"] == 3000
+    assert one_missed["median_wall_time"] == 50.0 and one_missed["holds"]
+    most_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(None, None)], PROMISE)
+    assert most_missed == {"seeds": 3, "seeds_reached": 1, "median_env_steps": None, "median_wall_time": None,
+                           "holds": False}
+    # Two seeds: the median is the mean of both, so a miss leaves none.
+    assert bench.summarize([outcome(1000, 5.0), outcome(None, None)], PROMISE)["median_wall_time"] is None
+
+
+def test_the_promise_holds_only_within_every_budget_it_names():
+    late = bench.summarize([outcome(1000, 61.0), outcome(1000, 65.0), outcome(1000, 10.0)], PROMISE)
+    assert late["median_wall_time"] == 61.0 and not late["holds"]
+    both = Promise("episode_return_mean", 475.0, 1500, 60.0)
+    assert bench.summarize([outcome(1000, 10.0)], both)["holds"]
+    assert not bench.summarize([outcome(2000, 10.0)], both)["holds"]
+
+
+def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for seed, returns in enumerate([[100.0, 480.0, 500.0], [100.0, 200.0, 300.0]]):
+        run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
+    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--no-train", "--out-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == ("cartpole-appo seed 0: episode_return_mean >= 475 at 2,000 env steps, 5.0 s wall; "
+                        "final 500.0, max 500.0")
+    assert lines[1].startswith("cartpole-appo seed 1: not reached within budget (3,000 env steps, 7.0 s wall)")
+    result = json.loads(lines[-1])["profiles"][0]
+    assert result["seeds_reached"] == 1 and result["median_wall_time"] is None and not result["holds"]
+    assert (tmp_path / "cartpole-appo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "seed=3"], "--set seed: the bench sets it"),
+    (["--set", "train_for_seconds=10"], "--set train_for_seconds: the bench sets it"),
+    (["--metric", "eval_return_mean"], "needs evaluation during training: --set eval.every_s=SECONDS"),
+    (["--profile", "mujoco-appo", "--plot", "x.png"], "--plot names one figure"),
+    (["--no-train"], "holds no metrics.jsonl; run without --no-train first"),
+])
+def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, message):
+    assert bench.main(["--profile", "cartpole-appo", "--out-dir", str(tmp_path), "--no-plot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench_learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_existing_run_is_not_overwritten_unless_asked(tmp_path, capsys):
+    (tmp_path / "cartpole-appo" / "seed1").mkdir(parents=True)
+    (tmp_path / "cartpole-appo" / "seed1" / "metrics.jsonl").write_text("")
+    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--out-dir", str(tmp_path), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "seed1' already holds a run: pass --overwrite" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cartpole-appo" / "seed0").exists()  # refused before the first seed trained
+
+
+def test_runs_that_never_reported_the_metric_are_judged_without_a_curve(tmp_path, capsys):
+    run_dir = tmp_path / "cartpole-appo" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo")))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"env_steps": 0, "wall_time": 15.0,
+                                                       "episode_return_mean": None}) + "\n")
+    assert bench.main(["--profile", "cartpole-appo", "--seeds", "1", "--no-train", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cartpole-appo seed 0: not reached within budget (0 env steps, 15.0 s wall); never reported" in out
+    assert "cartpole-appo: no curve to draw, no run reported episode_return_mean" in out
+    assert not (tmp_path / "cartpole-appo.png").exists()

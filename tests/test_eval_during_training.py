@@ -1,0 +1,153 @@
+"""Evaluation during training (fastrl.evaluator): its own envs and counters, the newest
+published weights, checkpoints/best.pt, the cadence, and the runner's metrics."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl import evaluator as evaluator_module
+from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
+from fastrl.config import build_config
+from fastrl.envs import probe_env
+from fastrl.evaluator import EvalResults, Evaluator
+from fastrl.models import build_model, num_state_values, state_to_flat
+from fastrl.runner import arena_layout, train
+from fastrl.shm import Arena, WeightBuffer
+
+COUNTDOWN = {"env.id": "fastrl.envs.toy:make_countdown", "env.kwargs": {"length": 7}, "device": "cpu",
+             "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "env.num_threads": 0,
+             "learner.rollout": 8, "learner.batch_size": 64, "model.hidden_sizes": [16],
+             "eval.episodes": 6, "eval.num_envs": 4}
+
+
+def _countdown_setup(tmp_path, **overrides):
+    cfg = build_config("cartpole-appo", {**COUNTDOWN, **overrides})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    arena = Arena(arena_layout(cfg, spec, num_state_values(model)), shared=False)
+    arena.weight_version[0] = -1
+    return cfg, model, arena
+
+
+def _publish(arena, model, version: int) -> None:
+    flat = torch.empty(num_state_values(model))
+    WeightBuffer(arena).publish(state_to_flat(model, flat).numpy(), version)
+
+
+def test_an_evaluation_plays_its_own_episodes_and_leaves_the_training_counters_alone(tmp_path):
+    cfg, model, arena = _countdown_setup(tmp_path)
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    assert evaluator.evaluate() is None  # nothing published yet
+    _publish(arena, model, version=3)
+    result = evaluator.evaluate()
+    # Countdown(7): every episode is 7 steps of reward 1, whatever the policy does.
+    assert result["episodes"] == 6
+    assert result["episode_return_mean"] == 7.0 and result["episode_length_mean"] == 7.0
+    # Steps played, not steps counted: 4 envs in lockstep play two rounds of 7 steps (envs whose
+    # quota of one episode is done keep stepping until the others finish).
+    assert result["env_steps_played"] == 4 * 2 * 7
+    assert arena.env_steps.sum() == 0 and arena.episode_count.sum() == 0  # not training steps or episodes
+    row = EvalResults.__new__(EvalResults)
+    row.stats, row.seen = arena.eval_stats, 0
+    metrics = row.new()
+    assert metrics["eval_return_mean"] == 7.0 and metrics["eval_env_steps"] == 56
+    assert metrics["eval_weights_version"] == 3 and metrics["eval_episodes"] == 6
+    assert row.new() == {}  # each result is reported once
+    evaluator.evaluate()
+    assert row.new()["eval_env_steps"] == 112  # cumulative over the session
+
+
+def _spaces(cfg):
+    spec = probe_env(cfg)
+    return spec.observation_space, spec.action_space
+
+
+def test_best_pt_keeps_the_weights_of_the_best_evaluation_only(tmp_path, monkeypatch):
+    cfg, model, arena = _countdown_setup(tmp_path)
+    scripted = iter([5.0, 3.0, 7.0])
+    monkeypatch.setattr(evaluator_module, "evaluate_policy", lambda *a, **k: {
+        "episode_return_mean": next(scripted), "episode_return_std": 0.0, "episode_length_mean": 7.0,
+        "episodes": 6, "env_steps_played": 42})
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    published = []
+    for version in (1, 2, 3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(version))
+        _publish(arena, model, version)
+        published.append({k: v.clone() for k, v in model.state_dict().items()})
+        evaluator.evaluate()
+        best = load_checkpoint(best_checkpoint_path(tmp_path))
+        expected_version = {1: 1, 2: 1, 3: 3}[version]
+        assert best["counters"]["weights_version"] == expected_version
+        assert best["eval"]["eval_return_mean"] == {1: 5.0, 2: 5.0, 3: 7.0}[version]
+        for key, value in published[expected_version - 1].items():
+            assert torch.equal(best["learner"]["model"][key], value)
+    assert list_checkpoints(tmp_path) == []  # best.pt is not a rolling checkpoint, never pruned with them
+    # A resumed run's evaluator starts from the best so far: a worse result does not replace it.
+    monkeypatch.setattr(evaluator_module, "evaluate_policy", lambda *a, **k: {
+        "episode_return_mean": 6.0, "episode_return_std": 0.0, "episode_length_mean": 7.0,
+        "episodes": 6, "env_steps_played": 42})
+    again = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    assert again.best == 7.0
+    again.evaluate()
+    assert load_checkpoint(best_checkpoint_path(tmp_path))["counters"]["weights_version"] == 3
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_path, serial):
+    # A step budget, not a time budget: on a loaded machine start-up can take most of a short one.
+    cfg = build_config("cartpole-appo", {"device": "cpu", "train_for_env_steps": 400_000, "train_for_seconds": 0.0,
+                                         "report_every_s": 0.5, "eval.every_s": 2.0, "eval.episodes": 4,
+                                         "serial": serial, "env.num_workers": 1, "env.envs_per_worker": 64,
+                                         "learner.batch_size": 1024})
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir=run_dir, quiet=True)
+    rows = _rows(run_dir)
+    evaluated = [r for r in rows if "eval_return_mean" in r]
+    assert 2 <= len(evaluated) <= rows[-1]["trained_seconds"] / 2 + 1
+    # Weights only move forward; the evaluation's env steps only grow and are not in env_steps.
+    versions = [r["eval_weights_version"] for r in evaluated]
+    assert versions == sorted(versions)
+    played = [r["eval_env_steps"] for r in evaluated]
+    assert played == sorted(played) and played[0] > 0
+    assert all(r["eval_episodes"] == 4 for r in evaluated)
+    assert all(r["eval_at_env_steps"] <= r["env_steps"] for r in evaluated)
+    # best.pt holds the weights of the best evaluation reported.
+    best_row = max(evaluated, key=lambda r: r["eval_return_mean"])
+    best = load_checkpoint(best_checkpoint_path(run_dir))
+    assert best["eval"]["eval_return_mean"] == pytest.approx(best_row["eval_return_mean"])
+    assert evaluated[-1]["eval_best_return"] == pytest.approx(best_row["eval_return_mean"])
+    if not serial:
+        pids = json.loads((run_dir / "processes.json").read_text())
+        assert len(pids["evaluator"]) == 1
+
+
+def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_painted_countdown", "env.kwargs": {"length": 6}, "device": "cpu",
+        "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "env.num_threads": 0,
+        "learner.rollout": 8, "learner.batch_size": 64, "model.hidden_sizes": [16], "serial": True,
+        "train_for_env_steps": 0, "train_for_seconds": 4.0, "report_every_s": 0.5,
+        "eval.every_s": 0.5, "eval.episodes": 2, "eval.video_every_s": 1.5})
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir=run_dir, quiet=True)
+    named = [r["eval_video"] for r in _rows(run_dir) if "eval_video" in r]
+    assert len(named) >= 2 and len(set(named)) == len(named)
+    for name in named:
+        clip = run_dir / name
+        assert clip.stat().st_size > 0 and clip.read_bytes()[4:8] == b"ftyp"  # an MP4 container
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == sorted(n.split("/")[1] for n in named)
+
+
+def test_clips_need_evaluation_on():
+    from fastrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.every_s"):
+        build_config("cartpole-appo", {"eval.video_every_s": 30.0})
