@@ -29,12 +29,16 @@ setup(
         "tb": ["tensorboard>=2.10"],
         "replay": ["lz4>=4"],
         "plot": ["matplotlib>=3.7"],
+        # fastrl-eval --video: imageio's FFMPEG writer runs the ffmpeg binary imageio-ffmpeg bundles.
+        "video": ["imageio>=2.31", "imageio-ffmpeg>=0.4.9"],
+        "wandb": ["wandb>=0.16"],
     },
     entry_points={
         "console_scripts": [
             "fastrl-train=fastrl.cli:train_main",
             "fastrl-eval=fastrl.cli:eval_main",
             "fastrl-profile=fastrl.cli:profile_main",
+            "fastrl-plot=fastrl.cli:plot_main",
         ]
     },
 )

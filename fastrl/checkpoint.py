@@ -43,7 +43,7 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
     """Temporary files of saves that a killed process never finished."""
     directory = checkpoint_dir(run_dir)
     if directory.is_dir():
-        for tmp in directory.glob(".ckpt_*.tmp"):
+        for tmp in [*directory.glob(".ckpt_*.tmp"), *directory.glob(".best.*.tmp")]:
             tmp.unlink(missing_ok=True)
 
 
@@ -59,13 +59,30 @@ def set_aside_newer_checkpoints(run_dir: Path, chosen: Path) -> list[Path]:
     return moved
 
 
+BEST_CHECKPOINT = "best.pt"
+
+
+def best_checkpoint_path(run_dir: Path) -> Path:
+    """The best evaluated weights of a run (written by evaluation during training; never pruned:
+    the rolling checkpoints are ``ckpt_*.pt``)."""
+    return checkpoint_dir(run_dir) / BEST_CHECKPOINT
+
+
 def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Path:
     """Write ``state`` as the checkpoint at ``env_steps`` and keep the newest ``keep``.
 
     Raises CheckpointError naming the path and the OS error (a full disk, say); no temporary
     file is left behind."""
-    directory = checkpoint_dir(run_dir)
-    path = directory / f"ckpt_{env_steps:012d}.pt"
+    path = checkpoint_dir(run_dir) / f"ckpt_{env_steps:012d}.pt"
+    write_checkpoint_file(path, state)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def write_checkpoint_file(path: Path, state: dict) -> None:
+    """Write ``state`` to ``path`` atomically and durably (a reader sees the old file or the new one)."""
+    directory = path.parent
     tmp = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -88,9 +105,6 @@ def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Pa
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
-    return path
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:

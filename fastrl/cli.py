@@ -118,20 +118,37 @@ def _remove_if_empty(directory: Path) -> None:
 
 
 def eval_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="fastrl-eval", description="Evaluate the latest checkpoint of a run.")
+    p = argparse.ArgumentParser(prog="fastrl-eval",
+                                description="Evaluate the latest (or the best) checkpoint of a run; optionally "
+                                            "write a video of the episodes.")
     p.add_argument("run_dir")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--deterministic", action="store_true", help="argmax / mean actions instead of sampling")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--best", action="store_true",
+                   help="the best weights evaluated during training (checkpoints/best.pt; training with "
+                        "--set eval.every_s=60 writes it) instead of the latest checkpoint")
+    p.add_argument("--video", metavar="PATH.mp4",
+                   help="play the episodes one at a time on a rendered env and write them as an H.264 MP4 "
+                        "(needs pip install 'fastrl[video]')")
+    p.add_argument("--fps", type=int, help="frames per second of the video: one frame per env step (default 30)")
     args = p.parse_args(argv)
     try:
         from .evaluate import evaluate_run
+        from .video import VideoError, write_run_video
 
         if args.episodes <= 0:
             raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
-        result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, args.device, args.seed)
-    except _user_errors() as exc:
+        if args.fps is not None and args.fps <= 0:
+            raise ConfigError(f"--fps must be > 0, got {args.fps}")
+        if args.video:
+            result = write_run_video(Path(args.run_dir), args.video, args.episodes, args.deterministic, args.device,
+                                     args.seed, args.best, args.fps)
+        else:
+            result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, args.device, args.seed,
+                                  args.best)
+    except (*_user_errors(), VideoError) as exc:
         return _fail("fastrl-eval", exc)
     write_best_effort(sys.stdout, json.dumps(result))
     return 0
@@ -165,6 +182,30 @@ def profile_main(argv=None) -> int:
     except _user_errors() as exc:
         return _fail("fastrl-profile", exc)
     write_best_effort(sys.stdout, text)
+    return 0
+
+
+def plot_main(argv=None) -> int:
+    from .learning_curves import X_AXES, plot_learning_curves
+
+    p = argparse.ArgumentParser(
+        prog="fastrl-plot",
+        description="Draw learning curves from run directories: runs whose configs differ only in the seed are "
+                    "drawn as one mean line with a min-max band (needs matplotlib: pip install 'fastrl[plot]').")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--x", dest="x_key", choices=list(X_AXES), default="env_steps",
+                   help="x axis: env steps or wall time in seconds (default env_steps)")
+    p.add_argument("--y", dest="y_keys", nargs="+", default=["episode_return_mean"], metavar="KEY",
+                   help="metrics.jsonl keys, one subplot each (default episode_return_mean); put the RUN_DIRs "
+                        "before --y, which takes every word up to the next option")
+    p.add_argument("--out", required=True, metavar="PATH.png", help="the figure to write")
+    args = p.parse_args(argv)
+    try:
+        groups = plot_learning_curves([Path(d) for d in args.run_dirs], args.x_key, args.y_keys, Path(args.out))
+    except (ValueError, OSError) as exc:  # PlotError, ConfigError, unreadable files; _user_errors() imports torch
+        return _fail("fastrl-plot", exc)
+    lines = [f"{group.legend(len(group.runs))}: {', '.join(str(run.path) for run in group.runs)}" for group in groups]
+    write_best_effort(sys.stdout, "\n".join([f"wrote {args.out}", *lines]))
     return 0
 
 

@@ -113,6 +113,25 @@ class ReplaySettings:
 
 
 @dataclass
+class EvalSettings:
+    """Evaluation during training: its own envs, the latest published weights, off the hot path."""
+
+    every_s: float = 0.0  # seconds between evaluations; 0 = off
+    episodes: int = 10  # complete episodes per evaluation
+    deterministic: bool = True  # argmax / mean actions (a Q-learner always acts greedily)
+    num_envs: int = 4  # evaluation envs, stepped by the evaluator process alone
+    video_every_s: float = 0.0  # seconds between short clips sent to TensorBoard / W&B; 0 = off
+
+
+@dataclass
+class LoggingSettings:
+    wandb: bool = False  # log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)
+    wandb_project: str = "fastrl"
+    wandb_entity: str = ""  # "" = your default W&B entity
+    wandb_group: str = ""  # "" = no group
+
+
+@dataclass
 class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0
@@ -132,6 +151,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -149,7 +170,8 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings}
+SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings,
+            "eval": EvalSettings, "logging": LoggingSettings}
 CHOICES = {
     "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
@@ -247,6 +269,10 @@ RANGES = {
     "replay.batch_size": AT_LEAST_1,
     "replay.replay_ratio": NON_NEGATIVE,  # > 0 for dqn, checked in _validate_replay
     "replay.vtrace_fraction": Range(0, 1, high_open=True),
+    "eval.every_s": Range(0, 10**9),  # 0 = off
+    "eval.episodes": AT_LEAST_1,
+    "eval.num_envs": AT_LEAST_1,
+    "eval.video_every_s": Range(0, 10**9),  # 0 = off
 }
 # Keys only dqn reads: appo/impala ignore them, so there any finite value passes.
 DQN_ONLY = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
@@ -441,6 +467,9 @@ def validate(cfg: Config) -> None:
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
     _validate_core(cfg)
+    if cfg.eval.video_every_s and not cfg.eval.every_s:
+        raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
+                          "(e.g. --set eval.every_s=60)")
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
     queued = cfg.total_envs * (cfg.slots_per_env - 1)

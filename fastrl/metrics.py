@@ -1,4 +1,4 @@
-"""Metrics: counters in the arena -> one JSON object per report, TensorBoard, a console line."""
+"""Metrics: counters in the arena -> one JSON object per report, TensorBoard, W&B, a console line."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import numpy as np
 
 from .console import Console
 from .shm import EPISODE_RING, Arena, Control
+from .wandb_logger import open_wandb_logger
 
 # Reports kept in memory for RunResult.reports (metrics.jsonl has every one): about 3 hours at the
 # default report_every_s, a few MiB, so a run of weeks does not grow without bound.
@@ -127,6 +128,9 @@ class Reporter:
         # Distributed runs: all ranks' counter vectors -> [world_size, k] (fastrl.distributed).
         self.aggregate = aggregate
         self.stop_agreed = False
+        # After the clocks: W&B takes a second or more to start (up to its init timeout when its
+        # server is unreachable), counted as trained time like the children's start-up it overlaps.
+        self.wandb = open_wandb_logger(run_dir, self.console.notice) if run_dir else None
 
     def env_steps(self) -> int:
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
@@ -206,6 +210,10 @@ class Reporter:
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.tb.add_scalar(key, value, steps)
             self.tb.flush()
+        if self.wandb:
+            self.wandb.log(record)
+            if "eval_video" in record and self.path is not None:
+                self.wandb.log_video(self.path.parent / record["eval_video"], steps)
         self.console.status(self.status_line(record))
         return record
 
@@ -228,11 +236,14 @@ class Reporter:
         if self.target_seconds:
             etas.append(self.target_seconds - self.trained_seconds())
         eta = f"  ETA {max(0.0, min(etas)):.0f}s" if etas else ""
+        evaluated = f"  eval {r['eval_return_mean']:.2f}" if "eval_return_mean" in r else ""
         return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
-                f"return {r['episode_return_mean']:.2f}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
+                f"return {r['episode_return_mean']:.2f}{evaluated}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
                 f"updates {r['learner_updates']}{eta}")
 
     def close(self) -> None:
+        if self.wandb:
+            self.wandb.close()
         if self.tb:
             self.tb.close()
 

@@ -18,7 +18,7 @@ import psutil
 
 # What fastrl writes into a run directory; --overwrite removes these and nothing else.
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log", "train.log.1")
-RUN_DIRS = ("checkpoints", "tb")
+RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
 RUN_FILE_PATTERNS = ("processes*.json",)
 # Any of these means an earlier run lives here.
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints")

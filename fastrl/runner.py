@@ -30,6 +30,7 @@ from .config import SECTIONS, Config, to_toml, validate
 from .console import Console
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
+from .evaluator import EvalResults, Evaluator, evaluator_process
 from .inference import InferenceBatcher, batcher_epsilons, inference_process
 from .learner import LearnerHost, learner_process, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter
@@ -40,6 +41,8 @@ from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slo
 from .run_dir import RunDirError, check_run_dir, prepare_run_dir, write_atomic
 from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
 from .spaces import ActionLayout, ObsLayout
+from .video import require_video_extra
+from .wandb_logger import require_wandb
 
 SHUTDOWN_GRACE_S = 15.0
 
@@ -125,6 +128,10 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     one line that says what to do."""
     launched_at = time.time()
     validate(cfg)
+    if cfg.logging.wandb:
+        require_wandb()
+    if cfg.eval.video_every_s:
+        require_video_extra()
     dist_info = DistInfo.from_env()
     run_dir = Path(run_dir) if run_dir is not None else None
     if dist_info.enabled and (run_dir is None or cfg.serial):
@@ -259,6 +266,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
     late_error = ""
     try:
         arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
+        eval_results = EvalResults(arena)
         channels = make_channels(ctx, cfg.env.num_workers)
 
         def make_worker(w: int, generation: int = 0):
@@ -278,6 +286,9 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                 cfg, layout, arena.name, template, spec.action_space, device, channels.batcher, parent))],
             "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
         }
+        if cfg.eval.every_s and main:
+            procs["evaluator"] = [ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
+                cfg, layout, arena.name, template, run_dir, parent))]
         process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
         supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
@@ -297,7 +308,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                 break
             supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
             if time.time() >= next_report:
-                reporter.report({"worker_restarts": supervisor.worker_restarts})
+                reporter.report({"worker_restarts": supervisor.worker_restarts, **eval_results.new()})
                 next_report += cfg.report_every_s
                 # Distributed: every rank leaves at the same report, on the same aggregated figures.
                 if dist_info.enabled and reporter.stop_agreed:
@@ -317,7 +328,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         try:
             # A last report is a collective in a distributed run: only when every rank gets there.
             if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
-                reporter.report({"worker_restarts": supervisor.worker_restarts})
+                reporter.report({"worker_restarts": supervisor.worker_restarts, **eval_results.new()})
         except (MetricsWriteError, OSError) as exc:
             late_error = str(exc)
         finally:
@@ -362,8 +373,8 @@ def _stop_processes(arena: Arena, procs: dict, console: Console) -> None:
     """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
     arena.control[Control.STOP] = 1
     deadline = time.time() + SHUTDOWN_GRACE_S
-    for role in ("rollout", "inference", "learner"):
-        for p in procs[role]:
+    for role in ("rollout", "inference", "evaluator", "learner"):
+        for p in procs.get(role, ()):
             if p.pid is not None:
                 p.join(max(0.1, deadline - time.time()))
     for group in procs.values():
@@ -416,6 +427,10 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
                         launched_at, None, *clocks)
     queue: deque[int] = deque()
     host.publish()
+    # Serial mode evaluates in line (training waits meanwhile): it is for debugging, not speed.
+    evaluator = Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir) if cfg.eval.every_s else None
+    eval_results = EvalResults(arena)
+    next_eval = time.time() + cfg.eval.every_s
     next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:
@@ -434,8 +449,11 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
             while len(queue) >= cfg.trajectories_per_batch:
                 slot_ids = np.array([queue.popleft() for _ in range(cfg.trajectories_per_batch)], dtype=np.int64)
                 host.consume(slot_ids, release)
+            if evaluator is not None and time.time() >= next_eval:
+                evaluator.evaluate()
+                next_eval = time.time() + cfg.eval.every_s
             if time.time() >= next_report:
-                reporter.report()
+                reporter.report(eval_results.new())
                 next_report += cfg.report_every_s
             if host.checkpoint_due():
                 host.checkpoint()
@@ -447,7 +465,7 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
         try:
             host.checkpoint()
             if reporter.metrics_ok:
-                reporter.report()
+                reporter.report(eval_results.new())
         finally:
             reporter.close()
     return RunResult(run_dir, list(reporter.history))

@@ -93,6 +93,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
+        ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.evaluator
     ]
     if state_size:
         specs += [

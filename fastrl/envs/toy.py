@@ -508,3 +508,29 @@ def make_tuple_action(num_categories: int = 3, length: int = 8) -> TupleActionEn
 
 def make_unsupported_space(kind: str = "text", nested: bool = False) -> UnsupportedSpaceEnv:
     return UnsupportedSpaceEnv(kind, nested)
+
+
+class PaintedCountdownEnv(CountdownEnv):
+    """A countdown env that renders (``render_mode="rgb_array"``), for video tests.
+
+    Frame at step t: uint8 [height, width, 3], every pixel ``round(255 * t / length)``: grey
+    levels survive lossy video encoding, so a decoded frame still tells its step.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, length: int = 5, render_mode: str | None = None, height: int = 32, width: int = 48) -> None:
+        super().__init__(length)
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"PaintedCountdownEnv renders rgb_array only, got render_mode={render_mode!r}")
+        self.render_mode = render_mode
+        self.height = height
+        self.width = width
+
+    def render(self) -> np.ndarray:
+        return np.full((self.height, self.width, 3), round(255 * self._t / self.length), np.uint8)
+
+
+def make_painted_countdown(length: int = 5, render_mode: str | None = None, height: int = 32,
+                           width: int = 48) -> PaintedCountdownEnv:
+    return PaintedCountdownEnv(length, render_mode, height, width)

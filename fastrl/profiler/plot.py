@@ -1,42 +1,14 @@
-"""PNG figures: small matplotlib helpers that any fastrl figure can share (the profile's here; a
-learning-curve command's later), and the profile's figure drawn with them.
-
-matplotlib is the optional ``plot`` extra (pip install 'fastrl[plot]'): it is imported inside
-the functions, so that fastrl works without it, and ``pyplot`` turns its absence into one line
-that names the extra.
-"""
+"""The profile's PNG (fastrl-profile --plot): throughput bars and the component breakdown, drawn
+with the helpers every fastrl figure shares (``fastrl.plotting``; ``PlotError`` and ``pyplot`` are
+re-exported from there for ``fastrl.profiler``'s callers)."""
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
 
+from ..plotting import PlotError, engineering_axis, pyplot, save
 from .diagnosis import GROUPS, share_keys
 from .measure import ProfileResult
-
-
-class PlotError(ValueError):
-    """A figure that cannot be drawn here; the message is one line that names the fix."""
-
-
-def pyplot(option: str):
-    """matplotlib.pyplot on the file-only Agg backend; PlotError naming ``option`` (the flag that
-    asked for a figure) and the extra when matplotlib is missing. Call it before long work, so
-    a missing extra fails first."""
-    try:
-        import matplotlib  # the optional `plot` extra
-    except ImportError:
-        raise PlotError(f"{option} needs matplotlib, the optional extra: pip install 'fastrl[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def engineering_axis(axis) -> None:
-    """Tick labels like 2.5k, 100k, 1M: for counts and rates such as env steps."""
-    from matplotlib.ticker import EngFormatter  # the optional `plot` extra
-
-    axis.set_major_formatter(EngFormatter(sep=""))
 
 
 def bars(ax, labels: list[str], values: list[float], colors: list[str], reference: float | None = None,
@@ -66,12 +38,6 @@ def stacked_bars(plt, ax, rows: dict[str, dict[str, float]]) -> None:
             x += value
     ax.set_yticks(range(len(rows)), list(rows))
     ax.invert_yaxis()
-
-
-def save(plt, fig, path: str | Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_profile(result: ProfileResult, path: str | Path) -> None:
