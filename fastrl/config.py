@@ -76,6 +76,8 @@ class LearnerConfig:
     entropy_coef: float = 0.01
     max_grad_norm: float = 0.5
     normalize_advantages: bool = True
+    # appo/impala: divide rewards by the running std of the discounted return (per env stream)
+    normalize_returns: bool = False
     reward_clip: float = 0.0  # 0 = off; else rewards are clipped to [-reward_clip, reward_clip]
     reward_scale: float = 1.0
     max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss

@@ -29,6 +29,7 @@ from .batch import Trajectories
 from .losses import appo_loss, impala_loss
 from .losses import vtrace_targets as vtrace_targets_of
 from .replay_feed import add_trajectories
+from .return_scale import ReturnScale
 
 
 class VTraceLearner(BaseLearner):
@@ -49,6 +50,18 @@ class VTraceLearner(BaseLearner):
                 num_streams=cfg.total_envs, obs_shape=obs.storage_shape, obs_dtype=obs.storage_dtype,
                 action_shape=act.shape, action_dtype=act.dtype, seed=cfg.seed,
                 state_size=getattr(self.model, "state_size", 0))
+        self.return_scale = ReturnScale(self.lcfg.gamma) if self.lcfg.normalize_returns else None
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.return_scale is not None:
+            state["return_scale"] = self.return_scale.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.return_scale is not None and "return_scale" in state:
+            self.return_scale.load_state_dict(state["return_scale"])
 
     def loss_settings(self) -> dict:
         lcfg = self.lcfg
@@ -68,6 +81,9 @@ class VTraceLearner(BaseLearner):
         :func:`fastrl.learner.replay_feed.add_trajectories`)."""
         batch.validate()
         lag_stats = self.lag_stats(batch)
+        if self.return_scale is not None and batch.is_finite():
+            self.return_scale.update(self.transformed_rewards(batch.rewards).numpy(),
+                                     (batch.terminated | batch.truncated).numpy(), batch.valid.numpy(), env_ids, fresh)
         if self.replay is not None:
             if batch.is_finite():
                 batch = self.with_replayed(batch, env_ids, fresh)
@@ -139,8 +155,12 @@ class VTraceLearner(BaseLearner):
             initial_state=None if replayed.initial_state is None else torch.from_numpy(replayed.initial_state)))
 
     def rewards_and_discounts(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transformed rewards and ``gamma * (1 - terminated)``; ``[T, B]``."""
-        return self.transformed_rewards(batch.rewards), self.lcfg.gamma * (~batch.terminated).float()
+        """Transformed rewards (with ``normalize_returns``, divided by the discounted return's std)
+        and ``gamma * (1 - terminated)``; ``[T, B]``."""
+        rewards = self.transformed_rewards(batch.rewards)
+        if self.return_scale is not None:
+            rewards = rewards * self.return_scale.scale
+        return rewards, self.lcfg.gamma * (~batch.terminated).float()
 
     def evaluate(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Current policy on the batch: params ``[T, B, P]``, values ``[T+1, B]``, log-probs of the
