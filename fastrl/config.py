@@ -121,7 +121,7 @@ class EvalSettings:
     every_s: float = 0.0  # seconds between evaluations; 0 = off
     episodes: int = 10  # complete episodes per evaluation
     deterministic: bool = True  # argmax / mean actions (a Q-learner always acts greedily)
-    num_envs: int = 4  # evaluation envs, stepped by the evaluator process alone
+    num_envs: int = 10  # evaluation envs (at most eval.episodes are used), stepped by the evaluator alone
     video_every_s: float = 0.0  # seconds between short clips sent to TensorBoard / W&B; 0 = off
 
 
