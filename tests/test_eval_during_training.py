@@ -3,6 +3,7 @@ published weights, checkpoints/best.pt, the cadence, and the runner's metrics.""
 import json
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -126,6 +127,8 @@ def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_p
     if not serial:
         pids = json.loads((run_dir / "processes.json").read_text())
         assert len(pids["evaluator"]) == 1
+        (evaluator_pid,) = pids["evaluator"]
+        assert not psutil.pid_exists(evaluator_pid) or psutil.Process(evaluator_pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_path):

@@ -43,7 +43,7 @@ def metrics(run_dir):
 
 def children_of(run_dir):
     roles = json.loads((run_dir / "processes.json").read_text())
-    return [pid for role in ("rollout", "inference", "learner") for pid in roles[role]]
+    return [pid for role, group in roles.items() if role != "runner" for pid in group]
 
 
 def alive(pids):

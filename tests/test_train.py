@@ -21,8 +21,8 @@ def read_metrics(run_dir):
 
 
 def assert_all_exited(run_dir):
-    pids = [pid for role in ("rollout", "inference", "learner")
-            for pid in json.loads((run_dir / "processes.json").read_text())[role]]
+    roles = json.loads((run_dir / "processes.json").read_text())
+    pids = [pid for role, group in roles.items() if role != "runner" for pid in group]  # evaluator too
     alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"processes still running: {alive}"
 
