@@ -218,19 +218,18 @@ def _is_float_leaf(leaf) -> bool:
 
 
 class LeafEncoder(nn.Module):
-    """Packed observation rows -> features ``[B, out_features]``: each leaf becomes a float
-    input (uint8 images scaled to [0, 1], ``Discrete`` one-hot, or a learned embedding above
-    ``ONE_HOT_MAX`` values, integers and flags as floats;
-    float leaves normalized when a :class:`LeafNormalizer` is given), image leaves go through an
-    image encoder (``kind``), the rest is flattened; everything is concatenated and goes
-    through an MLP (``hidden_sizes``). The ``action_mask`` leaf is left out unless
-    ``encode_action_mask``."""
+    """Packed observation rows -> features ``[B, out_features]`` in two halves, so that a
+    :class:`LeafNormalizer` (the model's) can sit between them: ``leaf_inputs(rows)`` makes each
+    leaf a float input (uint8 images scaled to [0, 1], ``Discrete`` one-hot, or a learned
+    embedding above ``ONE_HOT_MAX`` values, integers and flags as floats); ``encode_leaves``
+    sends image leaves through an image encoder (``kind``), flattens the rest, concatenates
+    everything and applies an MLP (``hidden_sizes``). ``forward`` is both, unnormalized. The
+    ``action_mask`` leaf is left out unless ``encode_action_mask``."""
 
     def __init__(self, layout: ObsLayout, hidden_sizes: list[int], activation: str, kind: str = "auto",
-                 encode_action_mask: bool = False, normalizer: LeafNormalizer | None = None):
+                 encode_action_mask: bool = False):
         super().__init__()
         self.layout = layout
-        self.normalizer = [normalizer]  # a list: not registered twice (the model owns it)
         self.inputs = [leaf for leaf in layout.leaves if leaf.kind != "mask" or encode_action_mask]
         if not self.inputs:
             raise ValueError("the observation has no leaf to encode besides the action_mask; "
@@ -255,6 +254,10 @@ class LeafEncoder(nn.Module):
         self.out_features = self.trunk.out_features
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.encode_leaves(self.leaf_inputs(rows))
+
+    def leaf_inputs(self, rows: torch.Tensor) -> dict:
+        """Each encoded leaf of ``rows`` as a float tensor, by leaf name."""
         leaves = self.layout.unpack(rows)
         floats = {}
         for i, leaf in enumerate(self.layout.leaves):
@@ -268,8 +271,9 @@ class LeafEncoder(nn.Module):
             else:
                 x = scale_obs(x, 1.0 / 255.0 if leaf.kind == "image" and leaf.dtype == np.uint8 else 1.0)
             floats[leaf.name] = x
-        if self.normalizer[0] is not None:
-            floats = self.normalizer[0](floats)
+        return floats
+
+    def encode_leaves(self, floats: dict) -> torch.Tensor:
         parts = []
         for i, leaf in enumerate(self.layout.leaves):
             if leaf not in self.inputs:

@@ -55,7 +55,7 @@ class ActorCritic(nn.Module):
             float_leaves = any(leaf.dtype.kind == "f" and leaf.kind != "mask" for leaf in self.obs_layout.leaves)
             self.normalizer = LeafNormalizer(self.obs_layout) if cfg.normalize_obs and float_leaves else None
             self.encoder = LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind,
-                                       cfg.encode_action_mask, self.normalizer)
+                                       cfg.encode_action_mask)
         else:
             self.encoder = self._box_encoder(observation_space, cfg)
             self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
@@ -103,7 +103,8 @@ class ActorCritic(nn.Module):
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
         """The encoder's input: a plain Box scaled (uint8 to [0, 1]), then normalized with
         ``model.normalize_obs`` (the normalizer scales first: its statistics are in that space);
-        packed rows pass through (the leaf encoder unpacks, scales and normalizes each leaf)."""
+        packed rows pass through (``encode`` has the leaf encoder unpack and scale each leaf and
+        normalizes the float leaves between its two halves)."""
         if self.obs_layout.packed:
             return obs
         if self.normalizer is not None:
@@ -111,6 +112,11 @@ class ActorCritic(nn.Module):
         return scale_obs(obs, self.obs_scale)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_layout.packed:
+            leaves = self.encoder.leaf_inputs(obs)
+            if self.normalizer is not None:
+                leaves = self.normalizer(leaves)
+            return self.encoder.encode_leaves(leaves)
         return self.encoder(self.preprocess(obs))
 
     def action_params(self, features: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

@@ -486,3 +486,24 @@ def test_placeholder_box_bounds_never_clip_actions():
     np.testing.assert_array_equal(env._prepare_actions(np.array([[-0.5, 0.0, 3.0]])), [[-0.5, 0.0, 3.0]])
     env.action_space = real
     np.testing.assert_array_equal(env._prepare_actions(np.array([[-3.0, 5.0]], np.float32)), [[-1.0, 2.0]])
+
+
+def test_packed_float_leaves_are_normalized_by_the_models_statistics_before_encoding():
+    from fastrl.models import build_model
+    from fastrl.spaces import ObsLayout
+
+    space = spaces.Dict({"position": spaces.Box(-100, 100, (3,), np.float32), "room": spaces.Discrete(4)})
+    model = build_model(space, spaces.Discrete(2), ModelConfig(normalize_obs=True), algo="appo")
+    layout = ObsLayout(space)
+    rng = np.random.default_rng(0)
+    samples = [{"position": (5 + 2 * rng.standard_normal(3)).astype(np.float32), "room": int(rng.integers(4))}
+               for _ in range(4000)]
+    rows = torch.as_tensor(layout.pack({k: np.stack([s[k] for s in samples]) for k in ("position", "room")},
+                                       len(samples)))
+    model.normalizer.update(rows)
+    leaves = model.encoder.leaf_inputs(rows)
+    normalized = model.normalizer(leaves)["position"]
+    assert abs(float(normalized.mean())) < 0.05 and abs(float(normalized.std()) - 1) < 0.05
+    torch.testing.assert_close(model.encode(rows), model.encoder.encode_leaves(model.normalizer(leaves)))
+    # The model owns the statistics once: they are saved under one name.
+    assert [k for k in model.state_dict() if "stats" in k and k.endswith("mean")] == ["normalizer.stats.leaf0.mean"]
