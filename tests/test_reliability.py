@@ -153,8 +153,11 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothin
     finally:
         proc.kill()
     assert proc.returncode == 2
-    assert err.strip().count("\n") == 0 and "metrics.jsonl: No space left on device" in err, err
-    assert "--resume" in err
+    # One error line. On a loaded machine a child still starting up when the run stops may also
+    # get the runner's "[fastrl] ... killed" notice: a notice, not a second error.
+    errors = [line for line in err.strip().splitlines() if not line.startswith("[fastrl] ")]
+    assert len(errors) == 1 and "metrics.jsonl: No space left on device" in errors[0], err
+    assert "--resume" in errors[0]
     wait_for(lambda: not alive(children_of(tmp_path)), 15, "children to exit")
     assert segments() <= before
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
