@@ -53,11 +53,10 @@ class RecurrentCore(nn.Module):
         B = state.shape[0]
         keep = (~episode_start.bool()).to(x.dtype).unsqueeze(-1).unbind(0)  # T x [B, 1]
         layer_states = state.view(B, self.layers, self.parts, self.size).unbind(1)
+        unroll = _lstm_unroll if self.kind == "lstm" else _gru_unroll
         final = []
         for cell, layer_state in zip(self.cells, layer_states):
-            parts = layer_state.unbind(1)
-            unroll = _lstm_unroll if self.kind == "lstm" else _gru_unroll
-            x, last = unroll(cell, x, parts, keep)
+            x, last = unroll(cell, x, layer_state.unbind(1), keep)
             final += last
         return x, torch.stack(final, dim=1).reshape(B, self.state_size)
 

@@ -23,7 +23,7 @@ from .config import Config
 from .evaluate import evaluate_policy
 from .models import load_flat_state, num_state_values
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
-from .shm import Arena, Control, WeightBuffer, set_error
+from .shm import Arena, WeightBuffer, set_error, total_env_steps
 from .video import VideoError, write_video  # imageio itself is imported only to write
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
@@ -127,7 +127,7 @@ class Evaluator:
 
     def evaluate(self) -> dict | None:
         """One evaluation of the newest weights; None if none are published yet."""
-        at_env_steps = int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+        at_env_steps = total_env_steps(self.arena)
         version = self.load_latest_weights()
         if version is None:
             return None

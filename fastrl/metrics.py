@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .console import Console
-from .shm import EPISODE_RING, Arena, Control
+from .shm import EPISODE_RING, Arena, Control, total_env_steps
 from .wandb_logger import open_wandb_logger
 
 # Reports kept in memory for RunResult.reports (metrics.jsonl has every one): about 3 hours at the
@@ -133,7 +133,7 @@ class Reporter:
         self.wandb = open_wandb_logger(run_dir, self.console.notice) if run_dir else None
 
     def env_steps(self) -> int:
-        return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+        return total_env_steps(self.arena)
 
     def wall_time(self) -> float:
         return self.wall_before + time.time() - self.start

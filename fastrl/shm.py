@@ -117,6 +117,11 @@ class Control:
     TRAINED_MS = 6  # seconds counted against train_for_seconds: from process start, over resumes
 
 
+def total_env_steps(arena) -> int:
+    """Env steps of this rank's workers, with the steps done before a resume."""
+    return int(arena.env_steps.sum() + arena.control[Control.ENV_STEPS_OFFSET])
+
+
 def set_error(arena, message: str) -> None:
     """Record why this process stops the run; the runner reports it."""
     data = message.encode()[: arena.error_text.shape[0] - 1]

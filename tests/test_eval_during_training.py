@@ -39,6 +39,7 @@ def _publish(arena, model, version: int) -> None:
 def test_an_evaluation_plays_its_own_episodes_and_leaves_the_training_counters_alone(tmp_path):
     cfg, model, arena = _countdown_setup(tmp_path)
     evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    row = EvalResults(arena)
     assert evaluator.evaluate() is None  # nothing published yet
     _publish(arena, model, version=3)
     result = evaluator.evaluate()
@@ -49,8 +50,6 @@ def test_an_evaluation_plays_its_own_episodes_and_leaves_the_training_counters_a
     # quota of one episode is done keep stepping until the others finish).
     assert result["env_steps_played"] == 4 * 2 * 7
     assert arena.env_steps.sum() == 0 and arena.episode_count.sum() == 0  # not training steps or episodes
-    row = EvalResults.__new__(EvalResults)
-    row.stats, row.seen = arena.eval_stats, 0
     metrics = row.new()
     assert metrics["eval_return_mean"] == 7.0 and metrics["eval_env_steps"] == 56
     assert metrics["eval_weights_version"] == 3 and metrics["eval_episodes"] == 6
