@@ -32,6 +32,8 @@ setup(
         # fastrl-eval --video: imageio's FFMPEG writer runs the ffmpeg binary imageio-ffmpeg bundles.
         "video": ["imageio>=2.31", "imageio-ffmpeg>=0.4.9"],
         "wandb": ["wandb>=0.16"],
+        # fastrl-profile reads GPU use through NVML (no CUDA context, no nvidia-smi process per sample).
+        "gpu": ["nvidia-ml-py>=12"],
     },
     entry_points={
         "console_scripts": [

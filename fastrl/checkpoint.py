@@ -158,18 +158,29 @@ def model_fit_check(model: torch.nn.Module):
     return lambda state: load_model_state(model, state)
 
 
-def capture_rng() -> dict:
-    """torch's and numpy's global RNG states as tensors and plain data (loadable with weights_only)."""
+def capture_rng(device: torch.device | str = "cpu") -> dict:
+    """torch's and numpy's global RNG states as tensors and plain data (loadable with weights_only),
+    and on a CUDA ``device`` that GPU's generator (dropout and sampling on the GPU draw from it,
+    not from the CPU's)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    rng = {"torch": torch.get_rng_state(),
+           "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    device = torch.device(device)
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
 
 
-def restore_rng(rng: dict) -> None:
+def restore_rng(rng: dict, device: torch.device | str = "cpu") -> None:
+    """Undo :func:`capture_rng`; a saved GPU generator goes to ``device`` when that is a GPU (a
+    CPU run, or a checkpoint from one, has none to restore)."""
     if "torch" in rng:
         torch.set_rng_state(rng["torch"])
     saved = rng.get("numpy")
     if isinstance(saved, dict):
         np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
                              saved["has_gauss"], saved["cached_gaussian"]))
+    device = torch.device(device)
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)

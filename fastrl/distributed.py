@@ -7,7 +7,10 @@ different prefixes:
 - ``learner``: the learner processes. Every learner step starts with an all-reduce of a stop
   flag (so all ranks stop after the same update, never leaving a peer inside a collective), and
   every update all-reduces one flat gradient buffer, averaged, plus a non-finite flag so that
-  all ranks skip the same updates. Parameters start from rank 0's and stay bit-identical.
+  all ranks skip the same updates. A replay learner first all-reduces its plan for the batch
+  (whether any rank dropped it, how many gradient steps every rank can take), so that all ranks
+  make the same number of gradient all-reduces. Parameters start from rank 0's and stay
+  bit-identical.
 - ``runner``: the runner processes. Every report all-gathers the counters; rank 0 writes
   metrics.jsonl (env steps and FPS summed, returns averaged over episodes) and checkpoints.
 
@@ -34,6 +37,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # ranks on this node
 
     @property
     def enabled(self) -> bool:
@@ -45,9 +49,9 @@ class DistInfo:
 
     @classmethod
     def from_env(cls) -> "DistInfo":
-        """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (absent: a single process)."""
+        """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (absent: a single process)."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))
+                   int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None:
@@ -82,17 +86,25 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
+def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """The element-wise maximum of every rank's ``values``, in one float64 all-reduce (exact for
+    flags and for integers below 2**53)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 def agree(local_stop: bool, local_progress: float, device: torch.device) -> tuple[bool, float]:
     """(any rank wants to stop, the furthest training progress): the same on every rank, so all
     ranks stop after the same update and step with the same learning rate."""
-    values = torch.tensor([1.0 if local_stop else 0.0, local_progress], dtype=torch.float64, device=device)
-    dist.all_reduce(values, op=dist.ReduceOp.MAX)
-    return bool(values[0].item() > 0), float(values[1].item())
+    stop, progress = max_over_ranks([float(local_stop), local_progress], device)
+    return stop > 0, progress
 
 
 class GradientAverager:
     """Averages gradients across ranks in one flat all-reduce; returns whether every rank's
-    gradients were finite (if not, all ranks skip the update)."""
+    gradients were finite (if not, all ranks skip the update). ``agree_steps`` makes a replay
+    learner's plan for a batch common to all ranks."""
 
     def __init__(self, model: torch.nn.Module, world_size: int):
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -122,6 +134,14 @@ class GradientAverager:
             p.grad.copy_(self.flat[offset:offset + n].view_as(p))
             offset += n
         return True
+
+    def agree_steps(self, local_drop: bool, local_steps: int) -> tuple[bool, int]:
+        """(any rank dropped its batch, the fewest gradient steps any rank may take), in one
+        all-reduce. Each rank fills its own replay, so their replay ratios can allow different
+        step counts, and a rank that drops a non-finite batch takes none: left to themselves they
+        would make different numbers of gradient all-reduces and the surplus would wait forever."""
+        drop, negated_steps = max_over_ranks([float(local_drop), -float(local_steps)], self.flat.device)
+        return drop > 0, int(-negated_steps)
 
 
 def parameter_digest(model: torch.nn.Module) -> str:

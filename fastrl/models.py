@@ -16,6 +16,7 @@ has ``observation_space`` and ``action_space`` attributes or is wrapped by :func
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import gymnasium
@@ -247,6 +248,12 @@ def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
         offset += n
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's first parameter (or buffer) lives; the CPU for a model with neither."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def build_model(observation_space, action_space, cfg: ModelConfig, user_model: nn.Module | None = None,
                 algo: str = "appo") -> nn.Module:
     """The network for ``algo``: an actor-critic, or a dueling Q-network for dqn."""
@@ -260,8 +267,10 @@ def build_model(observation_space, action_space, cfg: ModelConfig, user_model: n
 
 @torch.no_grad()
 def check_user_model(model: nn.Module, observation_space, action_space) -> None:
-    """Fail early, in the user's terms, if a custom model breaks the (params, value) contract."""
-    sample = torch.as_tensor(ObsLayout(observation_space).sample(2))
+    """Fail early, in the user's terms, if a custom model breaks the (params, value) contract.
+    The sample goes where the model is (a model already on a GPU would otherwise fail on the
+    device mismatch, not on its contract)."""
+    sample = torch.as_tensor(ObsLayout(observation_space).sample(2)).to(model_device(model))
     try:
         out = model(sample)
         params, value = out

@@ -61,15 +61,39 @@ class RunError(RuntimeError):
     """The run could not go on; the message says which process failed and why."""
 
 
-def resolve_device(name: str, local_rank: int = 0) -> str:
-    """``auto`` -> the rank's GPU if there is one, else the CPU."""
+def resolve_device(name: str, dist_info: DistInfo = DistInfo()) -> str:
+    """The config's ``device`` for this rank: ``auto`` -> ``cuda`` if a GPU is visible, else the
+    CPU; ``cuda`` -> the rank's own GPU, ``cuda:LOCAL_RANK`` (``cuda:0`` where the launcher lets
+    each rank see one GPU); ``cuda:N`` as given, in a single process. Raises RunError where ranks
+    would share a GPU (NCCL refuses a group with a duplicate GPU)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if not name.startswith("cuda"):
+        return name
+    if not torch.cuda.is_available():
         raise RunError(f"device={name} asked for but CUDA is not available; use --set device=cpu")
-    if name == "cuda":
-        return f"cuda:{local_rank % torch.cuda.device_count()}"
-    return name
+    count = torch.cuda.device_count()
+    if name != "cuda":
+        if dist_info.enabled:
+            raise RunError(f"device='{name}' under torchrun (WORLD_SIZE={dist_info.world_size}) would put every "
+                           f"rank on one GPU; use device='cuda' (each rank takes cuda:LOCAL_RANK)")
+        if torch.device(name).index >= count:
+            raise RunError(f"device='{name}' but {count} GPU(s) are visible (cuda:0 to cuda:{count - 1}); pick one "
+                           f"of those, or check CUDA_VISIBLE_DEVICES")
+        return name
+    ranks_here = max(dist_info.local_world_size, dist_info.local_rank + 1)
+    if count == 1:
+        # With CUDA_VISIBLE_DEVICES set, a launcher may give each rank its own GPU; unset, every
+        # rank sees the node's only GPU.
+        if ranks_here > 1 and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+            raise RunError(f"torchrun runs {ranks_here} ranks on this node, which has one GPU: they would share "
+                           f"it; use --nproc-per-node 1, or device=cpu")
+        return "cuda:0"
+    if ranks_here > count:
+        raise RunError(f"torchrun runs {ranks_here} ranks on this node but {count} GPUs are visible, so LOCAL_RANK "
+                       f"{dist_info.local_rank} has no GPU of its own; use --nproc-per-node {count} (or fewer), or "
+                       f"device=cpu")
+    return f"cuda:{dist_info.local_rank}"
 
 
 def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int = 0):
@@ -141,13 +165,13 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     try:
         if run_dir is not None:
             check_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
-        device = resolve_device(cfg.device, dist_info.local_rank)
+        device = resolve_device(cfg.device, dist_info)
         spec = probe_env(cfg)
         template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
         resume_state = load_resume_state(run_dir, cfg, template) if resume else None
         layout = arena_layout(cfg, spec, num_state_values(template), getattr(template, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
-        check_resources(cfg, layout.nbytes, spec.observation_space, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        check_resources(cfg, layout.nbytes, spec.observation_space, dist_info.local_world_size,
                         shared=not cfg.serial)
         config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:

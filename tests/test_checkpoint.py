@@ -1,7 +1,9 @@
-"""Checkpoints: no code runs on load, corrupt or unfitting files fall back, writes leave nothing behind."""
+"""Checkpoints: no code runs on load, corrupt or unfitting files fall back, writes leave nothing behind,
+RNG states (the learner GPU's included) come back."""
 import errno
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from fastrl import checkpoint
 from fastrl.checkpoint import (CheckpointError, capture_rng, list_checkpoints, load_checkpoint, load_latest_checkpoint,
                                load_model_state, model_fit_check, restore_rng, save_checkpoint)
+from fastrl.learner import restore_learner
 
 
 def minimal_state(model: torch.nn.Module, steps: int = 0) -> dict:
@@ -60,6 +63,29 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     restore_rng(load_latest_checkpoint(tmp_path)[1]["rng"])
     np.testing.assert_array_equal(np.random.standard_normal(5), expected_np)
     assert torch.equal(torch.rand(5), expected_torch)
+
+
+def fake_gpu_generator(monkeypatch) -> list:
+    """torch.cuda's RNG calls on a machine without a GPU; returns the log of restores."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state",
+                        lambda device: torch.tensor([7, torch.device(device).index], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state, device)))
+    return restored
+
+
+def test_the_learners_gpu_generator_is_saved_and_restored_to_the_learners_gpu(tmp_path, monkeypatch):
+    restored = fake_gpu_generator(monkeypatch)
+    assert "cuda" not in capture_rng()  # a CPU learner has no GPU generator to save
+    state = {**minimal_state(torch.nn.Linear(2, 2)), "rng": capture_rng(torch.device("cuda:1"))}
+    save_checkpoint(tmp_path, state, 1, keep=1)
+    rng = load_latest_checkpoint(tmp_path)[1]["rng"]  # weights_only: the state is a plain tensor
+    restore_rng(rng, "cpu")
+    assert restored == []  # resumed on the CPU: nothing to restore it to
+    learner = SimpleNamespace(device=torch.device("cuda:0"), load_state_dict=lambda state: None)
+    restore_learner(learner, {"learner": {}, "rng": rng})  # resumed on another GPU: that GPU's generator
+    (saved, device), = restored
+    assert saved.tolist() == [7, 1] and device == torch.device("cuda:0")
 
 
 def test_weights_that_do_not_fit_the_model_fall_back_then_fail_clearly(tmp_path, capsys):

@@ -5,12 +5,15 @@ in the learner, and the replay config."""
 import copy
 import io
 import math
+import threading
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
+from fastrl import distributed
 from fastrl.config import ConfigError, ReplaySettings, build_config, load_run_config, to_toml
 from fastrl.kernels import nstep_targets
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
@@ -678,3 +681,97 @@ def test_target_observation_statistics_change_only_at_a_target_refresh():
             assert not same_weights(online, target), k  # while the online statistics moved on
     assert refreshes == 4 and learner.updates == 12 and learner.skipped_updates == 0
     assert not all(torch.equal(initial[key], value) for key, value in target.state_dict().items())
+
+
+# --- several ranks: the same collectives on every rank -----------------------------------------
+
+
+class ThreadRanks:
+    """torch.distributed.all_reduce between threads, one thread per rank, logging each rank's
+    collectives. A rank that makes a collective its peers do not waits at the barrier and times
+    out: the hang of a real multi-rank run, turned into an error."""
+
+    def __init__(self, world_size: int, timeout_s: float = 5.0):
+        self.barrier = threading.Barrier(world_size, timeout=timeout_s)
+        self.local = threading.local()
+        self.inputs = [None] * world_size
+        self.log = [[] for _ in range(world_size)]  # per rank: (op, shape) of each all-reduce
+
+    def all_reduce(self, tensor, op=dist.ReduceOp.SUM):
+        rank = self.local.rank
+        self.log[rank].append((str(op), tuple(tensor.shape)))
+        self.inputs[rank] = tensor.clone()
+        self.barrier.wait()
+        stacked = torch.stack(self.inputs)
+        reduced = stacked.amax(0) if op == dist.ReduceOp.MAX else stacked.sum(0)
+        self.barrier.wait()  # every rank has read the inputs before one writes its next
+        tensor.copy_(reduced)
+
+    def run(self, *per_rank) -> None:
+        """Call ``per_rank[r]()`` on rank ``r``'s thread; re-raise the first error."""
+        errors = []
+
+        def target(rank, work):
+            self.local.rank = rank
+            try:
+                work()
+            except BaseException as exc:
+                errors.append(exc)
+                self.barrier.abort()  # the peers' waits fail at once
+
+        threads = [threading.Thread(target=target, args=(rank, work)) for rank, work in enumerate(per_rank)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+
+def two_synced_dqn_ranks(monkeypatch):
+    """Two DQN learners from the same weights (as after broadcast_parameters), each with the real
+    GradientAverager over a ThreadRanks all-reduce."""
+    ranks = ThreadRanks(2)
+    monkeypatch.setattr(dist, "all_reduce", ranks.all_reduce)
+    learners = [make_dqn(seed=0), make_dqn(seed=0)]
+    for learner in learners:
+        learner.grad_sync = distributed.GradientAverager(learner.model, world_size=2)
+    return ranks, learners
+
+
+def feed(learner, batches):
+    return lambda: [learner.train(batch, env_ids=env_ids) for batch, env_ids in batches]
+
+
+def test_dqn_ranks_make_the_same_collectives_when_one_drops_a_batch(monkeypatch):
+    ranks, learners = two_synced_dqn_ranks(monkeypatch)
+    batches = [stream_batches(6, seed=0), stream_batches(6, seed=1)]
+    batches[1][3][0].rewards[2, 1] = float("nan")  # rank 1 drops its 4th batch, and lags 32 records from then on
+    ranks.run(*(feed(learner, rank_batches) for learner, rank_batches in zip(learners, batches)))
+
+    # Per batch one plan (a MAX), then one gradient all-reduce (a SUM) per agreed step. Rank 0 skips
+    # rank 1's dropped batch with it, then takes the 2 steps rank 1 may take where its own ratio allows 4.
+    assert ranks.log[0] == ranks.log[1]
+    assert [op for op, _ in ranks.log[0]].count(str(dist.ReduceOp.MAX)) == 6 and len(ranks.log[0]) == 6 + 6
+    first, second = learners
+    assert learners[0].replay.added == learners[1].replay.added + T * E
+    assert first.ratio.allowed_batches(first.replay.added, first.replayed_batches) == 2  # owed to rank 0
+    for learner in learners:
+        assert (learner.updates, learner.skipped_updates, learner.version) == (6, 1, 6)
+    assert same_weights(first.model, second.model) and same_weights(first.target, second.target)
+
+
+def test_a_rank_with_nothing_to_sample_still_meets_its_peers_step(monkeypatch):
+    ranks, learners = two_synced_dqn_ranks(monkeypatch)
+    sample, calls = learners[1].replay.sample, []
+
+    def miss_once(size):
+        calls.append(size)
+        return None if len(calls) == 1 else sample(size)
+
+    monkeypatch.setattr(learners[1].replay, "sample", miss_once)
+    ranks.run(*(feed(learner, stream_batches(3, seed=rank)) for rank, learner in enumerate(learners)))
+    assert ranks.log[0] == ranks.log[1] and len(ranks.log[0]) == 3 + 2
+    for learner in learners:  # the first step was skipped on both ranks, the second taken on both
+        assert (learner.updates, learner.skipped_updates) == (1, 1)
+    assert same_weights(learners[0].model, learners[1].model)

@@ -1,13 +1,16 @@
 """fastrl.profiler: breakdown arithmetic, diagnosis rules, a real CartPole profile, autotune, CLI errors."""
 import json
 import sys
+from types import SimpleNamespace
 
 import gymnasium
 import numpy as np
 import psutil
 import pytest
+import torch
 
 from fastrl import profiler
+from fastrl.profiler import sampling
 from fastrl.cli import profile_main
 from fastrl.config import build_config, validate
 from fastrl.runner import train
@@ -141,6 +144,83 @@ def test_nvidia_smi_rows_are_parsed():
     assert gpus[0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 37.0,
                        "memory_used_mib": 1234.0, "memory_total_mib": 81559.0}
     assert gpus[1]["util_percent"] is None
+
+
+class FakeNVML:
+    """pynvml's calls that the profiler makes, for two GPUs; the second reports no utilisation."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        self.handles = ["gpu0", "gpu1"]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.handles)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.handles[index]
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA H100 80GB HBM3" if handle == "gpu0" else "NVIDIA H200"  # older releases return bytes
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        if handle == "gpu1":
+            raise self.NVMLError("Not Supported")
+        return SimpleNamespace(gpu=37, memory=5)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=1234 * 2**20, total=81559 * 2**20, free=0)
+
+
+def no_cuda_context(monkeypatch):
+    """torch.cuda's per-GPU queries open a CUDA context on each GPU: the profiler must not call them."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the profiler queried a GPU through torch.cuda")
+
+    for name in ("mem_get_info", "utilization", "get_device_name", "device_count"):
+        monkeypatch.setattr(torch.cuda, name, refuse)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def test_gpus_are_read_through_nvml_without_a_cuda_context(monkeypatch):
+    no_cuda_context(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
+    gpus = profiler.gpu_query()()
+    assert gpus == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "util_percent": 37.0, "memory_used_mib": 1234.0,
+                     "memory_total_mib": 81559.0},
+                    {"index": 1, "name": "NVIDIA H200", "util_percent": None, "memory_used_mib": 1234.0,
+                     "memory_total_mib": 81559.0}]
+
+
+def test_without_nvml_gpus_come_from_nvidia_smi_or_not_at_all(monkeypatch):
+    no_cuda_context(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: importing it raises ImportError
+    monkeypatch.setattr(sampling.shutil, "which", lambda name: None)
+    assert profiler.gpu_query() is None
+    rows = [{"index": 0, "name": "NVIDIA H100", "util_percent": 1.0, "memory_used_mib": 2.0, "memory_total_mib": 3.0}]
+    monkeypatch.setattr(sampling.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sampling, "_nvidia_smi_query", lambda: rows)
+    assert profiler.gpu_query()() == rows
+    monkeypatch.setattr(sampling, "_nvidia_smi_query", lambda: [])  # nvidia-smi present, no driver or no GPU
+    assert profiler.gpu_query() is None
+
+
+def test_nvml_without_a_driver_falls_back_to_nvidia_smi(monkeypatch):
+    nvml = FakeNVML()
+
+    def no_driver():
+        raise nvml.NVMLError("Driver Not Loaded")
+
+    nvml.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    rows = [{"index": 0, "name": "NVIDIA H100", "util_percent": 1.0, "memory_used_mib": 2.0, "memory_total_mib": 3.0}]
+    monkeypatch.setattr(sampling.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sampling, "_nvidia_smi_query", lambda: rows)
+    assert profiler.gpu_query()() == rows
 
 
 # --- the real thing: CartPole ---------------------------------------------------------------

@@ -110,7 +110,7 @@ class LearnerHost:
             "learner": self.learner.state_dict(),
             "counters": {"env_steps": self.env_steps(), "trained_env_steps": self.trained_env_steps,
                          "wall_time": self.wall_time(), "trained_seconds": self.trained_seconds()},
-            "rng": capture_rng(),
+            "rng": capture_rng(self.learner.device),
             "config": self.cfg.to_dict(),
             **self.extra_state,
         }
@@ -123,4 +123,4 @@ class LearnerHost:
 def restore_learner(learner: BaseLearner, state: dict) -> None:
     """Weights, optimizer, counters and RNG from a checkpoint dict."""
     learner.load_state_dict(state["learner"])
-    restore_rng(state.get("rng", {}))
+    restore_rng(state.get("rng", {}), learner.device)

@@ -76,12 +76,15 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     np.random.seed(cfg.seed)
     arena = Arena.attach(layout, arena_name)
     full_in, free_out = channels
+    if device.startswith("cuda"):
+        # Before the model is built: CUDA work that names no device (pinned host memory, a user
+        # model's device="cuda", torch.cuda calls without an index) runs on the current one, and
+        # left at cuda:0 every rank would open a context there. NCCL uses the current device too.
+        torch.cuda.set_device(torch.device(device))
     learner = make_learner(cfg, *spaces, model=model, device=device)
     if resume_state is not None:
         restore_learner(learner, resume_state)
     parallel = dist_info is not None and dist_info.enabled
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))  # NCCL collectives use the current device
     if parallel:
         distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
         distributed.broadcast_parameters(learner.model)

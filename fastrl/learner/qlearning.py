@@ -56,17 +56,33 @@ class ReplayQLearner(BaseLearner):
         sequence across the gap would skip the dropped steps."""
         ended = (batch.terminated[-1] | batch.truncated[-1]).cpu().numpy()
         self.replay.restart_streams(env_ids, ended=ended)
-        self.count_skip()
-        self.version += 1
-        return {**self.last_stats, **self.counters(), "replay_size": len(self.replay)}
+        return self.replay_steps({}, dropped=True)
 
-    def replay_steps(self, lag_stats: dict) -> dict:
-        """The gradient steps the replay ratio allows now; this batch's statistics."""
+    def replay_steps(self, lag_stats: dict, dropped: bool = False) -> dict:
+        """The gradient steps the replay ratio allows now (none for a ``dropped`` batch); this
+        batch's statistics.
+
+        With several ranks, ``grad_sync.agree_steps`` first makes the plan common: if any rank
+        dropped its batch, every rank counts a skipped update and takes no step (the others keep
+        the batch in their replays); else all take the fewest steps any rank may take (the
+        others' surplus stays owed to them). So every rank makes the same gradient all-reduces."""
+        steps = 0 if dropped else self.ratio.allowed_batches(self.replay.added, self.replayed_batches)
+        if self.grad_sync is not None:
+            dropped, steps = self.grad_sync.agree_steps(dropped, steps)
+        if dropped:
+            self.count_skip()
+            self.version += 1
+            return {**self.last_stats, **self.counters(), "replay_size": len(self.replay)}
         stats = dict(self.last_stats)
-        for _ in range(self.ratio.allowed_batches(self.replay.added, self.replayed_batches)):
+        for _ in range(steps):
             step_stats = self.update()
             if step_stats is None:
-                break
+                if self.grad_sync is None:
+                    break
+                # Nothing sampleable here, but the peers are stepping: join their all-reduce
+                # with no gradient, which makes every rank skip this step.
+                self.gradient_step(torch.full((), float("nan")))
+                continue
             stats = self.last_stats = step_stats
         self.version += 1
         stats.update(lag_stats, **self.counters(), replay_size=len(self.replay),

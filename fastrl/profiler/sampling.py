@@ -40,35 +40,51 @@ def _nvidia_smi_query() -> list[dict]:
     return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
 
 
-# torch is imported inside the functions below: the raw env processes import this package and,
-# like rollout workers, should not pay for torch.
+def _nvml_query() -> Callable[[], list[dict]] | None:
+    """A function reading every GPU's use through NVML (``pynvml``, from nvidia-ml-py: the
+    ``gpu`` extra), or None where it is not installed or sees no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        names = [pynvml.nvmlDeviceGetName(handle) for handle in handles]
+    except pynvml.NVMLError:  # no driver, or no permission to the devices
+        return None
+    if not handles:
+        return None
+    names = [name.decode() if isinstance(name, bytes) else name for name in names]  # older releases return bytes
 
-
-def _torch_gpu_query() -> list[dict]:
-    import torch
-
-    gpus = []
-    for i in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(i)
+    def read(call, handle):
         try:
-            util = float(torch.cuda.utilization(i))
-        except Exception:  # needs pynvml, an optional dependency of torch
-            util = None
-        gpus.append({"index": i, "name": torch.cuda.get_device_name(i), "util_percent": util,
-                     "memory_used_mib": (total - free) / 2**20, "memory_total_mib": total / 2**20})
-    return gpus
+            return call(handle)
+        except pynvml.NVMLError:  # "not supported" on some GPUs; a GPU fallen off the bus
+            return None
+
+    def query() -> list[dict]:
+        gpus = []
+        for index, (handle, name) in enumerate(zip(handles, names)):
+            util = read(pynvml.nvmlDeviceGetUtilizationRates, handle)
+            memory = read(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            gpus.append({"index": index, "name": name, "util_percent": None if util is None else float(util.gpu),
+                         "memory_used_mib": None if memory is None else memory.used / 2**20,
+                         "memory_total_mib": None if memory is None else memory.total / 2**20})
+        return gpus
+
+    return query
 
 
 def gpu_query() -> Callable[[], list[dict]] | None:
-    """A function reading every GPU's use (nvidia-smi if present, else torch.cuda), or None
-    without a CUDA GPU."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return _nvidia_smi_query if shutil.which("nvidia-smi") else _torch_gpu_query
+    """A function reading every GPU's use (NVML if nvidia-ml-py is installed, else nvidia-smi),
+    or None without a GPU. Never torch.cuda: the profiler samples from inside the runner, and
+    its per-GPU queries would open a CUDA context on every GPU there, each holding hundreds of
+    MiB that the run's own processes then lack."""
+    query = _nvml_query()
+    if query is None and shutil.which("nvidia-smi") and _nvidia_smi_query():
+        query = _nvidia_smi_query
+    return query
 
 
 class ProcessSampler:
@@ -179,6 +195,7 @@ def hardware() -> dict:
     except OSError:
         pass
     query = gpu_query()
+    # Imported here: the raw env processes import this package and, like rollout workers, skip torch.
     import torch
 
     return {"cpu_count": cpu_count(), "cpu_count_total": os.cpu_count(), "cpu_model": model,
