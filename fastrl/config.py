@@ -84,6 +84,9 @@ class LearnerConfig:
     max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
     burn_in: int = 0  # recurrent cores: first steps of each trajectory only warm the state (no loss)
     torch_threads: int = 1
+    # float32 | bfloat16: appo/impala run the network's forward pass and the loss under bf16 autocast
+    # (log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor cores
+    precision: str = "float32"
     # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
     # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
     epsilon: float = 0.4
@@ -126,6 +129,15 @@ class EvalSettings:
 
 
 @dataclass
+class InferenceSettings:
+    """The inference batcher's policy."""
+
+    # Pad each batch to one of a few sizes and run the policy through torch.compile (CUDA graphs
+    # on a GPU): fewer kernel launches per batch; the first batches of each size pay the compile.
+    compile: bool = False
+
+
+@dataclass
 class LoggingSettings:
     wandb: bool = False  # log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)
     wandb_project: str = "fastrl"
@@ -154,6 +166,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    inference: InferenceSettings = field(default_factory=InferenceSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
 
     @property
@@ -173,7 +186,7 @@ class Config:
 
 
 SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings,
-            "eval": EvalSettings, "logging": LoggingSettings}
+            "eval": EvalSettings, "inference": InferenceSettings, "logging": LoggingSettings}
 CHOICES = {
     "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
@@ -181,6 +194,7 @@ CHOICES = {
     "model.activation": ("tanh", "relu"),
     "model.core": ("none", "lstm", "gru"),
     "learner.algo": ("appo", "impala", "dqn", "r2d2"),
+    "learner.precision": ("float32", "bfloat16"),
     "replay.compress": ("", "lz4"),
 }
 
@@ -469,6 +483,12 @@ def validate(cfg: Config) -> None:
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
     _validate_core(cfg)
+    if cfg.learner.precision != "float32" and cfg.learner.algo in Q_LEARNERS:
+        raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
+                          f"in float32: set learner.precision=float32")
+    if cfg.inference.compile and cfg.serial:
+        raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
+                          "set serial=false or inference.compile=false")
     if cfg.eval.video_every_s and not cfg.eval.every_s:
         raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")

@@ -54,6 +54,27 @@ def test_impossible_combinations_are_rejected(overrides, message):
         build_config("cartpole-appo", overrides)
 
 
+@pytest.mark.parametrize("value", ["float16", "fp32", ""])
+def test_precision_is_float32_or_bfloat16(value):
+    assert build_config("cartpole-appo", {"learner.precision": "bfloat16"}).learner.precision == "bfloat16"
+    with pytest.raises(ConfigError, match=rf"^config key 'learner.precision' must be one of float32, bfloat16, "
+                                          rf"got '{value}'$"):
+        build_config("cartpole-appo", {"learner.precision": value})
+
+
+def test_bfloat16_is_refused_where_it_would_be_ignored():
+    with pytest.raises(ConfigError, match="learner.precision=bfloat16 is for appo/impala; dqn trains in float32"):
+        build_config("cartpole-dqn", {"learner.precision": "bfloat16"})
+
+
+def test_inference_compile_is_opt_in_and_refused_in_serial_mode():
+    assert not build_config("cartpole-appo").inference.compile
+    assert build_config("cartpole-appo", {"inference.compile": True}).inference.compile
+    with pytest.raises(ConfigError, match="^inference.compile serves the inference process; serial mode runs the "
+                                          "policy eagerly: set serial=false or inference.compile=false$"):
+        build_config("cartpole-appo", {"inference.compile": True, "serial": True})
+
+
 def test_unknown_profile_lists_close_matches():
     with pytest.raises(ConfigError, match="did you mean cartpole-appo"):
         load_profile("cartpol-appo")

@@ -100,11 +100,88 @@ def test_policy_lag_is_reported_and_old_transitions_are_masked():
     assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
 
 
-def test_non_finite_loss_skips_the_update():
+def test_policy_lag_statistics_cover_the_valid_steps_only():
+    import gymnasium
+
+    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                      gymnasium.spaces.Discrete(2))
+    learner.version = 10
+    batch = random_batch(T=2, B=2)
+    batch.version = torch.tensor([[9, 1], [8, 4]])  # lags 1, 9 (invalid), 2, 6
+    batch.valid = torch.tensor([[True, False], [True, True]])
+    assert learner.lag_stats(batch) == {"policy_lag_min": 1.0, "policy_lag_mean": 3.0, "policy_lag_max": 6.0}
+    batch.valid[:] = False
+    assert learner.lag_stats(batch) == {"policy_lag_min": 0.0, "policy_lag_mean": 0.0, "policy_lag_max": 0.0}
+
+
+@pytest.mark.parametrize("algo,minibatches", [("appo", 1), ("appo", 2), ("impala", 1)])
+def test_device_path_learns_what_the_cpu_path_learns(algo, minibatches):
+    """The torch V-trace scan and fused Adam (what runs on a GPU) against the numba kernel and
+    foreach Adam, over three batches with off-policy steps, invalid steps and terminations."""
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.num_minibatches": minibatches,
+                                         "learner.vtrace_lambda": 0.9, "learner.clip_rho": 1.5})
+    learners, stats = [], []
+    for device_path in (False, True):
+        torch.manual_seed(0)
+        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
+                          device_path=device_path)
+        runs = []
+        for seed in range(3):
+            batch = random_batch(seed=seed)
+            batch.behaviour_logp = batch.behaviour_logp + 0.3 * torch.randn(batch.behaviour_logp.shape)
+            batch.valid[2, :4] = False
+            runs.append(learner.train(batch))
+        learners.append(learner)
+        stats.append(runs)
+    for cpu, device in zip(*stats):
+        assert cpu.keys() == device.keys()
+        for key in cpu:
+            assert device[key] == pytest.approx(cpu[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(*(learner.model.parameters() for learner in learners)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bfloat16_autocast_trains_close_to_float32():
+    import gymnasium
+
+    results = []
+    for precision in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        cfg = build_config("cartpole-appo", {"learner.precision": precision})
+        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+        results.append((learner.train(random_batch(T=16)), learner.model))
+    (full, full_model), (half, half_model) = results
+    assert half["value_loss"] != full["value_loss"]  # the network did run in bfloat16
+    for key in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
+        assert half[key] == pytest.approx(full[key], rel=0.05, abs=2e-3), key
+    lr = build_config("cartpole-appo").learner.lr
+    for a, b in zip(full_model.parameters(), half_model.parameters()):
+        # Adam's first step moves a weight by about lr, either way: a near-zero gradient may flip sign.
+        assert a.dtype == b.dtype == torch.float32
+        assert (a - b).abs().max() <= 2.01 * lr
+
+
+def test_a_nan_loss_skips_the_step_even_when_its_gradients_are_finite():
+    import gymnasium
+
+    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                      gymnasium.spaces.Discrete(2))
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    grad_norm, _ = learner.gradient_step(sum(p.sum() for p in learner.model.parameters()) + float("nan"))
+    assert math.isnan(grad_norm) and learner.skipped_updates == 1 and learner.updates == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    assert all(p.grad is None for p in learner.model.parameters())
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_non_finite_loss_skips_the_update(device_path):
     import gymnasium
 
     cfg = build_config("cartpole-appo")
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
+                      device_path=device_path)
     batch = random_batch()
     batch.rewards[0, 0] = float("nan")
     before = [p.detach().clone() for p in learner.model.parameters()]

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from fastrl.config import build_config
 from fastrl.kernels import vtrace
-from fastrl.learner import Learner, appo_loss, impala_loss, td_loss
+from fastrl.learner import Learner, appo_loss, impala_loss, td_loss, vtrace_targets
 from tests.test_dqn import E, T, make_dqn, perturb, reference_windows, stream_batches
 from tests.test_learner import random_batch
 
@@ -44,6 +44,19 @@ def test_pure_losses_reproduce_the_learners_numbers(algo, loss_fn):
     assert float(loss.detach()) == pytest.approx(reported["loss"], rel=1e-6)
     loss.backward()  # gradients flow to the network through target_logp and values
     assert all(p.grad is not None for p in probe.model.parameters())
+
+
+def test_vtrace_targets_by_torch_scan_match_the_numba_kernel():
+    learner, batch = learner_and_tensors("appo")  # off-policy, with invalid steps and terminations
+    rewards, discounts = learner.rewards_and_discounts(batch)
+    _, values, target_logp = learner.evaluate(batch)
+    inputs = (target_logp.detach(), batch.behaviour_logp, values.detach(), rewards, discounts, batch.valid)
+    settings = dict(clip_rho=1.5, clip_c=1.2, clip_pg_rho=0.8, lambda_=0.9)
+    on_cpu = vtrace_targets(*inputs, **settings)  # the numba kernel, faster on the CPU
+    scanned = vtrace_targets(*inputs, **settings, torch_scan=True)
+    for scan, kernel in zip(scanned, on_cpu):
+        torch.testing.assert_close(scan, kernel, rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(on_cpu, vtrace_targets(*inputs, **settings, torch_scan=False)))
 
 
 def test_impala_loss_follows_its_formula():
@@ -119,7 +132,12 @@ def test_td_loss_reproduces_the_dqn_learners_numbers():
     tree = learner.replay.priorities(np.arange(E * ring))  # p^alpha of every slot
     drawn = []
     sample = learner.replay.sample
-    learner.replay.sample = lambda batch_size: drawn.append(sample(batch_size, rng=5)) or drawn[-1]  # a fixed draw
+
+    def fixed_draw(batch_size, **kwargs):
+        drawn.append(sample(batch_size, rng=5, **kwargs))
+        return drawn[-1]
+
+    learner.replay.sample = fixed_draw
     reported = learner.update()
     indices = drawn[0].indices
 

@@ -1,8 +1,11 @@
-"""V-trace against a brute-force reference written from the paper's sum formula."""
+"""V-trace against a brute-force reference written from the paper's sum formula, and the torch
+scan the learner runs on an accelerator against the numba kernel."""
 import numpy as np
 import pytest
+import torch
 
 from fastrl.kernels import gae, vtrace
+from fastrl.kernels.torch_ops import vtrace_scan
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 2e-6}
 
@@ -197,3 +200,33 @@ def test_bad_inputs_raise_naming_the_array(changes, message):
     arrays.update(changes)
     with pytest.raises(ValueError, match=message):
         vtrace(**arrays)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("thresholds,lambda_", [
+    ((1.0, 1.0, 1.0), 1.0),
+    ((None, None, None), 1.0),
+    ((2.0, 0.5, 0.9), 0.8),
+    ((1.0, 1.0, 1.0), 0.0),
+])
+def test_torch_scan_matches_the_numba_kernel(dtype, thresholds, lambda_):
+    # random_inputs' zero discounts are terminations; -inf log-rhos mark invalid (autoreset) steps.
+    inputs = random_inputs(33, 7, dtype, seed=8)
+    inputs[0][np.random.default_rng(9).random(inputs[0].shape) < 0.2] = -np.inf
+    rho_bar, pg_rho_bar, c_bar = thresholds
+    kwargs = dict(clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar, clip_c_threshold=c_bar,
+                  lambda_=lambda_)
+    expected = vtrace(*inputs, **kwargs)
+    actual = vtrace_scan(*[torch.from_numpy(a) for a in inputs], **kwargs)
+    for a, e in zip(actual, expected):
+        assert a.dtype == torch.from_numpy(e).dtype and a.shape == e.shape
+        assert_close(a.numpy(), e.astype(np.float64), dtype)
+
+
+def test_torch_scan_computes_half_precision_in_float32_without_gradient():
+    inputs = [torch.from_numpy(a) for a in random_inputs(6, 4, np.float32, seed=10)]
+    inputs[3].requires_grad_(True)
+    vs, pg_advantages = vtrace_scan(*[t.bfloat16() for t in inputs])
+    assert vs.dtype == pg_advantages.dtype == torch.bfloat16 and not vs.requires_grad
+    expected_vs, _ = vtrace_scan(*[t.detach().bfloat16().float() for t in inputs])
+    torch.testing.assert_close(vs, expected_vs.bfloat16(), rtol=0, atol=0)

@@ -3,6 +3,11 @@ reward transform, policy-lag statistics, the guarded gradient step and the state
 
 A learner subclass adds its networks and its ``train(batch, progress, env_ids, fresh)``; the
 process shell (:mod:`fastrl.learner.host`) drives any of them the same way.
+
+On an accelerator the host queues work and waits only when it reads a result back, so the
+learners read as little as they can: statistics stay 0-d tensors until one read per ``train()``
+(:func:`read_stats`), and a gradient step reads one number, its gradient norm, which also says
+whether the step was finite (:mod:`fastrl.sync_counter` counts these reads in the tests).
 """
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ from torch import nn
 
 from ..config import Config
 from .batch import Trajectories
+
+
+def read_stats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-d tensors -> floats in one host read (one synchronisation on an accelerator, not one each)."""
+    return dict(zip(stats, torch.stack([value.detach().float() for value in stats.values()]).tolist()))
 
 
 def unroll(model: nn.Module, obs: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor, burn_in: int = 0
@@ -36,14 +46,30 @@ def unroll(model: nn.Module, obs: torch.Tensor, state: torch.Tensor, episode_sta
 class BaseLearner:
     """Owns ``model`` and its Adam optimizer. ``version`` counts batches trained on (it is the
     weights' version the actors see); ``updates`` counts optimizer steps taken, ``skipped_updates``
-    those refused for a non-finite loss or gradient."""
+    those refused for a non-finite loss or gradient.
 
-    def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu"):
+    ``device_path``: run what suits an accelerator (fused Adam; the subclasses' kernels that stay
+    on the device, such as V-trace's torch scan) rather than the CPU's choices (foreach Adam, numba
+    kernels). None: when ``device`` is not the CPU. True on the CPU lets the tests count that
+    path's host synchronisations without a GPU."""
+
+    def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
+                 device_path: bool | None = None):
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.device = torch.device(device)
+        self.device_path = self.device.type != "cpu" if device_path is None else device_path
+        if self.device.type == "cuda":
+            # TF32 (fp32 range and sums, 10-bit mantissa products) puts fp32 matmuls and
+            # convolutions on the tensor cores of Ampere and later GPUs. The learner's batch shapes
+            # are fixed, so cudnn.benchmark's search for the fastest convolutions is paid once.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cudnn.benchmark = True
         self.model = model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.lr, eps=self.lcfg.adam_eps)
+        # Fused: one kernel for every parameter and no read of the step count on the host.
+        kernel = {"fused": True} if self.device_path else {"foreach": True}
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.lr, eps=self.lcfg.adam_eps, **kernel)
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0
@@ -70,13 +96,25 @@ class BaseLearner:
             rewards = rewards.clamp(-self.lcfg.reward_clip, self.lcfg.reward_clip)
         return rewards
 
-    def lag_stats(self, batch: Trajectories) -> dict:
-        """Policy lag (this learner's version minus the acting one) over the batch's valid steps."""
-        lag = (self.version - batch.version)[batch.valid].float()
-        if not lag.numel():
-            return {"policy_lag_min": 0.0, "policy_lag_mean": 0.0, "policy_lag_max": 0.0}
-        return {"policy_lag_min": float(lag.min()), "policy_lag_mean": float(lag.mean()),
-                "policy_lag_max": float(lag.max())}
+    def policy_lag(self, version: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Policy lag (this learner's version minus the acting one, ``version`` ``[T, B]``) over the
+        ``valid`` ``[T, B]`` steps: its min, mean and max as 0-d float tensors, 0 without valid
+        steps. Nothing is read back (a boolean-mask selection would be)."""
+        lag = (self.version - version).float()
+        count = valid.sum()
+        summary = torch.stack([torch.where(valid, lag, math.inf).amin(), (lag * valid).sum() / count.clamp(min=1),
+                               torch.where(valid, lag, -math.inf).amax()])
+        summary = torch.where(count > 0, summary, 0.0)
+        return dict(zip(("policy_lag_min", "policy_lag_mean", "policy_lag_max"), summary.unbind()))
+
+    def lag_stats(self, batch: Trajectories) -> dict[str, float]:
+        """:meth:`policy_lag` over the batch, read."""
+        return read_stats(self.policy_lag(batch.version, batch.valid))
+
+    def autocast(self):
+        """The context of the forward pass and loss: bfloat16 autocast with ``learner.precision =
+        "bfloat16"``, else none."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.lcfg.precision == "bfloat16")
 
     def counters(self) -> dict:
         return {"lr": self.optimizer.param_groups[0]["lr"], "learner_updates": self.updates,
@@ -86,26 +124,33 @@ class BaseLearner:
         """Backward, cross-rank gradient averaging (``grad_sync``), norm clipping and an optimizer
         step, skipped when the loss or the gradient is not finite: such a step would poison the
         weights the actors use. Returns (gradient norm, NaN if skipped; the ``perf_counter`` time
-        when the backward pass and clipping were done)."""
+        when the backward pass and clipping were done). One host read on a single rank: the norm,
+        made NaN by a non-finite loss (whose gradients can still be finite, e.g. through a NaN that
+        a mask multiplies by 0)."""
         self.optimizer.zero_grad(set_to_none=True)
-        finite = bool(torch.isfinite(loss))
-        grad_norm = float("nan")
-        if finite:
+        if self.grad_sync is None:
             loss.backward()
-        if self.grad_sync is not None:
-            finite = self.grad_sync(finite)
-        if finite:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.lcfg.max_grad_norm))
-            finite = math.isfinite(grad_norm)
+            norm = self.clip_gradients()
+            grad_norm = float(torch.where(torch.isfinite(loss.detach()), norm, math.nan))
+        else:
+            # The ranks agree on finiteness (each gives a bool) as they average, before clipping.
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                loss.backward()
+            grad_norm = float(self.clip_gradients()) if self.grad_sync(finite) else math.nan
         backward_done = time.perf_counter()
-        if finite:
+        if math.isfinite(grad_norm):
             self.optimizer.step()
             self.updates += 1
             self.consecutive_skips = 0
         else:
             self.count_skip()
-            grad_norm = float("nan")
+            grad_norm = math.nan
         return grad_norm, backward_done
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Scale the gradients to a total norm of at most ``max_grad_norm``; their norm before, 0-d."""
+        return nn.utils.clip_grad_norm_(self.model.parameters(), self.lcfg.max_grad_norm)
 
     def count_skip(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

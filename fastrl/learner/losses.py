@@ -19,7 +19,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from ..kernels.torch_ops import vtrace_torch
+from ..kernels.torch_ops import vtrace_scan, vtrace_torch
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -29,16 +29,22 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> tor
 @torch.no_grad()
 def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor,
                    rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, *, clip_rho: float = 1.0,
-                   clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
+                   torch_scan: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace value targets ``vs`` and policy-gradient advantages, both ``[T, B]``.
 
     log rho = target_logp - behaviour_logp, set to -inf where not ``valid`` (rho = c = 0: vs = V
-    there and the trace is cut); see :func:`fastrl.kernels.vtrace` for the recursion."""
+    there and the trace is cut); see :func:`fastrl.kernels.vtrace` for the recursion.
+    ``torch_scan``: compute on the tensors' device (:func:`~fastrl.kernels.torch_ops.vtrace_scan`)
+    rather than by the numba kernel (:func:`~fastrl.kernels.torch_ops.vtrace_torch`, a round trip
+    through the host). None: the scan off the CPU, the kernel on it, where it is faster."""
     T = rewards.shape[0]
     log_rhos = (target_logp - behaviour_logp).masked_fill(~valid, -math.inf)
-    return vtrace_torch(log_rhos, discounts, rewards, values[:T], values[T], clip_rho_threshold=clip_rho,
-                        clip_pg_rho_threshold=clip_pg_rho, clip_c_threshold=clip_c, lambda_=lambda_)
+    if torch_scan is None:
+        torch_scan = rewards.device.type != "cpu"
+    kernel = vtrace_scan if torch_scan else vtrace_torch
+    return kernel(log_rhos, discounts, rewards, values[:T], values[T], clip_rho_threshold=clip_rho,
+                  clip_pg_rho_threshold=clip_pg_rho, clip_c_threshold=clip_c, lambda_=lambda_)
 
 
 def _targets_and_mask(target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets, clips):

@@ -24,7 +24,7 @@ from ..config import Config
 from ..models import action_head, build_model
 from ..replay import SequenceReplay
 from ..spaces import ActionLayout, ObsLayout
-from .base import BaseLearner, unroll
+from .base import BaseLearner, read_stats, unroll
 from .batch import Trajectories
 from .losses import appo_loss, impala_loss
 from .losses import vtrace_targets as vtrace_targets_of
@@ -37,8 +37,9 @@ class VTraceLearner(BaseLearner):
     steps, minibatches split along trajectories (never along time)."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
-                 device: torch.device | str = "cpu"):
-        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device)
+                 device: torch.device | str = "cpu", device_path: bool | None = None):
+        super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device,
+                         device_path)
         self.head = action_head(action_space)
         self.loss = appo_loss if self.lcfg.algo == "appo" else impala_loss
         # IMPALA-paper replay: replay.vtrace_fraction of every batch are replayed trajectories.
@@ -78,9 +79,13 @@ class VTraceLearner(BaseLearner):
         ``env_ids`` ``[B]`` (each trajectory's env) is needed only with ``replay.vtrace_fraction``:
         the batch is then stored for replay and completed with replayed trajectories; ``fresh``
         ``[B]`` marks an env's first trajectory after its worker restarted (see
-        :func:`fastrl.learner.replay_feed.add_trajectories`)."""
+        :func:`fastrl.learner.replay_feed.add_trajectories`).
+
+        On the device path (:class:`~fastrl.learner.base.BaseLearner`), without replay and
+        without return or observation normalization, the device is read once per gradient step
+        (its gradient norm) and once for the statistics."""
         batch.validate()
-        lag_stats = self.lag_stats(batch)
+        fresh_columns = batch.rewards.shape[1]
         if self.return_scale is not None and batch.is_finite():
             self.return_scale.update(self.transformed_rewards(batch.rewards).numpy(),
                                      (batch.terminated | batch.truncated).numpy(), batch.valid.numpy(), env_ids, fresh)
@@ -94,6 +99,8 @@ class VTraceLearner(BaseLearner):
                 self.replay.restart_streams(np.asarray(env_ids, dtype=np.int64),
                                             ended=(batch.terminated[-1] | batch.truncated[-1]).numpy())
         batch = batch.to(self.device)
+        # Replayed trajectories carry the current version: the lag statistics are of this batch's own.
+        lag_stats = self.policy_lag(batch.version[:, :fresh_columns], batch.valid[:, :fresh_columns])
         lag = (self.version - batch.version).float()
         loss_mask = batch.valid & (lag <= self.lcfg.max_policy_lag)
         loss_mask[:self.lcfg.burn_in] = False  # burn-in steps only warm the recurrent state
@@ -105,7 +112,8 @@ class VTraceLearner(BaseLearner):
 
         B = batch.rewards.shape[1]
         minibatches = self.lcfg.num_minibatches
-        stats_sum: dict[str, float] = {}
+        stats_sum: dict[str, torch.Tensor] = {}
+        grad_norm_sum = 0.0
         steps = 0
         for _ in range(self.lcfg.num_epochs):
             order = torch.randperm(B, device=self.device) if minibatches > 1 else None
@@ -117,14 +125,14 @@ class VTraceLearner(BaseLearner):
                     size = B // minibatches
                     index = order[chunk * size:(chunk + 1) * size]
                     part = batch.columns(index)
-                step_stats = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index])
+                step_stats, grad_norm = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index])
                 for key, value in step_stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value
+                grad_norm_sum += grad_norm
                 steps += 1
         self.version += 1
-        stats = {key: value / steps for key, value in stats_sum.items()}
-        stats.update(lag_stats, **self.counters())
-        return stats
+        stats = read_stats({**{key: value / steps for key, value in stats_sum.items()}, **lag_stats})
+        return {**stats, "grad_norm": grad_norm_sum / steps, **self.counters()}
 
     def with_replayed(self, batch: Trajectories, env_ids, fresh=None) -> Trajectories:
         """Store ``batch`` in the sequence replay and append replayed trajectories, so that they
@@ -171,6 +179,8 @@ class VTraceLearner(BaseLearner):
             params, values = self.unroll(batch)
         else:
             params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
+        # learner.precision=bfloat16 runs the network in bf16; log-probs, V-trace and the losses stay float32.
+        params, values = params.float(), values.float()
         params = params.reshape(T + 1, B, -1)[:T]
         target_logp = self.head.log_prob(params.reshape(T * B, -1),
                                          batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
@@ -187,23 +197,27 @@ class VTraceLearner(BaseLearner):
         """V-trace value targets ``vs`` and policy-gradient advantages of ``batch``, both ``[T, B]``."""
         settings = self.loss_settings()
         return vtrace_targets_of(target_logp, batch.behaviour_logp, values, rewards, discounts, batch.valid,
-                                 **{k: settings[k] for k in ("clip_rho", "clip_c", "clip_pg_rho", "lambda_")})
+                                 **{k: settings[k] for k in ("clip_rho", "clip_c", "clip_pg_rho", "lambda_")},
+                                 torch_scan=self.device_path)
 
-    def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor) -> dict:
-        """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on."""
+    def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor
+               ) -> tuple[dict[str, torch.Tensor], float]:
+        """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on.
+        Returns the loss statistics (0-d tensors, left on the device) and the gradient norm."""
         start = time.perf_counter()
         T, B = rewards.shape
-        params, values, target_logp = self.evaluate(batch)
-        vtrace_start = time.perf_counter()
-        # Computed here rather than inside the loss only so that the profiler can time it apart.
-        targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
-        vtrace_time = time.perf_counter() - vtrace_start
-        entropy = self.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
-        loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
-                                mask, targets=targets, **self.loss_settings())
+        with self.autocast():
+            params, values, target_logp = self.evaluate(batch)
+            vtrace_start = time.perf_counter()
+            # Computed here rather than inside the loss only so that the profiler can time it apart.
+            targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
+            vtrace_time = time.perf_counter() - vtrace_start
+            entropy = self.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
+            loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
+                                    batch.valid, mask, targets=targets, **self.loss_settings())
         grad_norm, backward_done = self.gradient_step(loss)
         end = time.perf_counter()
         self.timings["forward_backward_s"] += backward_done - start - vtrace_time
         self.timings["vtrace_s"] += vtrace_time
         self.timings["optimizer_s"] += end - backward_done
-        return {**{key: float(value) for key, value in stats.items()}, "grad_norm": grad_norm}
+        return stats, grad_norm
