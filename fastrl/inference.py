@@ -12,6 +12,7 @@ when the env is at the first step of a slot, and writes the new state back with 
 """
 from __future__ import annotations
 
+import bisect
 import time
 from multiprocessing.connection import wait
 
@@ -23,7 +24,8 @@ from .config import Q_LEARNERS
 from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
-from .models import action_head, load_flat_state, num_state_values
+from .device_io import BatchTransfer, pinned_empty, view_flat
+from .models import action_head, num_state_values, state_tensors
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, WeightBuffer, set_error
 
@@ -38,21 +40,37 @@ def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, t
 
 
 class InferenceBatcher:
-    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head."""
+    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head.
+
+    ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
+    (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
+    host and device (one copy each way on CUDA, see fastrl.device_io)."""
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
-                 epsilons: np.ndarray | None = None):
+                 epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
+                 transfer: BatchTransfer | None = None):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
-        self.on_cpu = device.type == "cpu"
         self.head = action_head(action_space)
         self.weights = WeightBuffer(arena)
-        self.flat = np.empty(num_state_values(model), dtype=np.float32)
+        self.flat = pinned_empty(num_state_values(model), torch.float32, device)  # [P] newest weights read
+        self.flat_np = self.flat.numpy()
+        self.device_flat = torch.empty_like(self.flat, device=device)
+        with torch.no_grad():
+            view_flat(state_tensors(self.model), self.device_flat)
         self.version = -1
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
+        self.buckets = tuple(buckets)
+        self.policy = self.model
+        if compile:
+            # "reduce-overhead" replays CUDA graphs: the weights keep their addresses (view_flat).
+            self.policy = torch.compile(self.model, mode="reduce-overhead" if device.type == "cuda" else None,
+                                        dynamic=False)
+        self.transfer = BatchTransfer(device) if transfer is None else transfer
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
+        self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
         self.recurrent = bool(getattr(model, "is_recurrent", False))
         self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
         if self.recurrent:
@@ -65,9 +83,11 @@ class InferenceBatcher:
         published = int(self.weights.version[0])
         if published != self.version and published >= 0:
             start = time.perf_counter()
-            version = self.weights.read_into(self.flat)
+            version = self.weights.read_into(self.flat_np)
             if version is not None:
-                load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
+                # One copy loads every weight (the model views device_flat). Blocking, as the next
+                # read_into overwrites its source; the device has no batch queued meanwhile.
+                self.device_flat.copy_(self.flat)
                 self.version = version
             self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
         return self.version >= 0
@@ -77,48 +97,83 @@ class InferenceBatcher:
         start = time.perf_counter()
         arena = self.arena
         slots, steps = request_cursors(arena.request_envs, arena.env_slot, arena.env_t, workers, requests)
-        # numpy fancy indexing on the shared arrays measured ~2x cheaper than torch's here.
-        obs = torch.from_numpy(arena.obs[slots, steps])
+        n = len(slots)
+        rows = padded_size(n, self.buckets)
+        inputs = self.transfer.host_arrays(self.input_specs(rows))
+        # Padding rows repeat row 0: a valid input, whose outputs are dropped.
+        obs_index = pad_rows(slots * arena.obs.shape[1] + steps, rows)
+        np.take(self.obs_rows, obs_index, axis=0, out=inputs[0], mode="clip")  # "clip": writes `out` unbuffered
+        if self.recurrent:
+            E = arena.env_start.shape[1]
+            env_rows = (workers[:, None].astype(np.int64) * E + arena.request_envs[workers, requests]).reshape(-1)
+            self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
         with torch.inference_mode():
             if self.masks:
                 final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
-                self.model.check_mask(obs, torch.from_numpy(final != 0))
-            if not self.on_cpu:
-                obs = obs.to(self.device, non_blocking=True)
-            if self.recurrent:
-                params = self.recurrent_step(obs, workers, requests, slots, steps)
-            else:
-                params, _ = self.model(obs)
+                self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
+            outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
             if self.epsilons is None:
-                actions, behaviour_logp = self.head.sample_with_log_prob(params)
+                actions, behaviour_logp = outputs[0][:n], outputs[1][:n]
             else:
                 env_ids = arena.request_envs[workers, requests]  # [n, b]
                 epsilons = self.epsilons[workers[:, None], env_ids].reshape(-1)
-                actions, behaviour_logp = epsilon_greedy(params.cpu(), epsilons)
-            actions, behaviour_logp = actions.cpu().numpy(), behaviour_logp.cpu().numpy()
-        write_actions(slots, steps, actions.reshape(len(slots), -1), behaviour_logp, self.version,
+                actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), epsilons)
+                actions, behaviour_logp = actions.numpy(), behaviour_logp.numpy()
+        if self.recurrent:
+            self.env_state[env_rows] = outputs[-1][:n]
+        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, self.version,
                       self.slot_actions, arena.behaviour_logp, arena.version)
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
         self.timings[BatcherTiming.REQUESTS] += len(requests)
 
-    def recurrent_step(self, obs: torch.Tensor, workers, requests, slots, steps) -> torch.Tensor:
-        """One step of the recurrent policy for the requests' envs: their states are read (zeroed at
-        an episode start), stored as the initial state of slots at step 0, and replaced by the new
-        states; returns the action params ``[n, P]``."""
-        arena = self.arena
-        E = arena.env_start.shape[1]
-        rows = (workers[:, None].astype(np.int64) * E + arena.request_envs[workers, requests]).reshape(-1)
-        state = self.env_state[rows]
-        state *= (self.env_start[rows] == 0)[:, None]
-        first = steps == 0
-        arena.slot_state[slots[first]] = state[first]
-        state_t = torch.from_numpy(state)
-        if not self.on_cpu:
-            state_t = state_t.to(self.device, non_blocking=True)
-        params, _, new_state = self.model(obs.unsqueeze(0), state_t, None)
-        self.env_state[rows] = new_state.cpu().numpy()
-        return params[0]
+    def input_specs(self, rows: int) -> list[tuple[tuple, np.dtype]]:
+        """Shapes and dtypes of a batch's inputs: observations, then the recurrent states."""
+        specs = [((rows, *self.obs_rows.shape[1:]), self.obs_rows.dtype)]
+        if self.recurrent:
+            specs.append(((rows, self.env_state.shape[1]), self.env_state.dtype))
+        return specs
+
+    def gather_state(self, env_rows: np.ndarray, slots: np.ndarray, steps: np.ndarray, out: np.ndarray) -> None:
+        """The recurrent states ``out`` ``[rows, S]`` of the envs ``env_rows`` (zeroed at an episode
+        start), stored as the initial state of the slots at step 0."""
+        np.take(self.env_state, env_rows, axis=0, out=out, mode="clip")
+        out *= (self.env_start[env_rows] == 0)[:, None]
+        first = np.flatnonzero(steps == 0)
+        self.arena.slot_state[slots[first]] = out[first]
+
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Device inputs (obs ``[rows, *obs]``, state ``[rows, S]`` when recurrent) -> what goes back
+        to the host: (actions ``[rows, ...]``, behaviour log-probs ``[rows]``), or Q-values
+        ``[rows, A]`` for dqn, then the new states ``[rows, S]`` when recurrent."""
+        if self.recurrent:
+            params, _, new_state = self.policy(inputs[0].unsqueeze(0), inputs[1], None)
+            params, extra = params[0], [new_state]
+        else:
+            params, _ = self.policy(inputs[0])
+            extra = []
+        if self.epsilons is not None:
+            return [params, *extra]
+        return [*self.head.sample_with_log_prob(params), *extra]
+
+
+def batch_buckets(request_size: int, max_requests: int) -> tuple[int, ...]:
+    """Batch sizes a compiled policy serves: ``request_size`` times 1, 2, 4, ... and ``max_requests``
+    (a batch holds 1 to ``max_requests`` requests of ``request_size`` envs)."""
+    counts = {max_requests} | {1 << k for k in range(max_requests.bit_length()) if 1 << k < max_requests}
+    return tuple(request_size * c for c in sorted(counts))
+
+
+def padded_size(rows: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds ``rows``; ``rows`` itself without buckets."""
+    return buckets[bisect.bisect_left(buckets, rows)] if buckets and rows <= buckets[-1] else rows
+
+
+def pad_rows(index: np.ndarray, rows: int) -> np.ndarray:
+    """``index`` ``[n]`` extended to ``[rows]`` by repeating its first entry."""
+    if rows == len(index):
+        return index
+    return np.concatenate([index, np.full(rows - len(index), index[0], index.dtype)])
 
 
 # The two index kernels below replace five 2-D numpy gathers/scatters per batch. Measured here
@@ -193,7 +248,10 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
     arena = Arena.attach(layout, arena_name)
     requests_in, actions_out = channels.requests_in, channels.actions_out
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
-    batcher = InferenceBatcher(arena, model, action_space, torch.device(device), batcher_epsilons(cfg))
+    W, S, b = arena.request_envs.shape
+    buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
+    batcher = InferenceBatcher(arena, model, action_space, torch.device(device), batcher_epsilons(cfg), buckets,
+                               cfg.inference.compile)
     try:
         while not batcher.refresh_weights():
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting

@@ -139,15 +139,24 @@ class TransitionBatch:
 
     @property
     def obs(self) -> np.ndarray:
-        return self._unstacked(self.frames[:, :self.frame_stack])
+        return self.obs_of(self.frames)
 
     @property
     def next_obs(self) -> np.ndarray:
-        n = self.frames.shape[1] - self.frame_stack
+        return self.next_obs_of(self.frames)
+
+    def obs_of(self, frames):
+        """``obs`` cut from ``frames``: ``self.frames`` or a copy of them (e.g. a torch tensor on
+        the learner's device, so that obs and next_obs share one copy of the frames)."""
+        return self._unstacked(frames[:, :self.frame_stack])
+
+    def next_obs_of(self, frames):
+        """``next_obs`` cut from ``frames`` (as :meth:`obs_of`)."""
+        n = frames.shape[1] - self.frame_stack
         if np.all(self.bootstrap_steps == n):
-            return self._unstacked(self.frames[:, n:])
+            return self._unstacked(frames[:, n:])
         columns = self.bootstrap_steps[:, None] + np.arange(self.frame_stack)
-        return self._unstacked(self.frames[np.arange(len(columns))[:, None], columns])
+        return self._unstacked(frames[np.arange(len(columns))[:, None], columns])
 
     def _unstacked(self, stacks: np.ndarray) -> np.ndarray:
         return stacks if self.frame_stack > 1 else stacks[:, 0]
@@ -465,6 +474,10 @@ class TransitionReplay(_StreamReplay):
         """
         self._add(env_ids, obs, {"actions": actions, "rewards": rewards}, terminated, truncated, priorities)
 
+    def frames_shape(self, batch_size: int) -> tuple:
+        """Shape of a sample's ``frames``: ``[batch_size, S + n, *frame]``."""
+        return (batch_size, self.frame_stack + self.horizon, *self.frame_shape)
+
     def sample(self, batch_size: int, rng=None, beta: float | None = None,
                out: np.ndarray | None = None) -> TransitionBatch | None:
         """Draw ``batch_size`` transitions by priority; None until ``min_fill`` records are stored
@@ -480,13 +493,13 @@ class TransitionReplay(_StreamReplay):
         if drawn is None:
             return None
         indices, generations, weights = drawn
-        n, S = self.horizon, self.frame_stack
-        shape = (batch_size, S + n, *self.frame_shape)
+        shape = self.frames_shape(batch_size)
         if out is None:
             out = np.empty(shape, self.obs_dtype)
         elif out.shape != shape or out.dtype != self.obs_dtype or not out.flags.c_contiguous:
             raise ValueError(f"TransitionReplay.sample: out must be a C-contiguous "
                              f"{self.obs_dtype} array of shape {shape}")
+        n, S = self.horizon, self.frame_stack
         rows = np.empty((batch_size, S + n), np.int64)
         returns, discounts = np.empty(batch_size, np.float32), np.empty(batch_size, np.float32)
         dones, steps = np.empty(batch_size, bool), np.empty(batch_size, np.int64)

@@ -765,9 +765,9 @@ def test_a_rank_with_nothing_to_sample_still_meets_its_peers_step(monkeypatch):
     ranks, learners = two_synced_dqn_ranks(monkeypatch)
     sample, calls = learners[1].replay.sample, []
 
-    def miss_once(size):
+    def miss_once(size, **kwargs):
         calls.append(size)
-        return None if len(calls) == 1 else sample(size)
+        return None if len(calls) == 1 else sample(size, **kwargs)
 
     monkeypatch.setattr(learners[1].replay, "sample", miss_once)
     ranks.run(*(feed(learner, stream_batches(3, seed=rank)) for rank, learner in enumerate(learners)))
@@ -775,3 +775,51 @@ def test_a_rank_with_nothing_to_sample_still_meets_its_peers_step(monkeypatch):
     for learner in learners:  # the first step was skipped on both ranks, the second taken on both
         assert (learner.updates, learner.skipped_updates) == (1, 1)
     assert same_weights(learners[0].model, learners[1].model)
+
+
+# ---------------------------------------------------------------- copies to the device
+
+
+def reference_loss(learner, sample):
+    """The loss as written before the frames were copied once: obs and next_obs from the host."""
+    to = lambda values: torch.from_numpy(np.ascontiguousarray(values))  # noqa: E731
+    next_q = learner.target(to(sample.next_obs))[0]
+    best = learner.model(to(sample.next_obs))[0].argmax(-1, keepdim=True)
+    targets = to(sample.returns) + to(sample.discounts) * next_q.gather(-1, best).squeeze(-1)
+    taken = learner.model(to(sample.obs))[0].gather(-1, to(sample.actions)[:, None]).squeeze(-1)
+    return (to(sample.weights) * torch.nn.functional.smooth_l1_loss(taken, targets, reduction="none")).mean()
+
+
+class DeviceCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Shapes of the tensors copied to a named device (on the CPU: what a device would copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None:
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **kwargs)
+
+
+def test_an_update_copies_the_sampled_frames_to_the_device_once_into_the_same_loss():
+    """The device path (forced on the CPU): one copy of the frames for obs and next_obs (n = 3,
+    windows cut short by dones, so next_obs is a gather), one per other field, and the loss of
+    the former host-side obs / next_obs; samples are drawn into the learner's one frames buffer."""
+    torch.manual_seed(0)
+    learner = DQNLearner(dqn_config(**{"replay.n_step": 3}), OBS_SPACE, ACTION_SPACE,
+                         device_path=True)
+    perturb(learner.target, seed=4)
+    for batch, env_ids in stream_batches(3, p_terminate=0.3):
+        learner.replay.add(np.repeat(env_ids, T), batch.obs[:T].transpose(0, 1).reshape(-1, 4).numpy(),
+                           batch.actions.T.reshape(-1).numpy(), batch.rewards.T.reshape(-1).numpy(),
+                           batch.terminated.T.reshape(-1).numpy(), batch.truncated.T.reshape(-1).numpy())
+    sample = learner.sample()
+    assert sample.frames is learner.frames_out and (sample.bootstrap_steps < 3).any()
+    with DeviceCopies() as copies:
+        loss, _, _ = learner.loss(sample)
+    assert sorted(copies.shapes) == sorted([learner.frames_out.shape] + [(32,)] * 4)
+    torch.testing.assert_close(loss, reference_loss(learner, sample))
+    assert learner.sample().frames is learner.frames_out

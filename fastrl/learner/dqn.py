@@ -37,14 +37,22 @@ class DQNLearner(ReplayQLearner):
     :class:`~fastrl.replay.TransitionReplay`; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", device_path: bool | None = None):
         model = build_model(observation_space, action_space, cfg.model, model, algo="dqn")
         layout = model.obs_layout
         replay = TransitionReplay(
             cfg.replay, gamma=cfg.learner.gamma, num_streams=cfg.total_envs, obs_shape=layout.storage_shape,
             obs_dtype=layout.storage_dtype, action_shape=(), action_dtype=np.int64, seed=cfg.seed)
         # Batches per added record: replay_ratio transitions sampled per env step, batch_size each.
-        super().__init__(cfg, model, device, replay, cfg.replay.replay_ratio / cfg.replay.batch_size)
+        super().__init__(cfg, model, device, replay, cfg.replay.replay_ratio / cfg.replay.batch_size, device_path)
+        # Every sample's frames land in one host buffer, pinned on CUDA so that their copy to the
+        # device is asynchronous; the event recorded after that copy is waited on before the
+        # next sample overwrites them. (The next sample is not drawn ahead: it must see the
+        # priorities this step sets.)
+        frames = np.empty(replay.frames_shape(cfg.replay.batch_size), replay.obs_dtype)
+        self.frames_out = torch.empty(frames.shape, dtype=torch.from_numpy(frames).dtype,
+                                      pin_memory=self.device.type == "cuda").numpy()
+        self.frames_copied: torch.cuda.Event | None = None
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
               fresh: np.ndarray | None = None) -> dict:
@@ -70,8 +78,14 @@ class DQNLearner(ReplayQLearner):
 
         return self.replay_steps(lag_stats)
 
-    def q_values(self, network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
-        return network(obs.to(self.device, non_blocking=self.device.type == "cuda"))[0]
+    def sample(self):
+        if self.frames_copied is not None:
+            self.frames_copied.synchronize()
+        return self.replay.sample(self.rcfg.batch_size, out=self.frames_out)
+
+    @staticmethod
+    def q_values(network: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+        return network(obs)[0]
 
     @torch.no_grad()
     def bootstrap_values(self, next_obs: torch.Tensor) -> torch.Tensor:
@@ -88,7 +102,7 @@ class DQNLearner(ReplayQLearner):
         replay's window rule (:func:`fastrl.kernels.nstep_targets`): cut after a terminated or
         truncated step and at the trajectory's end, where the target bootstraps from ``obs[T]``."""
         T, B = rewards.shape
-        flat = batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:])
+        flat = self.upload(batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:]))  # once, for both networks
         online = self.q_values(self.model, flat).reshape(T + 1, B, -1)
         target = self.q_values(self.target, flat).reshape(T + 1, B, -1)
         best = (online if self.lcfg.double_q else target).argmax(-1, keepdim=True)
@@ -101,21 +115,21 @@ class DQNLearner(ReplayQLearner):
         step_rewards = rewards.cpu().numpy()
         windows = nstep_targets(step_rewards, (self.lcfg.gamma * ~terminated).astype(step_rewards.dtype),
                                 self.rcfg.n_step, valid=valid)
-        returns, discounts, ends = (torch.from_numpy(array).to(self.device) for array in windows)
+        returns, discounts, ends = (self.upload(array) for array in windows)
         targets = returns + discounts * bootstrap.gather(0, ends)
-        taken = online[:T].gather(-1, batch.actions.to(self.device).long()[..., None]).squeeze(-1)
+        taken = online[:T].gather(-1, self.upload(batch.actions).long()[..., None]).squeeze(-1)
         return ((targets - taken).abs() + PRIORITY_EPS).double().cpu().numpy()
 
     def loss(self, sample) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """The importance-weighted TD loss of sampled n-step transitions, its statistics and their
         new priorities ``|td|``."""
-        to_device = {"device": self.device, "non_blocking": self.device.type == "cuda"}
-        actions = torch.from_numpy(sample.actions).to(**to_device)
-        returns = torch.from_numpy(sample.returns).to(**to_device)
-        discounts = torch.from_numpy(sample.discounts).to(**to_device)
-        weights = torch.from_numpy(sample.weights).to(**to_device)
-        obs, next_obs = torch.from_numpy(sample.obs), torch.from_numpy(sample.next_obs)
-        targets = returns + discounts * self.bootstrap_values(next_obs)
-        taken = self.q_values(self.model, obs).gather(-1, actions[:, None]).squeeze(-1)
+        frames = self.upload(sample.frames)  # [B, S + n, *frame]: obs and next_obs are cut from one copy
+        if self.device.type == "cuda":
+            self.frames_copied = torch.cuda.Event()
+            self.frames_copied.record()
+        actions, returns, discounts, weights = (self.upload(values) for values in (
+            sample.actions, sample.returns, sample.discounts, sample.weights))
+        targets = returns + discounts * self.bootstrap_values(sample.next_obs_of(frames))
+        taken = self.q_values(self.model, sample.obs_of(frames)).gather(-1, actions[:, None]).squeeze(-1)
         loss, stats = td_loss(taken, targets, weights)
         return loss, stats, stats["td"].abs()

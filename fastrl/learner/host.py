@@ -8,11 +8,12 @@ import torch
 
 from ..checkpoint import capture_rng, restore_rng, save_checkpoint
 from ..config import Config
+from ..device_io import pinned_empty
 from ..metrics import write_learner_stats
 from ..models import num_state_values, state_to_flat
 from ..shm import Control, WeightBuffer
 from .base import BaseLearner
-from .batch import gather_trajectories
+from .feed import BatchFeed, Gathered
 
 
 class NonFiniteTraining(RuntimeError):
@@ -29,9 +30,14 @@ class LearnerHost:
         self.run_dir = run_dir
         self.world_size = world_size
         self.weights = WeightBuffer(arena)
-        self.flat = torch.empty(num_state_values(learner.model), dtype=torch.float32)
+        # [P] weights as published. On the learner's device path they are gathered on the device
+        # and reach this (pinned) buffer in one copy: one wait per publication, not one per tensor.
+        self.flat = pinned_empty(num_state_values(learner.model), torch.float32, learner.device)
+        self.flat_np = self.flat.numpy()
+        self.device_flat = torch.empty_like(self.flat, device=learner.device) if learner.device_path else self.flat
         self.last_checkpoint = time.time()
         self.timings = {"gather_s": 0.0, "publish_s": 0.0, "wait_s": 0.0}
+        self.feed = BatchFeed(arena, learner.device, pipelined=learner.device_path)
         self.trained_env_steps = 0
         self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
 
@@ -61,10 +67,12 @@ class LearnerHost:
     def publish(self) -> bool:
         """Publish the current weights; non-finite weights are never sent to the actors."""
         start = time.perf_counter()
-        state_to_flat(self.learner.model, self.flat)
-        ok = bool(torch.isfinite(self.flat).all())
+        state_to_flat(self.learner.model, self.device_flat)
+        if self.device_flat is not self.flat:
+            self.flat.copy_(self.device_flat)  # the publication's one wait for the device
+        ok = bool(torch.isfinite(self.flat).all())  # on the host: no second wait
         if ok:
-            self.weights.publish(self.flat.numpy(), self.learner.version)
+            self.weights.publish(self.flat_np, self.learner.version)
         self.timings["publish_s"] += time.perf_counter() - start
         return ok
 
@@ -76,17 +84,27 @@ class LearnerHost:
             self.train_on(slot_ids, release, progress)
 
     def train_on(self, slot_ids: np.ndarray, release, progress: float | None = None) -> dict:
-        """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train."""
+        """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train: on this
+        batch, or on the device path on the previous one while this one is gathered
+        (:mod:`fastrl.learner.feed`). Returns the statistics, {} when nothing was trained yet."""
         start = time.perf_counter()
-        batch = gather_trajectories(self.arena, slot_ids)
-        # Read before the slots are reused: each trajectory's env (replay stream), and whether it
-        # is the env's first since its worker (re)started (its stream restarts there).
-        env_ids = self.arena.slot_env[slot_ids].astype(np.int64)
-        fresh = self.arena.slot_fresh[slot_ids].astype(bool)
+        previous = self.feed.take_waiting()
+        incoming = self.feed.gather(slot_ids)
+        trained = time.perf_counter()
+        stats = {} if previous is None else self.train(previous, progress)
+        waited = time.perf_counter()
+        gathered = incoming.result()
         release(slot_ids)
-        self.timings["gather_s"] += time.perf_counter() - start
-        stats = self.learner.train(batch, self.progress() if progress is None else progress, env_ids=env_ids,
-                                   fresh=fresh)
+        ready = self.feed.arrived(gathered)
+        self.timings["gather_s"] += trained - start + time.perf_counter() - waited
+        return stats if ready is None else self.train(ready, progress)
+
+    def train(self, gathered: Gathered, progress: float | None) -> dict:
+        """One learner step on a gathered batch, then the new weights published."""
+        batch = gathered.batch
+        stats = self.learner.train(batch, self.progress() if progress is None else progress,
+                                   env_ids=gathered.env_ids, fresh=gathered.fresh)
+        self.feed.trained(gathered)
         if self.learner.consecutive_skips >= self.cfg.learner.max_consecutive_skips:
             raise NonFiniteTraining(
                 f"{self.learner.consecutive_skips} learner updates in a row had a non-finite loss or gradient: "

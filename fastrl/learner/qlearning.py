@@ -27,8 +27,9 @@ class ReplayQLearner(BaseLearner):
     """``model`` (online) and its ``target`` copy, ``replay``; ``batches_per_record`` gradient
     steps are earned per record added once ``replay.min_fill`` records are stored."""
 
-    def __init__(self, cfg: Config, model: nn.Module, device, replay, batches_per_record: float):
-        super().__init__(cfg, model, device)
+    def __init__(self, cfg: Config, model: nn.Module, device, replay, batches_per_record: float,
+                 device_path: bool | None = None):
+        super().__init__(cfg, model, device, device_path)
         self.rcfg = cfg.replay
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.timings["replay_s"] = 0.0
@@ -92,10 +93,20 @@ class ReplayQLearner(BaseLearner):
     def loss(self, sample) -> tuple[torch.Tensor, dict, torch.Tensor]:
         raise NotImplementedError
 
+    def upload(self, values) -> torch.Tensor:
+        """``values`` (a numpy array or a host tensor) on the learner's device: one copy,
+        asynchronous from pinned memory; on the device path a copy even on the CPU, where the
+        tests count it."""
+        return torch.as_tensor(values).to(self.device, non_blocking=self.device.type == "cuda", copy=self.device_path)
+
+    def sample(self):
+        """A sampled batch from the replay, None while it is below min_fill."""
+        return self.replay.sample(self.rcfg.batch_size)
+
     def update(self) -> dict | None:
         """One gradient step on a sampled replay batch; None while the replay is below min_fill."""
         start = time.perf_counter()
-        sample = self.replay.sample(self.rcfg.batch_size)
+        sample = self.sample()
         if sample is None:
             return None
         self.replayed_batches += 1

@@ -1,0 +1,149 @@
+"""The batcher's host <-> device traffic, counted on the CPU: one copy each way per batch and per
+weight refresh or publication on the staged (CUDA) path, with the plain path's results; padding
+batches to the compiled policy's bucket sizes."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fastrl.config import build_config
+from fastrl.device_io import BatchTransfer
+from fastrl.envs import probe_env
+from fastrl.inference import InferenceBatcher, batch_buckets, padded_size
+from fastrl.learner import Learner, LearnerHost
+from fastrl.models import build_model, num_state_values, state_to_flat
+from fastrl.runner import arena_layout
+from fastrl.shm import Arena, WeightBuffer
+
+aten = torch.ops.aten
+
+
+class CopyCounter(TorchDispatchMode):
+    """Counts ``copy_`` into device memory from the ``host`` tensors (``to_device``), into them
+    (``to_host``), and every copy op (``copies``). On the CPU host and device are one memory, so
+    the host side is named by the buffers the code under test stages through."""
+
+    def __init__(self, *host: torch.Tensor):
+        super().__init__()
+        self.host = {t.untyped_storage().data_ptr() for t in host}
+        self.to_device = self.to_host = self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten.copy_.default:
+            self.to_device += args[1].untyped_storage().data_ptr() in self.host
+            self.to_host += args[0].untyped_storage().data_ptr() in self.host
+        if func in (aten.copy_.default, aten._to_copy.default):
+            self.copies += 1
+        return func(*args, **(kwargs or {}))
+
+
+def small_run(core: str = "none"):
+    """Config, arena (two workers of 8 envs, 2 splits: requests of 4 envs) with random observations
+    and cursors, and a policy whose weights are published as version 0."""
+    cfg = build_config("cartpole-appo", {"env.num_workers": 2, "env.envs_per_worker": 8, "env.num_splits": 2,
+                                         "learner.rollout": 4, "learner.batch_size": 16, "model.hidden_sizes": [16],
+                                         "model.core": core, "model.core_size": 8, "device": "cpu"})
+    spec = probe_env(cfg)
+    torch.manual_seed(0)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model)
+    arena = Arena(arena_layout(cfg, spec, num_state_values(model), getattr(model, "state_size", 0)), shared=False)
+    rng = np.random.default_rng(0)
+    arena.obs[:] = rng.normal(size=arena.obs.shape)
+    W, E = arena.env_slot.shape
+    arena.env_slot[:] = np.arange(W * E).reshape(W, E)
+    arena.env_t[:] = rng.integers(0, 4, (W, E))
+    arena.request_envs[:] = np.arange(E).reshape(1, 2, 4)
+    if core != "none":
+        arena.env_state[:] = rng.normal(size=arena.env_state.shape)
+        arena.env_start[:] = rng.integers(0, 2, (W, E))
+    WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
+    return cfg, spec, model, arena
+
+
+def act(arena, batcher, workers, requests, seed=1):
+    """Run one batch; returns (actions, behaviour log-probs, env states) as written to the arena."""
+    batcher.refresh_weights()
+    torch.manual_seed(seed)
+    batcher.infer(np.array(workers), np.array(requests))
+    state = arena.env_state.copy() if "env_state" in arena.arrays else None
+    return arena.actions.copy(), arena.behaviour_logp.copy(), state
+
+
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_a_staged_batch_crosses_once_each_way_and_acts_as_the_plain_path(core):
+    cfg, spec, model, arena = small_run(core)
+    start_state = arena.env_state.copy() if core != "none" else None
+    plain = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
+    expected = act(arena, plain, [0, 1, 1], [1, 0, 1])
+    if core != "none":
+        arena.env_state[:] = start_state
+    transfer = BatchTransfer(torch.device("cpu"), staged=True)
+    staged = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), transfer=transfer)
+    arena.actions[:] = 0
+    arena.behaviour_logp[:] = 0
+    for got, want in zip(act(arena, staged, [0, 1, 1], [1, 0, 1]), expected):
+        np.testing.assert_array_equal(got, want)
+    with CopyCounter(transfer.inputs.host, transfer.outputs.host) as counter:
+        staged.infer(np.array([0, 1]), np.array([0, 1]))
+    outputs = 3 if core != "none" else 2  # actions, log-probs (, states): packed on the device
+    assert (counter.to_device, counter.to_host, counter.copies) == (1, 1, 2 + outputs)
+
+
+def test_padded_batches_act_on_their_real_rows_as_unpadded_ones():
+    cfg, spec, model, arena = small_run("lstm")
+    start_state = arena.env_state.copy()
+    plain = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
+    hooked = []
+    plain.model.register_forward_hook(lambda module, args, output: hooked.append(output[0][0]))
+    actions, _, states = act(arena, plain, [1], [0])
+    arena.env_state[:] = start_state
+    padded = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), buckets=(16, 32))
+    rows = []
+    padded.model.register_forward_hook(lambda module, args, output: rows.append(len(output[0][0])))
+    padded_actions, padded_logp, padded_states = act(arena, padded, [1], [0], seed=2)
+    assert rows == [16]
+    np.testing.assert_array_equal(padded_states, states)
+    slots, steps = arena.env_slot[1, :4], arena.env_t[1, :4]
+    params = hooked[0]
+    logp = padded.head.log_prob(params, torch.from_numpy(padded_actions[slots, steps]))
+    np.testing.assert_allclose(padded_logp[slots, steps], logp.numpy(), rtol=1e-6)
+    untouched = np.ones(arena.behaviour_logp.shape, bool)
+    untouched[slots, steps] = False
+    assert not padded_logp[untouched].any() and not padded_actions[untouched].any()
+
+
+def test_buckets_double_up_to_every_request_in_one_batch():
+    assert batch_buckets(4, 4) == (4, 8, 16)
+    assert batch_buckets(4, 6) == (4, 8, 16, 24)
+    assert batch_buckets(256, 1) == (256,)
+    assert [padded_size(n, (4, 8, 16)) for n in (1, 4, 5, 16)] == [4, 4, 8, 16]
+    assert padded_size(12, ()) == 12
+
+
+def test_a_weight_refresh_is_one_copy_into_the_weights_the_model_views():
+    cfg, spec, model, arena = small_run()
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
+    assert batcher.refresh_weights()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    published = state_to_flat(model, torch.empty(num_state_values(model)))
+    WeightBuffer(arena).publish(published.numpy(), 1)
+    with CopyCounter(batcher.flat) as counter:
+        assert batcher.refresh_weights()
+    assert (counter.to_device, counter.copies, batcher.version) == (1, 1, 1)
+    torch.testing.assert_close(state_to_flat(batcher.model, torch.empty_like(published)), published)
+
+
+def test_the_learner_publishes_its_weights_in_one_copy_from_the_device():
+    cfg, spec, model, arena = small_run()
+    learner = Learner(cfg, spec.observation_space, spec.action_space, device_path=True)
+    host = LearnerHost(cfg, arena, learner)
+    assert host.device_flat is not host.flat
+    with CopyCounter(host.flat) as counter:
+        assert host.publish()
+    assert counter.to_host == 1
+    expected = state_to_flat(learner.model, torch.empty(num_state_values(learner.model))).numpy()
+    np.testing.assert_array_equal(arena.weights[learner.version % 2], expected)
