@@ -15,11 +15,19 @@ cartpole-appo (CPU, one thread, T = 32, B = 128, 64 units, forward + backward): 
 former per-step ``LSTMCell`` loop spent 28 % of its time in those zero fills. Cutting each column
 at its episode starts and running the pieces as one packed sequence through ``nn.LSTM`` measured
 2x slower than the per-step loop (packing adds copies).
+
+On the CPU, an LSTM layer's recurrence runs in a numba kernel (:mod:`fastrl.kernels.lstm`, one
+call forward and one backward) instead of ~30 torch ops per step whose dispatch dominated it;
+the input projection and the weight gradients stay torch matmuls over all steps. The same maths
+(tested against ``nn.LSTMCell`` to float32 rounding); other devices and dtypes use torch ops.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
+
+from .kernels.lstm import lstm_backward, lstm_forward
 
 CORES = ("none", "lstm", "gru")
 
@@ -41,6 +49,8 @@ class RecurrentCore(nn.Module):
         self.parts = 2 if kind == "lstm" else 1  # (h, c) or h
         self.state_size = self.parts * size * layers
         self.out_features = size
+        # The numba LSTM recurrence for float32 CPU tensors; False keeps torch's ops (tests compare).
+        self.use_kernel = kind == "lstm"
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """The state of a new episode: zeros ``[batch_size, state_size]``."""
@@ -51,9 +61,13 @@ class RecurrentCore(nn.Module):
         """``x`` ``[T, B, in_features]``, ``state`` ``[B, state_size]`` (the state before step 0),
         ``episode_start`` ``[T, B]`` bool -> (outputs ``[T, B, size]``, state after step ``T - 1``)."""
         B = state.shape[0]
-        keep = (~episode_start.bool()).to(x.dtype).unsqueeze(-1).unbind(0)  # T x [B, 1]
+        keep = (~episode_start.bool()).to(x.dtype)  # [T, B]
         layer_states = state.view(B, self.layers, self.parts, self.size).unbind(1)
-        unroll = _lstm_unroll if self.kind == "lstm" else _gru_unroll
+        if self.use_kernel and x.device.type == "cpu" and x.dtype == torch.float32:
+            unroll = _lstm_unroll_kernel
+        else:
+            unroll = _lstm_unroll if self.kind == "lstm" else _gru_unroll
+            keep = keep.unsqueeze(-1).unbind(0)  # T x [B, 1]
         final = []
         for cell, layer_state in zip(self.cells, layer_states):
             x, last = unroll(cell, x, layer_state.unbind(1), keep)
@@ -96,3 +110,45 @@ def _gru_unroll(cell: nn.GRUCell, x, parts, keep):
         h = n + z * (h - n)
         outputs.append(h)
     return torch.stack(outputs), [h]
+
+
+def _lstm_unroll_kernel(cell: nn.LSTMCell, x, parts, keep):
+    """:func:`_lstm_unroll` with the recurrence in :mod:`fastrl.kernels.lstm`; ``keep [T, B]``."""
+    h, c = parts
+    T, B, F = x.shape
+    x_gates = torch.addmm(cell.bias_ih, x.reshape(T * B, F), cell.weight_ih.t()).view(T, B, -1)
+    outputs, c_last = _LSTMRecurrence.apply(x_gates, h, c, keep, cell.weight_hh, cell.bias_hh)
+    return outputs, [outputs[-1], c_last]
+
+
+def _numpy(tensor: torch.Tensor):
+    return tensor.detach().contiguous().numpy()
+
+
+class _LSTMRecurrence(torch.autograd.Function):
+    """``(x_gates [T, B, 4H], h0, c0 [B, H], keep [T, B], w_hh, b_hh) -> (outputs [T, B, H], c_T [B, H])``
+    through the numba kernels; ``h_T`` is ``outputs[-1]``."""
+
+    @staticmethod
+    def forward(ctx, x_gates, h0, c0, keep, w_hh, b_hh):
+        T, B, G = x_gates.shape
+        gates = x_gates.new_empty(T, B, G)
+        cells, tanh_cells, outputs = (x_gates.new_empty(T, B, G // 4) for _ in range(3))
+        lstm_forward(_numpy(x_gates), _numpy(h0), _numpy(c0), _numpy(keep), _numpy(w_hh), _numpy(b_hh),
+                     gates.numpy(), cells.numpy(), tanh_cells.numpy(), outputs.numpy())
+        ctx.save_for_backward(gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh)
+        return outputs, cells[-1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_outputs, d_c_last):
+        gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh = ctx.saved_tensors
+        T, B, G = gates.shape
+        d_gates = torch.empty_like(gates)
+        d_h0, d_c0 = h0.new_empty(B, G // 4), c0.new_empty(B, G // 4)
+        lstm_backward(_numpy(d_outputs), _numpy(d_c_last), gates.numpy(), cells.numpy(), tanh_cells.numpy(),
+                      _numpy(c0), _numpy(keep), _numpy(w_hh), d_gates.numpy(), d_h0.numpy(), d_c0.numpy())
+        h_in = torch.cat([h0.detach().unsqueeze(0), outputs[:-1]]) * keep.unsqueeze(-1)  # what W_hh multiplied
+        flat = d_gates.view(T * B, G)
+        d_w_hh = flat.t().mm(h_in.view(T * B, G // 4))
+        return d_gates, d_h0, d_c0, None, d_w_hh, flat.sum(0)

@@ -418,13 +418,15 @@ def test_only_a_recurrent_policy_solves_the_memory_task(core, solves, tmp_path):
         assert solved is None and abs(returns[-1][2]) < 0.3
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind, use_kernel", [("lstm", True), ("lstm", False), ("gru", False)])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_the_layer_by_layer_unroll_matches_torch_cells_step_by_step_with_gradients(kind, layers):
-    """RecurrentCore computes each layer over all steps at once; the reference steps torch's own
-    LSTMCell / GRUCell one step at a time, zeroing the state at episode starts."""
+def test_the_layer_by_layer_unroll_matches_torch_cells_step_by_step_with_gradients(kind, use_kernel, layers):
+    """RecurrentCore computes each layer over all steps at once (an LSTM on the CPU in the numba
+    kernel, or in torch ops); the reference steps torch's own LSTMCell / GRUCell one step at a
+    time, zeroing the state at episode starts."""
     torch.manual_seed(0)
     core = RecurrentCore(kind, 10, 8, layers)
+    core.use_kernel = use_kernel
     for p in core.parameters():
         torch.nn.init.normal_(p)
     T, B = 6, 5
