@@ -135,6 +135,9 @@ class InferenceSettings:
     # Pad each batch to one of a few sizes and run the policy through torch.compile (CUDA graphs
     # on a GPU): fewer kernel launches per batch; the first batches of each size pay the compile.
     compile: bool = False
+    # Where the batcher runs the policy: "" = the run's `device`; cpu, or cuda:N (one process, not
+    # under torchrun) to keep its small batches off the learner's GPU (README: one GPU or two).
+    device: str = ""
 
 
 @dataclass
@@ -464,6 +467,9 @@ def validate(cfg: Config) -> None:
     dev = cfg.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
+    dev = cfg.inference.device
+    if not (dev in ("", "cpu") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ConfigError(f"config key 'inference.device' must be '' (the run's device), cpu or cuda:N, got '{dev}'")
     check_section(cfg, "")
     for section in SECTIONS:
         check_section(getattr(cfg, section), section)

@@ -166,6 +166,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         if run_dir is not None:
             check_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
         device = resolve_device(cfg.device, dist_info)
+        inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
         template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
         resume_state = load_resume_state(run_dir, cfg, template) if resume else None
@@ -186,7 +187,8 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     clocks = (counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0)))
     run = _serial_run if cfg.serial else _process_run
     try:
-        return run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks, dist_info)
+        return run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks, dist_info,
+                   inference_device)
     except RunError as exc:
         console.record(f"[fastrl] the run stopped: {exc}")  # the command prints it; a detached run reads it here
         raise
@@ -276,7 +278,7 @@ class Supervisor:
 
 
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                 clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
+                 clocks: tuple[float, float], dist_info: DistInfo, inference_device: str) -> RunResult:
     ctx = mp.get_context("spawn")
     main = dist_info.is_main
     parent = os.getpid()
@@ -307,7 +309,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                 cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
                 channels.learner, parent, run_dir if main else None, resume_state, dist_info))],
             "inference": [ctx.Process(target=inference_process, name="fastrl-inference", args=(
-                cfg, layout, arena.name, template, spec.action_space, device, channels.batcher, parent))],
+                cfg, layout, arena.name, template, spec.action_space, inference_device, channels.batcher, parent))],
             "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
         }
         if cfg.eval.every_s and main:
@@ -411,20 +413,20 @@ def _stop_processes(arena: Arena, procs: dict, console: Console) -> None:
 
 
 def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
+                clocks: tuple[float, float], dist_info: DistInfo, inference_device: str) -> RunResult:
     """Every component in this process, in lockstep: for debugging with pdb or a profiler."""
     threads = torch.get_num_threads()
     # As the learner process does: torch's default (every core) measured 2-5x slower here.
     torch.set_num_threads(cfg.learner.torch_threads)
     try:
         return _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
-                             clocks, dist_info)
+                             clocks, dist_info, inference_device)
     finally:
         torch.set_num_threads(threads)
 
 
 def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                  clocks: tuple[float, float], dist_info: DistInfo) -> RunResult:
+                  clocks: tuple[float, float], dist_info: DistInfo, inference_device: str) -> RunResult:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = _new_arena(layout, resume_state, shared=False)
@@ -432,7 +434,7 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
     if resume_state is not None:
         restore_learner(learner, resume_state)
     host = LearnerHost(cfg, arena, learner, run_dir)
-    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(device),
+    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(inference_device),
                                batcher_epsilons(cfg))
     spare = []
     workers = []

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.config import build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.distributed import DistInfo
 from fastrl.learner import process
 from fastrl.models import build_model
@@ -141,3 +141,25 @@ def test_a_user_model_is_checked_on_the_device_it_lives_on():
     assert build_model(OBS_SPACE, ACTION_SPACE, cfg.model, model) is model
     with pytest.raises(ValueError, match=r"returned params \(2, 3\) and value \(2,\); expected params \(2, 2\)"):
         build_model(OBS_SPACE, ACTION_SPACE, cfg.model, TinyPolicy(num_params=3).to("meta"))
+
+
+def test_the_batcher_runs_where_inference_device_says(monkeypatch, tmp_path):
+    """inference.device: cpu beside a GPU learner, a second GPU in one process; under torchrun a
+    named GPU is refused like `device`'s (every rank would share it)."""
+    visible_gpus(monkeypatch, 2)
+    started = {}
+    monkeypatch.setattr("fastrl.runner._process_run",
+                        lambda *args: started.update(learner=args[5], inference=args[-1]) or "ran")
+    for inference, expected in (("", "cuda:0"), ("cpu", "cpu"), ("cuda:1", "cuda:1")):
+        assert train(build_config("cartpole-appo", {"device": "cuda", "inference.device": inference})) == "ran"
+        assert started == {"learner": "cuda:0", "inference": expected}
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RunError, match="would put every rank on one GPU"):
+        train(build_config("cartpole-appo", {"device": "cuda", "inference.device": "cuda:1"}), run_dir=tmp_path / "r")
+
+
+@pytest.mark.parametrize("value", ["gpu", "cuda", "auto", "cuda:x"])
+def test_inference_device_values_are_checked(value):
+    with pytest.raises(ConfigError, match="inference.device' must be '' \\(the run's device\\), cpu or cuda:N"):
+        build_config("cartpole-appo", {"inference.device": value})
