@@ -31,7 +31,7 @@ _LN2_HI = np.float32(0.693359375)  # 9 significant bits: n * _LN2_HI is exact fo
 _LN2_LO = np.float32(-2.12194440e-4)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def exp_inplace(x, bits):
     """``x[j] = exp(x[j])`` for float32 ``x [n]``, clamped to [-87, 88] (float32's normal range);
     ``bits [n]`` int32 scratch."""
@@ -48,7 +48,7 @@ def exp_inplace(x, bits):
         x[j] *= scale[j]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def rows_times(a, w, out):
     """``out [B, N] = a [B, K] @ w [K, N]``, four rows of ``a`` at a time so that every load of a
     row of ``w`` feeds four vector multiply-adds: measured here at B = 128, K = 64, N = 256 this
@@ -78,7 +78,7 @@ def rows_times(a, w, out):
                 o[n] += ak * wk[n]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def lstm_forward(x_gates, h0, c0, keep, w_hh, b_hh, gates, cells, tanh_cells, hs):
     """Unrolls ``T`` steps; writes, per step: ``gates [T, B, 4H]`` the activated gates (i, f, o
     sigmoid, g tanh), ``cells [T, B, H]`` the cell state after the step, ``tanh_cells [T, B, H]``
@@ -127,7 +127,7 @@ def lstm_forward(x_gates, h0, c0, keep, w_hh, b_hh, gates, cells, tanh_cells, hs
                 h[b, u] = pre[b, 3 * H + u] * tanh_cell[b, u]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def lstm_backward(d_hs, d_c_last, gates, cells, tanh_cells, c0, keep, w_hh, d_gates, d_h0, d_c0):
     """Backpropagates through :func:`lstm_forward`'s recurrence.
 
