@@ -184,8 +184,8 @@ class Evaluator:
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
 
 
-def evaluator_process(cfg: Config, layout, arena_name: str, model: torch.nn.Module, run_dir: Path | None,
-                      parent_pid: int) -> None:
+def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch.nn.Module | None,
+                      run_dir: Path | None, parent_pid: int) -> None:
     """Main loop of the evaluator process: sleep (blocking, checking the stop flag), evaluate, repeat.
 
     The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
@@ -203,6 +203,7 @@ def evaluator_process(cfg: Config, layout, arena_name: str, model: torch.nn.Modu
     def keep_going() -> None:
         check_alive(control, parent_pid)
 
+    model = build_model(*spaces, cfg.model, model, cfg.learner.algo)  # weights come from the arena
     evaluator = Evaluator(cfg, arena, model, run_dir, "cpu", keep_going)
     try:
         due = time.monotonic() + cfg.eval.every_s

@@ -25,7 +25,7 @@ from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
 from .device_io import BatchTransfer, pinned_empty, view_flat
-from .models import action_head, num_state_values, state_tensors
+from .models import action_head, build_model, num_state_values, state_tensors
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, WeightBuffer, set_error
 
@@ -237,9 +237,11 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
-def inference_process(cfg, layout, arena_name: str, model, action_space, device: str,
+def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
                       channels: BatcherChannels, parent_pid: int) -> None:
-    """Main loop of the inference process: wait for requests, batch them, answer each worker."""
+    """Main loop of the inference process: wait for requests, batch them, answer each worker.
+    ``spaces`` (observation, action); ``model`` the user's network or None (built here from the
+    config: the weights come from the arena, so no network travels through the start-up pipe)."""
     configure_child(parent_pid)
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + 7919)
@@ -250,7 +252,8 @@ def inference_process(cfg, layout, arena_name: str, model, action_space, device:
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
     W, S, b = arena.request_envs.shape
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
-    batcher = InferenceBatcher(arena, model, action_space, torch.device(device), batcher_epsilons(cfg), buckets,
+    model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
+    batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
                                cfg.inference.compile)
     try:
         while not batcher.refresh_weights():

@@ -32,6 +32,7 @@ from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
 from .evaluator import EvalResults, Evaluator, evaluator_process
 from .inference import InferenceBatcher, batcher_epsilons, inference_process
+from .main_guard import unguarded_main_call
 from .learner import LearnerHost, learner_process, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter
 from .models import build_model, num_state_values
@@ -162,6 +163,11 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+    unguarded = None if cfg.serial else unguarded_main_call()
+    if unguarded:
+        raise RunError(f"fastrl.train() is called at the top level of {unguarded}, outside `if __name__ == "
+                       f"\"__main__\":`, and every process fastrl starts re-runs that script: put the call under "
+                       f"that guard")
     try:
         if run_dir is not None:
             check_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
@@ -302,19 +308,22 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                                args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
                                      dist_info.rank))
 
-        template = model if model is not None else build_model(spec.observation_space, spec.action_space,
-                                                                cfg.model, algo=cfg.learner.algo)
+        # Children build their networks from the config (a user's model travels as it is): spawn
+        # writes each child's arguments into a pipe the parent itself keeps open, so a child that
+        # dies before reading megabytes of weights (e.g. a script without the __main__ guard)
+        # would leave the parent blocked in Process.start() for ever.
+        spaces = (spec.observation_space, spec.action_space)
         procs = {
             "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
-                cfg, layout, arena.name, (spec.observation_space, spec.action_space), model, device,
+                cfg, layout, arena.name, spaces, model, device,
                 channels.learner, parent, run_dir if main else None, resume_state, dist_info))],
             "inference": [ctx.Process(target=inference_process, name="fastrl-inference", args=(
-                cfg, layout, arena.name, template, spec.action_space, inference_device, channels.batcher, parent))],
+                cfg, layout, arena.name, spaces, model, inference_device, channels.batcher, parent))],
             "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
         }
         if cfg.eval.every_s and main:
             procs["evaluator"] = [ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
-                cfg, layout, arena.name, template, run_dir, parent))]
+                cfg, layout, arena.name, spaces, model, run_dir, parent))]
         process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
         supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})

@@ -1,0 +1,44 @@
+"""A script that calls fastrl.train() outside `if __name__ == "__main__":` is refused in one line
+before any child starts (spawned children re-run the script; see fastrl.main_guard)."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fastrl.main_guard import unguarded_main_call
+
+
+def run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_the_guard_is_told_apart_from_a_top_level_call(tmp_path):
+    done = run_script(tmp_path, """\
+        from fastrl.main_guard import unguarded_main_call
+        def train_like():
+            return unguarded_main_call()
+        top = train_like()
+        if "__main__" == __name__:
+            print(top.endswith("script.py:4"), train_like())
+        """)
+    assert done.stdout.split() == ["True", "None"], done.stderr
+
+
+def test_an_unguarded_train_call_stops_before_any_process_or_file(tmp_path):
+    done = run_script(tmp_path, """\
+        from fastrl.config import build_config
+        from fastrl.runner import train
+        train(build_config("cartpole-appo", {"train_for_env_steps": 10_000}), run_dir="run")
+        """)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert 'script.py:3, outside `if __name__ == "__main__":`' in last and "put the call under that guard" in last
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_a_main_script_there_is_nothing_to_check():
+    assert unguarded_main_call() is None  # pytest's __main__ calls no train() at its top level
