@@ -99,3 +99,43 @@ def test_gaussian_log_probs_and_entropy_match_torch_normal_at_the_bounded_std():
     torch.testing.assert_close(head.entropy(params), reference.entropy().sum(-1))
     sampled, logp = head.sample_with_log_prob(params)
     torch.testing.assert_close(logp, reference.log_prob(sampled).sum(-1))
+
+
+def test_pixels_scaled_in_one_pass_equal_the_cast_then_the_scaling():
+    from fastrl.encoders import scale_obs
+    pixels = torch.arange(256, dtype=torch.uint8).reshape(4, 8, 8)
+    expected = pixels.to(torch.float32) * (1.0 / 255.0)
+    scaled = scale_obs(pixels, 1.0 / 255.0)
+    assert scaled.dtype == torch.float32 and torch.equal(scaled, expected)
+    assert scale_obs(pixels, 1.0 / 255.0, torch.float64).dtype == torch.float64
+
+
+def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
+    """The learner keeps conv weights NHWC (oneDNN's fast path); a contiguous copy of the same
+    model, stepped on the same batch, must agree: outputs, statistics and new weights."""
+    cfg = build_config("atari-appo", {"device": "cpu", "learner.rollout": 4, "learner.batch_size": 8,
+                                      "learner.num_minibatches": 1, "env.num_workers": 1, "env.envs_per_worker": 2,
+                                      "env.num_splits": 1})
+    obs_space, act_space = gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8), gymnasium.spaces.Discrete(6)
+    torch.manual_seed(0)
+    learner = make_learner(cfg, obs_space, act_space)
+    convs = [m for m in learner.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+    torch.manual_seed(0)
+    reference = make_learner(cfg, obs_space, act_space)
+    reference.model = reference.model.to(memory_format=torch.contiguous_format)
+    reference.optimizer = torch.optim.Adam(reference.model.parameters(), lr=cfg.learner.lr, eps=cfg.learner.adam_eps)
+    g = torch.Generator().manual_seed(1)
+    T, B = 4, 2
+    batch = Trajectories(
+        obs=torch.randint(0, 255, (T + 1, B, 4, 84, 84), dtype=torch.uint8, generator=g),
+        actions=torch.randint(6, (T, B), generator=g), behaviour_logp=torch.full((T, B), -1.79),
+        rewards=torch.randn(T, B, generator=g), terminated=torch.zeros(T, B, dtype=torch.bool),
+        truncated=torch.zeros(T, B, dtype=torch.bool), valid=torch.ones(T, B, dtype=torch.bool),
+        version=torch.zeros(T, B, dtype=torch.int64))
+    ours, theirs = learner.train(batch), reference.train(batch)
+    for key in ("loss", "grad_norm", "value_loss", "policy_loss"):
+        if key in ours:
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(learner.model.state_dict().values(), reference.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
