@@ -21,7 +21,7 @@ import torch
 from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
 from .config import Config
 from .evaluate import evaluate_policy
-from .models import load_flat_state, num_state_values
+from .models import build_model, load_flat_state, num_state_values
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
 from .shm import Arena, WeightBuffer, set_error, total_env_steps
 from .video import VideoError, write_video  # imageio itself is imported only to write

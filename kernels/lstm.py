@@ -16,7 +16,6 @@ episode starts); ``w_hh [4H, H]``, ``b_hh [4H]``.
 """
 from __future__ import annotations
 
-import math
 
 import numba
 import numpy as np
