@@ -5,7 +5,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 from fastrl.main_guard import unguarded_main_call
 
 
