@@ -228,7 +228,7 @@ def test_nvml_without_a_driver_falls_back_to_nvidia_smi(monkeypatch):
 
 def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
     out = tmp_path
-    argv = ["--profile", "cartpole-appo", *set_args(SMALL), "--seconds", "3", "--warmup-seconds", "0.5",
+    argv = ["--profile", "cartpole-appo", *set_args(SMALL), "--seconds", "2", "--warmup-seconds", "0.5",
             "--json", str(out / "prof.json"), "--plot", str(out / "prof.png")]
     assert profile_main(argv) == 0
     table = capsys.readouterr().out
