@@ -21,6 +21,7 @@ from fastrl.learner import PRIORITY_EPS, DQNLearner, Learner, Trajectories, make
 from fastrl.models import ActorCritic, DuelingQNetwork, build_model
 from fastrl.replay import ReplayRatio, TransitionReplay
 from tests.autoreset import nstep_episodes_reference
+from tests.device_copies import DeviceCopies
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -788,20 +789,6 @@ def reference_loss(learner, sample):
     targets = to(sample.returns) + to(sample.discounts) * next_q.gather(-1, best).squeeze(-1)
     taken = learner.model(to(sample.obs))[0].gather(-1, to(sample.actions)[:, None]).squeeze(-1)
     return (to(sample.weights) * torch.nn.functional.smooth_l1_loss(taken, targets, reduction="none")).mean()
-
-
-class DeviceCopies(torch.utils._python_dispatch.TorchDispatchMode):
-    """Shapes of the tensors copied to a named device (on the CPU: what a device would copy)."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None:
-            self.shapes.append(tuple(args[0].shape))
-        return func(*args, **kwargs)
 
 
 def test_an_update_copies_the_sampled_frames_to_the_device_once_into_the_same_loss():

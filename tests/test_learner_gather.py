@@ -6,31 +6,16 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastrl.config import build_config
 from fastrl.learner import Learner, LearnerHost
 from fastrl.learner.batch import BatchStaging, gather_trajectories
 from fastrl.models import num_state_values
 from fastrl.shm import Arena, trajectory_layout
+from tests.device_copies import DeviceCopies
 
 T, NUM_SLOTS, B = 5, 12, 4
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-
-
-class CopyCounter(TorchDispatchMode):
-    """Counts copies to a named device (``x.to(device)``); on the CPU a copy to the CPU that is
-    no copy never reaches the dispatcher, so what is counted is what a device would copy."""
-
-    def __init__(self):
-        super().__init__()
-        self.copies = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None:
-            self.copies.append(tuple(args[0].shape))
-        return func(*args, **kwargs)
 
 
 def random_arena(state_size=0, seed=0):
@@ -99,9 +84,9 @@ def test_each_batch_is_trained_once_as_gathered_its_slots_released_first(device_
     def spy(batch, progress, env_ids, fresh):
         assert_batch_is(batch, reference_gather(arena, env_ids))  # not refilled before it is trained on
         trained.append((batch, fresh.copy()))
-        with CopyCounter() as counter:
+        with DeviceCopies() as counter:
             batch.to(torch.device("meta"))
-        assert len(counter.copies) == 8  # one per field
+        assert len(counter.shapes) == 8  # one per field
         return train(batch, progress, env_ids=env_ids, fresh=fresh)
 
     gather = BatchStaging.gather
