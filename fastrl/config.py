@@ -46,7 +46,7 @@ class EnvConfig:
 
 @dataclass
 class ModelConfig:
-    kind: str = "auto"  # auto | mlp | nature_cnn | impala_resnet
+    kind: str = "auto"  # auto | mlp | nature_cnn | mnih2013_cnn | impala_resnet
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"  # tanh | relu
     normalize_obs: bool = False  # running mean/std of observations (float leaves), kept in the model
@@ -193,7 +193,7 @@ SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "r
 CHOICES = {
     "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
-    "model.kind": ("auto", "mlp", "nature_cnn", "impala_resnet"),
+    "model.kind": ("auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet"),
     "model.activation": ("tanh", "relu"),
     "model.core": ("none", "lstm", "gru"),
     "learner.algo": ("appo", "impala", "dqn", "r2d2"),

@@ -99,6 +99,12 @@ class LearnerHost:
         self.timings["gather_s"] += trained - start + time.perf_counter() - waited
         return stats if ready is None else self.train(ready, progress)
 
+    def flush(self, progress: float | None = None) -> dict:
+        """Train on the batch the device path still holds (gathered, released, not yet trained
+        on), so that a run's last batch is not lost at its end; {} when none is held."""
+        waiting = self.feed.take_waiting()
+        return {} if waiting is None else self.train(waiting, progress)
+
     def train(self, gathered: Gathered, progress: float | None) -> dict:
         """One learner step on a gathered batch, then the new weights published."""
         batch = gathered.batch

@@ -126,7 +126,10 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
             if host.checkpoint_due():
                 host.checkpoint()
     except ProcessExit:
-        pass
+        if not parallel:
+            # With several ranks a flush would be an extra all-reduce that a rank stopping from
+            # its own wait (not from the agreement) does not join: there the last batch is dropped.
+            host.flush(host.progress())
     except (NonFiniteTraining, CheckpointError) as exc:
         checkpoint_failed = isinstance(exc, CheckpointError)
         set_error(arena, str(exc))
