@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from .kernels.lstm import lstm_backward, lstm_forward
+from .kernels.torch_ops import LSTMRecurrence
 
 CORES = ("none", "lstm", "gru")
 
@@ -120,38 +119,5 @@ def _lstm_unroll_kernel(cell: nn.LSTMCell, x, parts, keep):
     h, c = parts
     T, B, F = x.shape
     x_gates = torch.addmm(cell.bias_ih, x.reshape(T * B, F), cell.weight_ih.t()).view(T, B, -1)
-    outputs, c_last = _LSTMRecurrence.apply(x_gates, h, c, keep, cell.weight_hh, cell.bias_hh)
+    outputs, c_last = LSTMRecurrence.apply(x_gates, h, c, keep, cell.weight_hh, cell.bias_hh)
     return outputs, [outputs[-1], c_last]
-
-
-def _numpy(tensor: torch.Tensor):
-    return tensor.detach().contiguous().numpy()
-
-
-class _LSTMRecurrence(torch.autograd.Function):
-    """``(x_gates [T, B, 4H], h0, c0 [B, H], keep [T, B], w_hh, b_hh) -> (outputs [T, B, H], c_T [B, H])``
-    through the numba kernels; ``h_T`` is ``outputs[-1]``."""
-
-    @staticmethod
-    def forward(ctx, x_gates, h0, c0, keep, w_hh, b_hh):
-        T, B, G = x_gates.shape
-        gates = x_gates.new_empty(T, B, G)
-        cells, tanh_cells, outputs = (x_gates.new_empty(T, B, G // 4) for _ in range(3))
-        lstm_forward(_numpy(x_gates), _numpy(h0), _numpy(c0), _numpy(keep), _numpy(w_hh), _numpy(b_hh),
-                     gates.numpy(), cells.numpy(), tanh_cells.numpy(), outputs.numpy())
-        ctx.save_for_backward(gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh)
-        return outputs, cells[-1]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_outputs, d_c_last):
-        gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh = ctx.saved_tensors
-        T, B, G = gates.shape
-        d_gates = torch.empty_like(gates)
-        d_h0, d_c0 = h0.new_empty(B, G // 4), c0.new_empty(B, G // 4)
-        lstm_backward(_numpy(d_outputs), _numpy(d_c_last), gates.numpy(), cells.numpy(), tanh_cells.numpy(),
-                      _numpy(c0), _numpy(keep), _numpy(w_hh), d_gates.numpy(), d_h0.numpy(), d_c0.numpy())
-        h_in = torch.cat([h0.detach().unsqueeze(0), outputs[:-1]]) * keep.unsqueeze(-1)  # what W_hh multiplied
-        flat = d_gates.view(T * B, G)
-        d_w_hh = flat.t().mm(h_in.view(T * B, G // 4))
-        return d_gates, d_h0, d_c0, None, d_w_hh, flat.sum(0)

@@ -6,13 +6,16 @@ gradient. The front-ends detach their inputs, copy them to the CPU and move the 
 the device and dtype of ``rewards``: on an accelerator each copy to the host waits for the device.
 :func:`vtrace_scan` computes V-trace where the tensors are instead, with the numba kernel as its
 reference. float16 and bfloat16 are computed in float32 (which numpy supports) and returned as given.
+:class:`LSTMRecurrence` is the LSTM kernel's autograd function (CPU float32 tensors only).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from .gae import gae
+from .lstm import lstm_backward, lstm_forward
 from .vtrace import vtrace
 
 _NUMPY_UNSUPPORTED = (torch.float16, torch.bfloat16)
@@ -98,3 +101,38 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _like(array: np.ndarray, reference: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(array).to(device=reference.device, dtype=reference.dtype)
+
+
+def _contiguous_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().contiguous().numpy()
+
+
+class LSTMRecurrence(torch.autograd.Function):
+    """An LSTM layer's recurrence on the CPU through :mod:`fastrl.kernels.lstm` (float32):
+    ``(x_gates [T, B, 4H], h0, c0 [B, H], keep [T, B], w_hh, b_hh) -> (outputs [T, B, H], c_T [B, H])``,
+    ``h_T`` being ``outputs[-1]``; gradients for all but ``keep``. Used by fastrl.cores."""
+
+    @staticmethod
+    def forward(ctx, x_gates, h0, c0, keep, w_hh, b_hh):
+        T, B, G = x_gates.shape
+        gates = x_gates.new_empty(T, B, G)
+        cells, tanh_cells, outputs = (x_gates.new_empty(T, B, G // 4) for _ in range(3))
+        lstm_forward(*map(_contiguous_numpy, (x_gates, h0, c0, keep, w_hh, b_hh)),
+                     gates.numpy(), cells.numpy(), tanh_cells.numpy(), outputs.numpy())
+        ctx.save_for_backward(gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh)
+        return outputs, cells[-1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_outputs, d_c_last):
+        gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh = ctx.saved_tensors
+        T, B, G = gates.shape
+        d_gates = torch.empty_like(gates)
+        d_h0, d_c0 = h0.new_empty(B, G // 4), c0.new_empty(B, G // 4)
+        lstm_backward(_contiguous_numpy(d_outputs), _contiguous_numpy(d_c_last), gates.numpy(), cells.numpy(),
+                      tanh_cells.numpy(), *map(_contiguous_numpy, (c0, keep, w_hh)),
+                      d_gates.numpy(), d_h0.numpy(), d_c0.numpy())
+        h_in = torch.cat([h0.detach().unsqueeze(0), outputs[:-1]]) * keep.unsqueeze(-1)  # what W_hh multiplied
+        flat = d_gates.view(T * B, G)
+        d_w_hh = flat.t().mm(h_in.view(T * B, G // 4))
+        return d_gates, d_h0, d_c0, None, d_w_hh, flat.sum(0)
