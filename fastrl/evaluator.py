@@ -1,7 +1,7 @@
 """Evaluation during training: complete episodes on the evaluator's own envs with the latest
 published weights, every ``eval.every_s`` seconds, off the training hot path.
 
-The evaluator reads the weights the learner publishes for the batcher (fastrl.shm.WeightBuffer),
+The evaluator reads the weights the learner publishes, as the batcher does (fastrl.published_weights),
 plays ``eval.episodes`` episodes with ``fastrl.evaluate.evaluate_policy`` (not counted as training
 env steps, not in the training episode statistics), records the result in the arena's
 ``eval_stats`` for the runner's next report, and keeps ``checkpoints/best.pt``: the weights with
@@ -15,15 +15,15 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
 from .config import Config
 from .evaluate import evaluate_policy
-from .models import build_model, load_flat_state, num_state_values
+from .models import build_model
+from .published_weights import PublishedWeights
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
-from .shm import Arena, WeightBuffer, set_error, total_env_steps
+from .shm import Arena, set_error, total_env_steps
 from .video import VideoError, write_video  # imageio itself is imported only to write
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
@@ -93,8 +93,7 @@ class Evaluator:
         self.device = device
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep_going = keep_going
-        self.weights = WeightBuffer(arena)
-        self.flat = np.empty(num_state_values(model), dtype=np.float32)
+        self.weights = PublishedWeights(arena, self.model, torch.device(device))
         self.stats = arena.eval_stats
         self.evaluations = 0
         self.best = self._best_so_far()
@@ -113,22 +112,10 @@ class Evaluator:
         except (CheckpointError, KeyError, TypeError, ValueError):
             return -math.inf  # unreadable: the next evaluation writes a good one
 
-    def load_latest_weights(self) -> int | None:
-        """Copy the newest published weights into the model; their version, None before the first."""
-        if int(self.weights.version[0]) < 0:
-            return None
-        while True:
-            version = self.weights.read_into(self.flat)
-            if version is not None:
-                break
-            time.sleep(0.001)  # the learner is writing that buffer: retry in a moment
-        load_flat_state(self.model, torch.from_numpy(self.flat).to(self.device))
-        return version
-
     def evaluate(self) -> dict | None:
         """One evaluation of the newest weights; None if none are published yet."""
         at_env_steps = total_env_steps(self.arena)
-        version = self.load_latest_weights()
+        version = self.weights.load_newest()
         if version is None:
             return None
         started = time.perf_counter()

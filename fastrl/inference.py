@@ -24,10 +24,11 @@ from .config import Q_LEARNERS
 from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
-from .device_io import BatchTransfer, pinned_empty, view_flat
-from .models import action_head, build_model, num_state_values, state_tensors
+from .device_io import BatchTransfer
+from .models import action_head, build_model
+from .published_weights import PublishedWeights
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
-from .shm import Arena, WeightBuffer, set_error
+from .shm import Arena, set_error
 
 
 def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:
@@ -53,13 +54,7 @@ class InferenceBatcher:
         self.model = model.to(device).eval()
         self.device = device
         self.head = action_head(action_space)
-        self.weights = WeightBuffer(arena)
-        self.flat = pinned_empty(num_state_values(model), torch.float32, device)  # [P] newest weights read
-        self.flat_np = self.flat.numpy()
-        self.device_flat = torch.empty_like(self.flat, device=device)
-        with torch.no_grad():
-            view_flat(state_tensors(self.model), self.device_flat)
-        self.version = -1
+        self.weights = PublishedWeights(arena, self.model, device)
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
         self.buckets = tuple(buckets)
         self.policy = self.model
@@ -78,19 +73,17 @@ class InferenceBatcher:
             self.env_state = arena.env_state.reshape(W * E, S)  # [W * E, S] views
             self.env_start = arena.env_start.reshape(W * E)
 
+    @property
+    def version(self) -> int:
+        """The policy version acted with: the learner's update count of the loaded weights."""
+        return self.weights.version
+
     def refresh_weights(self) -> bool:
         """Load the newest published weights; True once any weights are loaded."""
-        published = int(self.weights.version[0])
-        if published != self.version and published >= 0:
-            start = time.perf_counter()
-            version = self.weights.read_into(self.flat_np)
-            if version is not None:
-                # One copy loads every weight (the model views device_flat). Blocking, as the next
-                # read_into overwrites its source; the device has no batch queued meanwhile.
-                self.device_flat.copy_(self.flat)
-                self.version = version
-            self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
-        return self.version >= 0
+        start = time.perf_counter()
+        loaded = self.weights.refresh()
+        self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
+        return loaded
 
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
         """Act for the requests ``(workers[i], requests[i])``."""

@@ -17,7 +17,6 @@ has ``observation_space`` and ``action_space`` attributes or is wrapped by :func
 from __future__ import annotations
 
 import itertools
-import math
 
 import gymnasium
 import numpy as np
@@ -237,15 +236,6 @@ def state_to_flat(model: nn.Module, out: torch.Tensor) -> torch.Tensor:
         out[offset:offset + n].copy_(tensor.reshape(-1))
         offset += n
     return out
-
-
-@torch.no_grad()
-def load_flat_state(model: nn.Module, flat: torch.Tensor) -> None:
-    offset = 0
-    for tensor in state_tensors(model):
-        n = tensor.numel()
-        tensor.copy_(flat[offset:offset + n].view_as(tensor))
-        offset += n
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -131,7 +131,7 @@ def test_a_weight_refresh_is_one_copy_into_the_weights_the_model_views():
             p.add_(1.0)
     published = state_to_flat(model, torch.empty(num_state_values(model)))
     WeightBuffer(arena).publish(published.numpy(), 1)
-    with CopyCounter(batcher.flat) as counter:
+    with CopyCounter(batcher.weights.host) as counter:
         assert batcher.refresh_weights()
     assert (counter.to_device, counter.copies, batcher.version) == (1, 1, 1)
     torch.testing.assert_close(state_to_flat(batcher.model, torch.empty_like(published)), published)
