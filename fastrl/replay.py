@@ -559,8 +559,15 @@ class SequenceReplay(_StreamReplay):
         # Slots of a stream start at a multiple of ring_len, itself a multiple of the stride.
         self._states[slots[starts] // self.stride] = 0.0 if states is None else np.asarray(states)[starts]
 
-    def sample(self, batch_size: int, rng=None, beta: float | None = None) -> SequenceBatch | None:
-        """Draw ``batch_size`` sequences by priority, time-major; None before ``min_fill``."""
+    def obs_shape_of(self, batch_size: int) -> tuple:
+        """The shape of a sample's ``obs``: ``[T + 1, batch_size, *obs_shape]``."""
+        return (self.horizon + 1, batch_size, *self.obs_shape)
+
+    def sample(self, batch_size: int, rng=None, beta: float | None = None,
+               out: np.ndarray | None = None) -> SequenceBatch | None:
+        """Draw ``batch_size`` sequences by priority, time-major; None before ``min_fill``.
+        ``out``: optional C-contiguous array of :meth:`obs_shape_of` and the obs dtype to hold
+        the observations (a learner's pinned staging buffer), else a new one."""
         drawn = self._sample_slots(batch_size, rng, beta)
         if drawn is None:
             return None
@@ -569,7 +576,12 @@ class SequenceReplay(_StreamReplay):
         steps = np.empty((T + 1, batch_size), np.int64)
         rows = np.empty((T + 1, batch_size, S), np.int64)
         _plan_sequences(indices, self._written, self.ring_len, self._first, steps, rows)
-        obs = np.empty((T + 1, batch_size, *self.obs_shape), self.obs_dtype)
+        shape = self.obs_shape_of(batch_size)
+        if out is None:
+            out = np.empty(shape, self.obs_dtype)
+        elif out.shape != shape or out.dtype != self.obs_dtype or not out.flags.c_contiguous:
+            raise ValueError(f"SequenceReplay.sample: out must be a C-contiguous {self.obs_dtype} array of shape {shape}")
+        obs = out
         self._frames.read(rows.ravel(), obs)
         taken = steps[:-1]
         return SequenceBatch(obs=obs, actions=self._steps["actions"][taken],

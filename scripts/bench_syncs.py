@@ -8,8 +8,8 @@ counts are what the GPU really waits for; on the CPU they are what it would wait
 tensor but a non-fused Adam's step counters lived on an accelerator. That is an upper bound
 (the batcher's CPU-only numba sampler reads its logits as numpy, a GPU samples in torch), and
 copies to the device cannot be seen there. Shapes are the profiles':
-cartpole-appo (T = 32, 128 trajectories, inference requests of 256 envs) and cartpole-dqn
-(T = 16, 64 trajectories, replay batches of 128). Prints a table, then one JSON line.
+cartpole-appo (T = 32, 128 trajectories, inference requests of 256 envs), cartpole-dqn
+(T = 16, 64 trajectories, replay batches of 128) and cartpole-r2d2. Prints a table, then one JSON line.
 """
 import argparse
 import copy
@@ -21,7 +21,7 @@ import torch
 from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.inference import InferenceBatcher
-from fastrl.learner import DQNLearner, Trajectories, VTraceLearner
+from fastrl.learner import DQNLearner, R2D2Learner, Trajectories, VTraceLearner
 from fastrl.models import num_state_values, state_to_flat
 from fastrl.runner import arena_layout
 from fastrl.shm import Arena, WeightBuffer
@@ -76,6 +76,25 @@ def dqn(device: torch.device, calls: int) -> tuple[dict, dict, int]:
     return per_call, per_step, steps
 
 
+def r2d2_update(device: torch.device, calls: int) -> dict:
+    """One R2D2 gradient step (cartpole-r2d2: 64 sequences of 20 steps, LSTM 64) on the device path;
+    the LSTM in torch ops, as on a GPU (the CPU's numba kernel reads its tensors as numpy)."""
+    cfg = build_config("cartpole-r2d2", {"device": "cpu", "replay.min_fill": 1024})
+    spec = probe_env(cfg)
+    learner = R2D2Learner(cfg, spec.observation_space, spec.action_space, device=device, device_path=True)
+    learner.model.core.use_kernel = learner.target.core.use_kernel = False
+    batch = random_trajectories(cfg, spec, 0)
+    batch.initial_state = torch.zeros(batch.rewards.shape[1], learner.model.state_size)
+    for _ in range(4):  # past replay.min_fill, with every stream a few sequences long
+        learner.train(batch, env_ids=np.arange(batch.rewards.shape[1]))
+
+    def step(i):
+        assert learner.update() is not None, "the replay gave no sample"
+    row = count(device, calls, step, learner.optimizer)
+    learner.close()
+    return row
+
+
 def batcher_infer(device: torch.device, calls: int, requests: int = 2) -> dict:
     cfg = build_config("cartpole-appo", {"device": "cpu"})
     spec = probe_env(cfg)
@@ -104,6 +123,7 @@ def main():
         "VTraceLearner.train, device path (torch V-trace, fused Adam)": vtrace_train(device, args.calls, True),
         f"DQNLearner.train ({dqn_steps} gradient steps)": dqn_call,
         "DQNLearner.update (one gradient step)": dqn_step,
+        "R2D2Learner.update (one gradient step, device path)": r2d2_update(device, args.calls),
         "InferenceBatcher.infer (2 requests of 256 envs)": batcher_infer(device, args.calls),
     }
     print(f"device: {device}" + ("  (counts what an accelerator would wait for)" if device.type == "cpu" else ""))

@@ -106,6 +106,22 @@ def test_td_loss_is_the_weighted_huber_loss_and_reports_td_errors():
     assert q.grad is not None and targets.grad is None
 
 
+def test_td_loss_with_a_mask_is_the_loss_of_the_selected_items():
+    torch.manual_seed(0)
+    q = torch.randn(4, 3, requires_grad=True)
+    targets, weights = torch.randn(4, 3), torch.rand(4, 3)
+    keep = torch.rand(4, 3) > 0.4
+    loss, stats = td_loss(q, targets, weights, mask=keep.float())
+    selected, selected_stats = td_loss(q[keep], targets[keep], weights[keep])
+    torch.testing.assert_close(loss, selected)
+    torch.testing.assert_close(stats["q_mean"], selected_stats["q_mean"])
+    torch.testing.assert_close(stats["td"][keep], selected_stats["td"])
+    assert not stats["td"][~keep].any()
+    masked_grad, = torch.autograd.grad(loss, q)
+    selected_grad, = torch.autograd.grad(selected, q)
+    torch.testing.assert_close(masked_grad, selected_grad)
+
+
 def test_td_loss_reproduces_the_dqn_learners_numbers():
     """q_taken, the n-step double-Q targets and the importance weights of the batch the learner
     samples, computed here from its networks, its streams and its tree: td_loss on them is the

@@ -153,6 +153,49 @@ def test_the_training_loop_adds_sequences_with_states_and_takes_gradient_steps()
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
 
 
+def test_the_device_path_samples_into_its_staging_buffer_and_reads_back_once_per_step():
+    """R2D2's device path (forced on the CPU): the sampled observations land in the staging
+    buffer, a gradient step makes one copy to the device and two host reads (the gradient norm,
+    then the priorities with the statistics), and it computes what the CPU path computes."""
+    from fastrl.learner import Trajectories
+    from fastrl.sync_counter import SyncCounter, optimizer_steps
+    cfg = r2d2_config(**{"replay.replay_ratio": 1.0})
+    learners = []
+    for device_path in (False, True):
+        torch.manual_seed(0)
+        learner = R2D2Learner(cfg, OBS_SPACE, ACTION_SPACE, device_path=device_path)
+        learner.model.core.use_kernel = learner.target.core.use_kernel = False  # a GPU's LSTM: torch ops
+        learners.append(learner)
+    cpu, device = learners
+    T, B = cfg.learner.rollout, 4
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        batch = Trajectories(obs=torch.randn(T + 1, B, 3, generator=g), actions=torch.randint(0, 2, (T, B), generator=g),
+                             behaviour_logp=torch.zeros(T, B), rewards=torch.randn(T, B, generator=g),
+                             terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
+                             valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64),
+                             initial_state=torch.randn(B, cpu.model.state_size, generator=g))
+        for learner in learners:
+            learner.train(batch, env_ids=np.arange(B))
+    sample = device.sample()
+    assert np.shares_memory(sample.obs, device.transfer.inputs.host_np)
+    for learner in learners:
+        learner.replay.update_priorities(sample.indices, sample.generations, np.ones(len(sample.indices)))
+    expected = cpu.loss(sample)
+    got = device.loss(sample)
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[2], expected[2])
+
+    copies = []
+    to_device = device.transfer.to_device
+    device.transfer.to_device = lambda arrays: copies.append(len(arrays)) or to_device(arrays)
+    with SyncCounter(host=optimizer_steps(device.optimizer)) as counter:
+        stats = device.update()
+    assert stats is not None and np.isfinite(stats["loss"]) and np.isfinite(stats["grad_norm"])
+    assert copies == [9]  # obs, state, starts, mask, returns, discounts, ends, actions, weights: one copy
+    assert counter.total == 2, counter.syncs
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"model.core": "none"}, "model.core=lstm or gru"),
     ({"replay.burn_in": 8}, "replay.burn_in"),

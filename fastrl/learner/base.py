@@ -93,11 +93,12 @@ class BaseLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(progress)
 
-    def transformed_rewards(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Rewards scaled by ``reward_scale``, then clipped to ``[-reward_clip, reward_clip]`` if set."""
+    def transformed_rewards(self, rewards):
+        """Rewards scaled by ``reward_scale``, then clipped to ``[-reward_clip, reward_clip]`` if set;
+        a tensor or a numpy array, returned as the same kind."""
         rewards = rewards * self.lcfg.reward_scale
         if self.lcfg.reward_clip > 0:
-            rewards = rewards.clamp(-self.lcfg.reward_clip, self.lcfg.reward_clip)
+            rewards = rewards.clip(-self.lcfg.reward_clip, self.lcfg.reward_clip)
         return rewards
 
     def policy_lag(self, version: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:

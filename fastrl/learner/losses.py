@@ -109,15 +109,26 @@ def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values:
     return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
 
 
-def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, dict]:
+def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None,
+            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """DQN's loss: the importance-weighted Huber (smooth L1) loss between ``q_taken`` ``[N]``
     (Q of the taken actions, with gradients) and fixed ``targets`` ``[N]`` (e.g. n-step double-Q
     returns), ``weights`` ``[N]`` the prioritized replay's importance weights (default 1).
-    ``stats["td"]`` ``[N]`` holds the TD errors ``targets - q_taken``, the new priorities' source."""
+    ``stats["td"]`` ``[N]`` holds the TD errors ``targets - q_taken``, the new priorities' source.
+
+    ``mask`` (any shape, with ``q_taken`` and the rest of its shape; 1.0 or 0.0): only the items
+    of mask 1 count, the loss and ``q_mean`` averaging over them and ``td`` being 0 elsewhere.
+    Multiplied, not selected: a boolean selection would make the host wait for the device."""
     per_item = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
-    loss = (per_item if weights is None else weights * per_item).mean()
-    return loss, {"loss": loss.detach(), "td": (targets - q_taken).detach(), "q_mean": q_taken.detach().mean()}
+    if weights is not None:
+        per_item = weights * per_item
+    td, q = (targets - q_taken).detach(), q_taken.detach()
+    if mask is None:
+        loss = per_item.mean()
+        return loss, {"loss": loss.detach(), "td": td, "q_mean": q.mean()}
+    count = mask.sum().clamp(min=1)
+    loss = (per_item * mask).sum() / count
+    return loss, {"loss": loss.detach(), "td": td * mask, "q_mean": (q * mask).sum() / count}
 
 
 VALUE_RESCALE_EPS = 1e-3  # R2D2 (Kapturowski et al. 2019), after Pohlen et al. 2018

@@ -118,16 +118,17 @@ class ReplayQLearner(BaseLearner):
         if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
             self.target.load_state_dict(self.model.state_dict())
         optimized = time.perf_counter()
-        priorities = priorities.double().cpu().numpy() + PRIORITY_EPS
+        # One read for the new priorities and the statistics (each its own read would wait anew).
+        read = torch.cat([priorities.detach().reshape(-1).double(),
+                          torch.stack([stats["loss"], stats["q_mean"]]).double()]).cpu().numpy()
+        priorities, (loss_value, q_mean) = read[:-2] + PRIORITY_EPS, read[-2:].tolist()
         if np.isfinite(priorities).all():
             self.replay.update_priorities(sample.indices, sample.generations, priorities)
         end = time.perf_counter()
         self.timings["forward_backward_s"] += backward_done - sampled
         self.timings["optimizer_s"] += optimized - backward_done
         self.timings["replay_s"] += end - optimized
-        loss_value = float(stats["loss"])
-        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm,
-                "q_mean": float(stats["q_mean"])}
+        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm, "q_mean": q_mean}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "target": self.target.state_dict()}

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..device_io import BatchTransfer
 from ..kernels import nstep_targets
 from ..models import build_model
 from ..replay import SequenceBatch, SequenceReplay
@@ -45,7 +46,7 @@ class R2D2Learner(ReplayQLearner):
     :class:`~fastrl.replay.SequenceReplay` with stored states; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", device_path: bool | None = None):
         model = build_model(observation_space, action_space, cfg.model, model, algo="r2d2")
         if not getattr(model, "is_recurrent", False):
             raise ValueError("learner.algo=r2d2 needs a recurrent model: set model.core=lstm or gru")
@@ -56,7 +57,12 @@ class R2D2Learner(ReplayQLearner):
             action_shape=(), action_dtype=np.int64, seed=cfg.seed, state_size=model.state_size)
         # replay.replay_ratio trained steps sampled per env step added.
         trained_steps = rcfg.sequence_length - rcfg.burn_in
-        super().__init__(cfg, model, device, replay, rcfg.replay_ratio / (rcfg.batch_size * trained_steps))
+        super().__init__(cfg, model, device, replay, rcfg.replay_ratio / (rcfg.batch_size * trained_steps),
+                         device_path)
+        # On the device path a sampled batch's arrays (observations sampled straight into it) share
+        # one staging buffer, pinned on CUDA, and reach the device in one copy. Reusing it is safe:
+        # every update ends by reading its new priorities back, after all its copies.
+        self.transfer = BatchTransfer(self.device, staged=self.device_path)
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
               fresh: np.ndarray | None = None) -> dict:
@@ -89,37 +95,50 @@ class R2D2Learner(ReplayQLearner):
 
         return self.replay_steps(lag_stats)
 
-    def loss(self, sample: SequenceBatch) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        """(loss, stats, new sequence priorities ``[B]``) of one sampled batch of sequences."""
-        device = self.device
-        to = {"device": device, "non_blocking": device.type == "cuda"}
-        obs = torch.from_numpy(sample.obs).to(**to)
-        state = torch.from_numpy(sample.initial_state).to(**to)
-        valid = torch.from_numpy(sample.valid)
-        starts = torch.zeros(obs.shape[:2], dtype=torch.bool)
-        starts[1:] = ~valid
-        starts = starts.to(device)
-        burn_in = self.rcfg.burn_in
-        q_online, _ = unroll(self.model, obs, state, starts, burn_in)  # [L + 1, B, A]
-        with torch.no_grad():
-            q_target, _, _ = self.target(obs, state, starts)
-        L = sample.rewards.shape[0]
-        rewards = self.transformed_rewards(torch.from_numpy(sample.rewards)).numpy()
+    def input_specs(self, batch_size: int) -> list[tuple[tuple, np.dtype]]:
+        """Shapes and dtypes of a sampled batch's device inputs, in :meth:`device_inputs` order."""
+        L, state_size = self.replay.horizon, self.model.state_size
+        return [(self.replay.obs_shape_of(batch_size), self.replay.obs_dtype), ((batch_size, state_size), np.float32),
+                ((L + 1, batch_size), np.bool_), ((L, batch_size), np.float32), ((L, batch_size), np.float32),
+                ((L, batch_size), np.float32), ((L, batch_size), np.int64), ((L, batch_size), np.int64),
+                ((batch_size,), np.float32)]
+
+    def sample(self) -> SequenceBatch | None:
+        """Sequences drawn by priority; on the device path their observations land in the staging buffer."""
+        out = self.transfer.host_arrays(self.input_specs(self.rcfg.batch_size))[0] if self.device_path else None
+        return self.replay.sample(self.rcfg.batch_size, out=out)
+
+    def device_inputs(self, sample: SequenceBatch) -> list[torch.Tensor]:
+        """(obs, initial state, episode starts ``[L + 1, B]``, trained-step mask, n-step returns,
+        bootstrap discounts, bootstrap steps, actions, importance weights) on the device: one copy
+        on the device path, else views of the host arrays (the CPU's own)."""
+        L, B = sample.rewards.shape
+        rewards = self.transformed_rewards(sample.rewards)
         discounts = (self.lcfg.gamma * ~sample.terminated).astype(rewards.dtype)
         returns, boot_discounts, ends = nstep_targets(rewards, discounts, self.rcfg.n_step, valid=sample.valid)
+        arrays = self.transfer.host_arrays(self.input_specs(B))
+        obs, state, starts, mask, *rest = arrays
+        if obs.ctypes.data != sample.obs.ctypes.data:
+            obs[...] = sample.obs  # not sampled into the staging buffer (a caller's own sample)
+        state[...] = sample.initial_state
+        starts[0] = False
+        starts[1:] = ~sample.valid
+        mask[...] = sample.valid
+        mask[:self.rcfg.burn_in] = 0.0  # burn-in steps only warm the state
+        for target, values in zip(rest, (returns, boot_discounts, ends, sample.actions, sample.weights)):
+            target[...] = values
+        return self.transfer.to_device(arrays)
+
+    def loss(self, sample: SequenceBatch) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """(loss, stats, new sequence priorities ``[B]``) of one sampled batch of sequences."""
+        obs, state, starts, mask, returns, boot_discounts, ends, actions, weights = self.device_inputs(sample)
+        q_online, _ = unroll(self.model, obs, state, starts, self.rcfg.burn_in)  # [L + 1, B, A]
+        L = returns.shape[0]
         with torch.no_grad():
+            q_target, _, _ = self.target(obs, state, starts)
             best = q_online.detach().argmax(-1, keepdim=True)
             bootstrap = inverse_value_rescale(q_target.gather(-1, best).squeeze(-1))  # [L + 1, B]
-            ends_t = torch.from_numpy(ends).to(device)
-            targets = value_rescale(torch.from_numpy(returns).to(device)
-                                    + torch.from_numpy(boot_discounts).to(device) * bootstrap.gather(0, ends_t))
-        actions = torch.from_numpy(sample.actions).to(device).long()
+            targets = value_rescale(returns + boot_discounts * bootstrap.gather(0, ends))
         taken = q_online[:L].gather(-1, actions[..., None]).squeeze(-1)  # [L, B]
-        mask = valid.clone()
-        mask[:burn_in] = False
-        mask = mask.to(device)
-        weights = torch.from_numpy(sample.weights).to(device).expand(L, -1)
-        loss, stats = td_loss(taken[mask], targets[mask], weights[mask])
-        td = torch.zeros_like(taken)
-        td[mask] = stats["td"]
-        return loss, stats, sequence_priorities(td.detach(), mask.float())
+        loss, stats = td_loss(taken, targets, weights.expand(L, -1), mask=mask)
+        return loss, stats, sequence_priorities(stats["td"], mask)
