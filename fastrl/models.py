@@ -29,7 +29,7 @@ from .encoders import (NATURE_MIN_SIDE, ImpalaResNet, LeafEncoder, LeafNormalize
                        ObsNormalizer, SmallCNN, _orthogonal, image_encoder, scale_obs)
 from .heads import (LOG_STD_RANGE, MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead,  # noqa: F401
                     GaussianHead, action_head, bounded_log_std, raw_log_std)
-from .spaces import ActionLayout, ObsLayout, check_action_mask, image_hw
+from .spaces import ActionLayout, ObsLayout, check_action_mask, image_hw, is_channels_last
 
 
 def is_image(obs_space: gymnasium.spaces.Box) -> bool:
@@ -61,6 +61,11 @@ class ActorCritic(nn.Module):
             self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
             shape = tuple(observation_space.shape)
             self.normalizer = ObsNormalizer(shape, self.obs_scale) if cfg.normalize_obs else None
+        # Set by a learner that keeps conv weights channels-last: scaled CHW images then come out
+        # NHWC in memory too (HWC images are NHWC already).
+        self.images_channels_last = False
+        self.chw_images = (not self.obs_layout.packed and is_image(observation_space)
+                           and not is_channels_last(tuple(observation_space.shape)))
         features = self.encoder.out_features
         self.core = None
         if cfg.core != "none":
@@ -109,7 +114,7 @@ class ActorCritic(nn.Module):
             return obs
         if self.normalizer is not None:
             return self.normalizer(obs)
-        return scale_obs(obs, self.obs_scale)
+        return scale_obs(obs, self.obs_scale, channels_last=self.images_channels_last and self.chw_images)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         if self.obs_layout.packed:

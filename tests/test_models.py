@@ -111,8 +111,8 @@ def test_pixels_scaled_in_one_pass_equal_the_cast_then_the_scaling():
 
 
 def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
-    """The learner keeps conv weights NHWC (oneDNN's fast path); a contiguous copy of the same
-    model, stepped on the same batch, must agree: outputs, statistics and new weights."""
+    """The learner keeps conv weights and scaled pixels NHWC (oneDNN's fast path); a contiguous
+    copy of the same model, stepped on the same batch, must agree: outputs, statistics and new weights."""
     cfg = build_config("atari-appo", {"device": "cpu", "learner.rollout": 4, "learner.batch_size": 8,
                                       "learner.num_minibatches": 1, "env.num_workers": 1, "env.envs_per_worker": 2,
                                       "env.num_splits": 1})
@@ -124,6 +124,9 @@ def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
     torch.manual_seed(0)
     reference = make_learner(cfg, obs_space, act_space)
     reference.model = reference.model.to(memory_format=torch.contiguous_format)
+    reference.model.images_channels_last = False
+    first_inputs = []
+    convs[0].register_forward_pre_hook(lambda m, args: first_inputs.append(args[0]))
     reference.optimizer = torch.optim.Adam(reference.model.parameters(), lr=cfg.learner.lr, eps=cfg.learner.adam_eps)
     g = torch.Generator().manual_seed(1)
     T, B = 4, 2
@@ -134,6 +137,9 @@ def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
         truncated=torch.zeros(T, B, dtype=torch.bool), valid=torch.ones(T, B, dtype=torch.bool),
         version=torch.zeros(T, B, dtype=torch.int64))
     ours, theirs = learner.train(batch), reference.train(batch)
+    # The scaled pixels reach the first convolution NHWC (no reorder there), with the same values.
+    assert first_inputs and all(x.is_contiguous(memory_format=torch.channels_last) for x in first_inputs)
+    torch.testing.assert_close(first_inputs[0], batch.obs.reshape(-1, 4, 84, 84)[:len(first_inputs[0])] / 255.0)
     for key in ("loss", "grad_norm", "value_loss", "policy_loss"):
         if key in ours:
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
