@@ -39,12 +39,12 @@ class CopyCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def small_run(core: str = "none"):
+def small_run(core: str = "none", **overrides):
     """Config, arena (two workers of 8 envs, 2 splits: requests of 4 envs) with random observations
     and cursors, and a policy whose weights are published as version 0."""
     cfg = build_config("cartpole-appo", {"env.num_workers": 2, "env.envs_per_worker": 8, "env.num_splits": 2,
                                          "learner.rollout": 4, "learner.batch_size": 16, "model.hidden_sizes": [16],
-                                         "model.core": core, "model.core_size": 8, "device": "cpu"})
+                                         "model.core": core, "model.core_size": 8, "device": "cpu", **overrides})
     spec = probe_env(cfg)
     torch.manual_seed(0)
     model = build_model(spec.observation_space, spec.action_space, cfg.model)
@@ -89,6 +89,31 @@ def test_a_staged_batch_crosses_once_each_way_and_acts_as_the_plain_path(core):
         staged.infer(np.array([0, 1]), np.array([0, 1]))
     outputs = 3 if core != "none" else 2  # actions, log-probs (, states): packed on the device
     assert (counter.to_device, counter.to_host, counter.copies) == (1, 1, 2 + outputs)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_the_fused_mlp_path_acts_as_torch_and_follows_refreshed_weights(activation):
+    """inference.mlp_kernel: the same actions (the same uniforms drawn) and log-probabilities as
+    the torch path, before and after a weight refresh; models it does not reproduce stay in torch."""
+    cfg, spec, model, arena = small_run(**{"model.activation": activation, "model.hidden_sizes": [16, 8]})
+    torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
+    fused = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), mlp_kernel=True)
+    assert torch_path.fused is None and fused.fused is not None
+    for version in (0, 1):
+        if version:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(3.0)
+            WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 1)
+        actions, logp, _ = act(arena, torch_path, [0, 1, 1], [1, 0, 1], seed=version)
+        fused_actions, fused_logp, _ = act(arena, fused, [0, 1, 1], [1, 0, 1], seed=version)
+        np.testing.assert_array_equal(fused_actions, actions)
+        np.testing.assert_allclose(fused_logp, logp, rtol=1e-5, atol=1e-6)
+        assert fused.version == version
+    recurrent = small_run("lstm")
+    batcher = InferenceBatcher(recurrent[3], copy.deepcopy(recurrent[2]), spec.action_space, torch.device("cpu"),
+                               mlp_kernel=True)
+    assert batcher.fused is None
 
 
 def test_padded_batches_act_on_their_real_rows_as_unpadded_ones():
