@@ -211,7 +211,7 @@ def image_encoder(shape: tuple, kind: str = "auto") -> nn.Module:
         return ImpalaResNet(shape, channels_last=channels_last)
     if kind in ("nature_cnn", "mnih2013_cnn") or (kind == "auto" and side >= NATURE_MIN_SIDE):
         if side < NATURE_MIN_SIDE:
-            raise ValueError(f"model.kind={kind if kind != 'auto' else 'nature_cnn'} needs images of at least {NATURE_MIN_SIDE} px, got {shape}; "
+            raise ValueError(f"model.kind={kind} needs images of at least {NATURE_MIN_SIDE} px, got {shape}; "
                              f"use model.kind=auto (a small CNN) or impala_resnet")
         cnn = Mnih2013CNN if kind == "mnih2013_cnn" else NatureCNN
         return cnn(shape, channels_last=channels_last)

@@ -115,7 +115,7 @@ class Evaluator:
     def evaluate(self) -> dict | None:
         """One evaluation of the newest weights; None if none are published yet."""
         at_env_steps = total_env_steps(self.arena)
-        version = self.weights.load_newest()
+        version = self.weights.load_newest(self.keep_going)
         if version is None:
             return None
         started = time.perf_counter()

@@ -46,7 +46,9 @@ class InferenceBatcher:
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
-    host and device (one copy each way on CUDA, see fastrl.device_io)."""
+    host and device (one copy each way on CUDA, see fastrl.device_io). ``mlp_kernel``: a plain MLP
+    policy on the CPU runs through fastrl.mlp_policy (the config's ``inference.mlp_kernel``, on
+    by default, passes True; off here, the torch path, for direct callers)."""
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,

@@ -32,19 +32,22 @@ def _layers(model: nn.Module) -> tuple[list[nn.Linear], int] | None:
         return None
     if model.obs_layout.packed or model.obs_scale != 1.0 or model.log_std is not None:
         return None
-    if not isinstance(model.encoder, MLPEncoder) or not isinstance(model.action_space, gymnasium.spaces.Discrete):
+    if type(model.encoder) is not MLPEncoder or type(model.policy) is not nn.Linear:
+        return None
+    if not isinstance(model.action_space, gymnasium.spaces.Discrete):
         return None
     linears, activations = [], set()
     for module in model.encoder.net:
-        if isinstance(module, nn.Linear):
+        if type(module) is nn.Linear:
             linears.append(module)
         elif type(module) in ACTIVATIONS:
             activations.add(ACTIVATIONS[type(module)])
-        elif not isinstance(module, nn.Flatten):
+        elif type(module) is not nn.Flatten:
             return None
-    if len(activations) > 1 or not linears:
-        return None
-    return linears + [model.policy], activations.pop() if activations else RELU
+    linears.append(model.policy)
+    if len(activations) != 1 or any(p.dtype != torch.float32 for layer in linears for p in layer.parameters()):
+        return None  # an MLP without hidden layers, mixed activations, or not float32
+    return linears, activations.pop()
 
 
 class FusedMLPPolicy:
@@ -59,7 +62,7 @@ class FusedMLPPolicy:
         # Views of the parameters: a weight refresh (an in-place copy) is seen here at once.
         self.weights = List([layer.weight.detach().numpy() for layer in linears])
         self.biases = List([layer.bias.detach().numpy() for layer in linears])
-        self.width = max(layer.out_features for layer in linears[:-1]) if len(linears) > 1 else 1
+        self.width = max(layer.out_features for layer in linears[:-1])
         self.actions = linears[-1].out_features
         self.scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 

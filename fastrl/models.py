@@ -61,11 +61,12 @@ class ActorCritic(nn.Module):
             self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
             shape = tuple(observation_space.shape)
             self.normalizer = ObsNormalizer(shape, self.obs_scale) if cfg.normalize_obs else None
-        # Set by a learner that keeps conv weights channels-last: scaled CHW images then come out
-        # NHWC in memory too (HWC images are NHWC already).
-        self.images_channels_last = False
+        # CHW images go to the encoder in NHWC memory when its convolutions keep NHWC weights (the
+        # learner's choice, fastrl.learner.base): scaled straight into that layout, see scale_obs.
+        # (HWC images are NHWC already.) A plain list: not registered as submodules again.
         self.chw_images = (not self.obs_layout.packed and is_image(observation_space)
                            and not is_channels_last(tuple(observation_space.shape)))
+        self.convs = [m for m in self.encoder.modules() if isinstance(m, nn.Conv2d)]
         features = self.encoder.out_features
         self.core = None
         if cfg.core != "none":
@@ -114,7 +115,9 @@ class ActorCritic(nn.Module):
             return obs
         if self.normalizer is not None:
             return self.normalizer(obs)
-        return scale_obs(obs, self.obs_scale, channels_last=self.images_channels_last and self.chw_images)
+        channels_last = (self.chw_images and bool(self.convs)
+                         and self.convs[0].weight.is_contiguous(memory_format=torch.channels_last))
+        return scale_obs(obs, self.obs_scale, channels_last=channels_last)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         if self.obs_layout.packed:

@@ -43,12 +43,14 @@ class PublishedWeights:
                 self.version = version
         return self.version >= 0
 
-    def load_newest(self) -> int | None:
+    def load_newest(self, keep_going=None) -> int | None:
         """Load the newest published weights, retrying torn reads; their version, None before the
-        learner's first publication."""
+        learner's first publication. ``keep_going()`` (raises to stop) is called between retries."""
         while int(self.buffer.version[0]) >= 0:
             self.version = -1  # reload even the same version: a torn read may not be kept
             if self.refresh():
                 return self.version
+            if keep_going is not None:
+                keep_going()
             time.sleep(TORN_READ_RETRY_S)
         return None

@@ -492,6 +492,7 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
                 next_report += cfg.report_every_s
             if host.checkpoint_due():
                 host.checkpoint()
+        host.flush()  # the device path's last batch (fastrl.learner.feed)
     except MetricsWriteError as exc:
         raise RunError(str(exc)) from None
     finally:

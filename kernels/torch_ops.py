@@ -93,7 +93,9 @@ def gae_torch(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torc
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
+    """A C-contiguous host array of ``tensor`` (float32 for dtypes numpy lacks); no copy for a
+    contiguous CPU tensor of a numpy dtype."""
+    tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype in _NUMPY_UNSUPPORTED:
         tensor = tensor.float()
     return tensor.numpy()
@@ -101,10 +103,6 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _like(array: np.ndarray, reference: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(array).to(device=reference.device, dtype=reference.dtype)
-
-
-def _contiguous_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().contiguous().numpy()
 
 
 class LSTMRecurrence(torch.autograd.Function):
@@ -117,7 +115,7 @@ class LSTMRecurrence(torch.autograd.Function):
         T, B, G = x_gates.shape
         gates = x_gates.new_empty(T, B, G)
         cells, tanh_cells, outputs = (x_gates.new_empty(T, B, G // 4) for _ in range(3))
-        lstm_forward(*map(_contiguous_numpy, (x_gates, h0, c0, keep, w_hh, b_hh)),
+        lstm_forward(*map(_to_numpy, (x_gates, h0, c0, keep, w_hh, b_hh)),
                      gates.numpy(), cells.numpy(), tanh_cells.numpy(), outputs.numpy())
         ctx.save_for_backward(gates, cells, tanh_cells, outputs, h0, c0, keep, w_hh)
         return outputs, cells[-1]
@@ -129,8 +127,8 @@ class LSTMRecurrence(torch.autograd.Function):
         T, B, G = gates.shape
         d_gates = torch.empty_like(gates)
         d_h0, d_c0 = h0.new_empty(B, G // 4), c0.new_empty(B, G // 4)
-        lstm_backward(_contiguous_numpy(d_outputs), _contiguous_numpy(d_c_last), gates.numpy(), cells.numpy(),
-                      tanh_cells.numpy(), *map(_contiguous_numpy, (c0, keep, w_hh)),
+        lstm_backward(_to_numpy(d_outputs), _to_numpy(d_c_last), gates.numpy(), cells.numpy(),
+                      tanh_cells.numpy(), *map(_to_numpy, (c0, keep, w_hh)),
                       d_gates.numpy(), d_h0.numpy(), d_c0.numpy())
         h_in = torch.cat([h0.detach().unsqueeze(0), outputs[:-1]]) * keep.unsqueeze(-1)  # what W_hh multiplied
         flat = d_gates.view(T * B, G)

@@ -120,6 +120,11 @@ def test_td_loss_with_a_mask_is_the_loss_of_the_selected_items():
     masked_grad, = torch.autograd.grad(loss, q)
     selected_grad, = torch.autograd.grad(selected, q)
     torch.testing.assert_close(masked_grad, selected_grad)
+    # What lies outside the mask never counts, NaN included; an empty mask gives NaN (a skipped step).
+    poisoned = targets.clone()
+    poisoned[~keep] = float("nan")
+    torch.testing.assert_close(td_loss(q, poisoned, weights, mask=keep.float())[0], selected)
+    assert torch.isnan(td_loss(q, targets, weights, mask=torch.zeros(4, 3))[0])
 
 
 def test_td_loss_reproduces_the_dqn_learners_numbers():

@@ -124,7 +124,6 @@ def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
     torch.manual_seed(0)
     reference = make_learner(cfg, obs_space, act_space)
     reference.model = reference.model.to(memory_format=torch.contiguous_format)
-    reference.model.images_channels_last = False
     first_inputs = []
     convs[0].register_forward_pre_hook(lambda m, args: first_inputs.append(args[0]))
     reference.optimizer = torch.optim.Adam(reference.model.parameters(), lr=cfg.learner.lr, eps=cfg.learner.adam_eps)

@@ -71,8 +71,6 @@ class BaseLearner:
             # NHWC weights put oneDNN (CPU) and cuDNN on their channels-last kernels: measured on a
             # Pong batch (Nature CNN, 528 frames, one thread here) 633 vs 733 ms per train().
             self.model = self.model.to(memory_format=torch.channels_last)
-            if hasattr(self.model, "images_channels_last"):
-                self.model.images_channels_last = True  # the input too (fastrl.encoders.scale_obs)
         # Fused: one kernel for every parameter and no read of the step count on the host.
         kernel = {"fused": True} if self.device_path else {"foreach": True}
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.lr, eps=self.lcfg.adam_eps, **kernel)

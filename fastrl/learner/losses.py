@@ -116,9 +116,10 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     returns), ``weights`` ``[N]`` the prioritized replay's importance weights (default 1).
     ``stats["td"]`` ``[N]`` holds the TD errors ``targets - q_taken``, the new priorities' source.
 
-    ``mask`` (any shape, with ``q_taken`` and the rest of its shape; 1.0 or 0.0): only the items
-    of mask 1 count, the loss and ``q_mean`` averaging over them and ``td`` being 0 elsewhere.
-    Multiplied, not selected: a boolean selection would make the host wait for the device."""
+    ``mask`` (the shape of ``q_taken``; nonzero = trained): the loss and ``q_mean`` average over
+    the masked items only and ``td`` is 0 elsewhere, as a boolean selection of them would give
+    (NaN for an empty mask, so that the step is skipped; what lies outside the mask, NaN
+    included, never counts). Computed in place: a selection would make the host wait for the device."""
     per_item = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
     if weights is not None:
         per_item = weights * per_item
@@ -126,9 +127,11 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     if mask is None:
         loss = per_item.mean()
         return loss, {"loss": loss.detach(), "td": td, "q_mean": q.mean()}
-    count = mask.sum().clamp(min=1)
-    loss = (per_item * mask).sum() / count
-    return loss, {"loss": loss.detach(), "td": td * mask, "q_mean": (q * mask).sum() / count}
+    keep = mask != 0
+    count = keep.sum()
+    loss = torch.where(keep, per_item, 0.0).sum() / count
+    return loss, {"loss": loss.detach(), "td": torch.where(keep, td, 0.0),
+                  "q_mean": torch.where(keep, q, 0.0).sum() / count}
 
 
 VALUE_RESCALE_EPS = 1e-3  # R2D2 (Kapturowski et al. 2019), after Pohlen et al. 2018

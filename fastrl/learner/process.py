@@ -6,6 +6,7 @@ update and no peer is left waiting inside a collective.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -126,10 +127,14 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
             if host.checkpoint_due():
                 host.checkpoint()
     except ProcessExit:
-        if not parallel:
-            # With several ranks a flush would be an extra all-reduce that a rank stopping from
-            # its own wait (not from the agreement) does not join: there the last batch is dropped.
-            host.flush(host.progress())
+        # With several ranks a flush would be an extra all-reduce that a rank stopping from its
+        # own wait (not from the agreement) does not join: there the last batch is dropped, as
+        # it is when the parent is gone.
+        if not parallel and os.getppid() == parent_pid:
+            try:
+                host.flush(host.progress())
+            except NonFiniteTraining as exc:
+                set_error(arena, str(exc))
     except (NonFiniteTraining, CheckpointError) as exc:
         checkpoint_failed = isinstance(exc, CheckpointError)
         set_error(arena, str(exc))

@@ -63,6 +63,7 @@ class R2D2Learner(ReplayQLearner):
         # one staging buffer, pinned on CUDA, and reach the device in one copy. Reusing it is safe:
         # every update ends by reading its new priorities back, after all its copies.
         self.transfer = BatchTransfer(self.device, staged=self.device_path)
+        self.staged_sample: SequenceBatch | None = None  # the last sample drawn into the staging buffer
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
               fresh: np.ndarray | None = None) -> dict:
@@ -104,22 +105,28 @@ class R2D2Learner(ReplayQLearner):
                 ((batch_size,), np.float32)]
 
     def sample(self) -> SequenceBatch | None:
-        """Sequences drawn by priority; on the device path their observations land in the staging buffer."""
-        out = self.transfer.host_arrays(self.input_specs(self.rcfg.batch_size))[0] if self.device_path else None
-        return self.replay.sample(self.rcfg.batch_size, out=out)
+        """Sequences drawn by priority. On the device path their observations land in the staging
+        buffer: such a sample is valid until the next call."""
+        if not self.transfer.staged:
+            return self.replay.sample(self.rcfg.batch_size)
+        out = self.transfer.host_arrays(self.input_specs(self.rcfg.batch_size))[0]
+        self.staged_sample = self.replay.sample(self.rcfg.batch_size, out=out)
+        return self.staged_sample
 
     def device_inputs(self, sample: SequenceBatch) -> list[torch.Tensor]:
         """(obs, initial state, episode starts ``[L + 1, B]``, trained-step mask, n-step returns,
-        bootstrap discounts, bootstrap steps, actions, importance weights) on the device: one copy
-        on the device path, else views of the host arrays (the CPU's own)."""
+        bootstrap discounts, bootstrap steps, actions, importance weights) on the device: on the
+        device path one copy from the staging buffer, on the CPU tensors over the host arrays."""
         L, B = sample.rewards.shape
-        rewards = self.transformed_rewards(sample.rewards)
+        rewards = sample.rewards  # transformed as they entered the replay
         discounts = (self.lcfg.gamma * ~sample.terminated).astype(rewards.dtype)
         returns, boot_discounts, ends = nstep_targets(rewards, discounts, self.rcfg.n_step, valid=sample.valid)
         arrays = self.transfer.host_arrays(self.input_specs(B))
-        obs, state, starts, mask, *rest = arrays
-        if obs.ctypes.data != sample.obs.ctypes.data:
-            obs[...] = sample.obs  # not sampled into the staging buffer (a caller's own sample)
+        if not self.transfer.staged:
+            arrays[0] = sample.obs  # the CPU reads the sample where it is
+        elif sample is not self.staged_sample:
+            arrays[0][...] = sample.obs  # a caller's own sample, not drawn into the staging buffer
+        _, state, starts, mask, *rest = arrays
         state[...] = sample.initial_state
         starts[0] = False
         starts[1:] = ~sample.valid

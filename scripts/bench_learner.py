@@ -1,0 +1,115 @@
+"""The learner alone: Learner.train() calls per second on synthetic batches of a profile's shape.
+
+    python scripts/bench_learner.py --pong --rounds 4          # Pong's CPU layout (bench_train's)
+    python scripts/bench_learner.py --profile atari-appo-cpu --rounds 4
+    python scripts/bench_learner.py --pong --compare nchw-input
+
+One process, one torch thread (the learner process's default). A batch has the profile's
+``[T, B]`` shape and the env's observation space, with random observations, actions and rewards.
+Each round times ``--calls`` train() calls after one warm-up call. With ``--compare``, each round
+also times the variant named, side by side, and the ratio of the medians is printed:
+
+- ``nchw-input``: the learner scales images into NCHW memory (before 2026-11-24) instead of
+  straight into the NHWC memory its channels-last conv weights use (fastrl.encoders.scale_obs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from fastrl import models
+from fastrl.config import build_config
+from fastrl.encoders import scale_obs
+from fastrl.envs import probe_env
+from fastrl.learner import Trajectories, make_learner
+from fastrl.profiler import hardware
+
+PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
+               "learner.batch_size": 512}  # as scripts/bench_train.py --pong
+
+
+def random_batch(cfg, spec, seed: int) -> Trajectories:
+    T, B = cfg.learner.rollout, cfg.trajectories_per_batch
+    g = torch.Generator().manual_seed(seed)
+    space = spec.observation_space
+    shape = (T + 1, B, *space.shape)
+    if space.dtype.kind == "u":
+        obs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    else:
+        obs = torch.randn(shape, generator=g)
+    n = spec.action_space.n
+    return Trajectories(obs=obs, actions=torch.randint(0, n, (T, B), generator=g),
+                        behaviour_logp=torch.full((T, B), -float(torch.log(torch.tensor(float(n))))),
+                        rewards=torch.randn(T, B, generator=g).sign(), terminated=torch.zeros(T, B, dtype=torch.bool),
+                        truncated=torch.zeros(T, B, dtype=torch.bool), valid=torch.ones(T, B, dtype=torch.bool),
+                        version=torch.zeros(T, B, dtype=torch.int64))
+
+
+def nchw_scaling(obs, scale, dtype=torch.float32, channels_last=False):
+    """fastrl.encoders.scale_obs as it was before 2026-11-24: always NCHW memory."""
+    return scale_obs(obs, scale, dtype)
+
+
+def make(cfg, spec, variant: str):
+    torch.manual_seed(0)
+    return make_learner(cfg, spec.observation_space, spec.action_space)
+
+
+def with_variant(variant: str):
+    """The scaling the variant uses, set in fastrl.models for the calls that follow."""
+    models.scale_obs = nchw_scaling if variant == "nchw-input" else scale_obs
+
+
+def seconds_per_call(learner, batch, calls: int) -> float:
+    learner.train(batch)
+    start = time.perf_counter()
+    for _ in range(calls):
+        learner.train(batch)
+    return (time.perf_counter() - start) / calls
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="atari-appo")
+    p.add_argument("--pong", action="store_true", help="atari-appo in bench_train.py's Pong CPU layout")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--compare", choices=["nchw-input"], default=None)
+    args = p.parse_args(argv)
+    overrides = dict(PONG_ON_CPU) if args.pong else {"device": "cpu"}
+    overrides.update(item.split("=", 1) for item in args.set)
+    cfg = build_config("atari-appo" if args.pong else args.profile, overrides)
+    torch.set_num_threads(cfg.learner.torch_threads)
+    spec = probe_env(cfg)
+    batch = random_batch(cfg, spec, 0)
+    steps = batch.rewards.numel()
+    variants = ["default"] + ([args.compare] if args.compare else [])
+    learners = {v: make(cfg, spec, v) for v in variants}
+    times = {v: [] for v in variants}
+    for r in range(args.rounds):
+        for v in variants:
+            with_variant(v)
+            times[v].append(seconds_per_call(learners[v], batch, args.calls))
+            print(f"round {r}: {v:<12} {times[v][-1] * 1e3:8.1f} ms per train() = {steps / times[v][-1]:8,.0f} env steps/s",
+                  file=sys.stderr)
+    medians = {v: statistics.median(t) for v, t in times.items()}
+    print(f"hardware: {hardware()}")
+    print(f"{cfg.env.id} T={cfg.learner.rollout} B={cfg.trajectories_per_batch} model={cfg.model.kind} "
+          f"minibatches={cfg.learner.num_minibatches} epochs={cfg.learner.num_epochs} threads={cfg.learner.torch_threads}")
+    for v, t in medians.items():
+        print(f"  {v:<12} median {t * 1e3:8.1f} ms per train()  {steps / t:8,.0f} env steps/s (learner alone)")
+    if args.compare:
+        print(f"  default / {args.compare} speed: {medians[args.compare] / medians['default']:.2f}x")
+    print(json.dumps({"profile": cfg.env.id, "seconds_per_call": medians, "env_steps_per_call": steps,
+                      "hardware": hardware()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
