@@ -138,9 +138,6 @@ class InferenceSettings:
     # Where the batcher runs the policy: "" = the run's `device`; cpu, or cuda:N (one process, not
     # under torchrun) to keep its small batches off the learner's GPU (README: one GPU or two).
     device: str = ""
-    # On the CPU, run a plain MLP policy with discrete actions (CartPole's) through one numba
-    # kernel instead of torch's ops (fastrl.mlp_policy); other models always run in torch.
-    mlp_kernel: bool = True
 
 
 @dataclass

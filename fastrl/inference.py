@@ -26,7 +26,6 @@ from .distributed import DistInfo
 from .heads import MASKED_LOGIT
 from .device_io import BatchTransfer
 from .models import action_head, build_model
-from .mlp_policy import FusedMLPPolicy
 from .published_weights import PublishedWeights
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, set_error
@@ -46,13 +45,11 @@ class InferenceBatcher:
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
-    host and device (one copy each way on CUDA, see fastrl.device_io). ``mlp_kernel``: a plain MLP
-    policy on the CPU runs through fastrl.mlp_policy (the config's ``inference.mlp_kernel``, on
-    by default, passes True; off here, the torch path, for direct callers)."""
+    host and device (one copy each way on CUDA, see fastrl.device_io)."""
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
-                 transfer: BatchTransfer | None = None, mlp_kernel: bool = False):
+                 transfer: BatchTransfer | None = None):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
@@ -66,9 +63,6 @@ class InferenceBatcher:
             self.policy = torch.compile(self.model, mode="reduce-overhead" if device.type == "cuda" else None,
                                         dynamic=False)
         self.transfer = BatchTransfer(device) if transfer is None else transfer
-        # A plain MLP policy on the CPU: one numba call instead of torch's ops (fastrl.mlp_policy).
-        self.fused = (FusedMLPPolicy(self.model) if mlp_kernel and device.type == "cpu" and epsilons is None
-                      and not compile and FusedMLPPolicy.supports(self.model, arena.obs.dtype) else None)
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
@@ -110,10 +104,7 @@ class InferenceBatcher:
             if self.masks:
                 final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
                 self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-            if self.fused is not None:
-                outputs = self.fused.act(inputs[0][:n])
-            else:
-                outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
+            outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
             if self.epsilons is None:
                 actions, behaviour_logp = outputs[0][:n], outputs[1][:n]
             else:
@@ -256,7 +247,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
-                               cfg.inference.compile, mlp_kernel=cfg.inference.mlp_kernel)
+                               cfg.inference.compile)
     try:
         while not batcher.refresh_weights():
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting

@@ -444,7 +444,7 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
         restore_learner(learner, resume_state)
     host = LearnerHost(cfg, arena, learner, run_dir)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(inference_device),
-                               batcher_epsilons(cfg), mlp_kernel=cfg.inference.mlp_kernel)
+                               batcher_epsilons(cfg))
     spare = []
     workers = []
     for w in range(cfg.env.num_workers):

@@ -6,7 +6,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from gymnasium import spaces
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastrl.config import build_config
@@ -14,7 +13,6 @@ from fastrl.device_io import BatchTransfer
 from fastrl.envs import probe_env
 from fastrl.inference import InferenceBatcher, batch_buckets, padded_size
 from fastrl.learner import Learner, LearnerHost
-from fastrl.mlp_policy import FusedMLPPolicy
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout
 from fastrl.shm import Arena, WeightBuffer
@@ -91,53 +89,6 @@ def test_a_staged_batch_crosses_once_each_way_and_acts_as_the_plain_path(core):
         staged.infer(np.array([0, 1]), np.array([0, 1]))
     outputs = 3 if core != "none" else 2  # actions, log-probs (, states): packed on the device
     assert (counter.to_device, counter.to_host, counter.copies) == (1, 1, 2 + outputs)
-
-
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_the_fused_mlp_path_acts_as_torch_and_follows_refreshed_weights(activation):
-    """inference.mlp_kernel: the same actions (the same uniforms drawn) and log-probabilities as
-    the torch path, before and after a weight refresh; models it does not reproduce stay in torch."""
-    cfg, spec, model, arena = small_run(**{"model.activation": activation, "model.hidden_sizes": [16, 8]})
-    torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
-    fused = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), mlp_kernel=True)
-    assert torch_path.fused is None and fused.fused is not None
-    for version in (0, 1):
-        if version:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.mul_(3.0)
-            WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 1)
-        arena.actions[:], arena.behaviour_logp[:] = -1, 0
-        actions, logp, _ = act(arena, torch_path, [0, 1, 1], [1, 0, 1], seed=version)
-        arena.actions[:], arena.behaviour_logp[:] = -1, 0  # what the fused path does not write stays -1
-        fused_actions, fused_logp, _ = act(arena, fused, [0, 1, 1], [1, 0, 1], seed=version)
-        assert (actions >= 0).sum() == 12  # 3 requests of 4 envs
-        np.testing.assert_array_equal(fused_actions, actions)
-        np.testing.assert_allclose(fused_logp, logp, rtol=1e-5, atol=1e-6)
-        assert fused.version == version
-
-
-@pytest.mark.parametrize("overrides, space", [
-    ({"model.core": "lstm"}, None),
-    ({"model.normalize_obs": True}, None),
-    ({"model.hidden_sizes": []}, None),
-    ({}, spaces.Box(0, 255, (4,), np.uint8)),  # scaled observations
-    ({}, spaces.Box(-1.0, 1.0, (2,), np.float32)),  # continuous actions (a Gaussian head)
-    ({}, spaces.Dict({"x": spaces.Box(-1.0, 1.0, (4,), np.float32)})),  # packed leaves
-], ids=["recurrent", "normalized", "linear", "uint8", "gaussian", "dict"])
-def test_the_fused_path_refuses_models_it_does_not_reproduce(overrides, space):
-    cfg = build_config("cartpole-appo", overrides)
-    obs_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
-    action_space = spaces.Discrete(2)
-    if space is not None and isinstance(space, spaces.Box) and space.dtype == np.float32 and space.shape == (2,):
-        action_space = space
-    elif space is not None:
-        obs_space = space
-    model = build_model(obs_space, action_space, cfg.model)
-    dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
-    assert not FusedMLPPolicy.supports(model, dtype)
-    assert FusedMLPPolicy.supports(build_model(spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2),
-                                               build_config("cartpole-appo").model), np.float32)
 
 
 def test_padded_batches_act_on_their_real_rows_as_unpadded_ones():
