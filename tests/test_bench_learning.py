@@ -27,8 +27,11 @@ Promise, PromiseError = bench.Promise, bench.PromiseError
 
 @pytest.mark.parametrize("name", available_profiles())
 def test_every_profile_states_a_promise_the_bench_can_read(name):
-    promise = bench.parse_promise(name, load_profile(name).expected)
-    assert promise.metric == "episode_return_mean" and promise.threshold > 0
+    expected = load_profile(name).expected
+    promise = bench.parse_promise(name, expected)
+    # The threshold as written, sign included (Pong's returns run from -21 to 21).
+    written = float(expected.split(">=")[1].split()[0].replace(",", "").replace("_", ""))
+    assert promise.metric == "episode_return_mean" and promise.threshold == written
     assert bool(promise.budget_steps) != bool(promise.budget_seconds)
 
 
