@@ -121,11 +121,12 @@ class R2D2Learner(ReplayQLearner):
         rewards = sample.rewards  # transformed as they entered the replay
         discounts = (self.lcfg.gamma * ~sample.terminated).astype(rewards.dtype)
         returns, boot_discounts, ends = nstep_targets(rewards, discounts, self.rcfg.n_step, valid=sample.valid)
-        arrays = self.transfer.host_arrays(self.input_specs(B))
-        if not self.transfer.staged:
-            arrays[0] = sample.obs  # the CPU reads the sample where it is
-        elif sample is not self.staged_sample:
-            arrays[0][...] = sample.obs  # a caller's own sample, not drawn into the staging buffer
+        if not self.transfer.staged:  # the CPU reads the sample's observations where they are
+            arrays = [sample.obs, *self.transfer.host_arrays(self.input_specs(B)[1:])]
+        else:
+            arrays = self.transfer.host_arrays(self.input_specs(B))
+            if sample is not self.staged_sample:
+                arrays[0][...] = sample.obs  # a caller's own sample, not drawn into the staging buffer
         _, state, starts, mask, *rest = arrays
         state[...] = sample.initial_state
         starts[0] = False
