@@ -177,7 +177,7 @@ def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch
 
     The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
     interval pushes the next one back instead of running back to back."""
-    configure_child(parent_pid)
+    configure_child(parent_pid, cfg.retain_freed_memory)
     try:
         os.nice(EVAL_NICENESS)
     except OSError:

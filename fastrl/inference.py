@@ -235,7 +235,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     """Main loop of the inference process: wait for requests, batch them, answer each worker.
     ``spaces`` (observation, action); ``model`` the user's network or None (built here from the
     config: the weights come from the arena, so no network travels through the start-up pipe)."""
-    configure_child(parent_pid)
+    configure_child(parent_pid, cfg.retain_freed_memory)
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + 7919)
     if device.startswith("cuda"):

@@ -212,7 +212,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     process it replaces. A restarted worker takes back the slots not queued for the learner;
     the queued ones return through the free pipe as usual.
     """
-    configure_child(parent_pid)
+    configure_child(parent_pid, cfg.retain_freed_memory)
     arena = Arena.attach(layout, arena_name)
     requests_out, actions_in = channels.requests_out, channels.actions_in
     full_out, free_in = channels.full_out, channels.free_in

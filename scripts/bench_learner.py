@@ -4,7 +4,7 @@
     python scripts/bench_learner.py --profile atari-appo-cpu --rounds 4
     python scripts/bench_learner.py --pong --compare nchw-input
 
-One process, one torch thread (the learner process's default). A batch has the profile's
+One process, one torch thread and the learner process's heap settings (``retain_freed_memory``). A batch has the profile's
 ``[T, B]`` shape and the env's observation space, with random observations, actions and rewards.
 Each round times ``--calls`` train() calls after one warm-up call. With ``--compare``, each round
 also times the variant named, side by side, and the ratio of the medians is printed:
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -23,6 +24,7 @@ import time
 import torch
 
 from fastrl import models
+from fastrl.allocator import retain_freed_memory
 from fastrl.config import build_config
 from fastrl.encoders import scale_obs
 from fastrl.envs import probe_env
@@ -65,12 +67,15 @@ def with_variant(variant: str):
     models.scale_obs = nchw_scaling if variant == "nchw-input" else scale_obs
 
 
-def seconds_per_call(learner, batch, calls: int) -> float:
+def seconds_per_call(learner, batch, calls: int) -> tuple[float, float]:
+    """(seconds, minor page faults) per train() call."""
     learner.train(batch)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     for _ in range(calls):
         learner.train(batch)
-    return (time.perf_counter() - start) / calls
+    seconds = (time.perf_counter() - start) / calls
+    return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / calls
 
 
 def main(argv=None) -> int:
@@ -86,6 +91,8 @@ def main(argv=None) -> int:
     overrides.update(item.split("=", 1) for item in args.set)
     cfg = build_config("atari-appo" if args.pong else args.profile, overrides)
     torch.set_num_threads(cfg.learner.torch_threads)
+    if cfg.retain_freed_memory:
+        retain_freed_memory()
     spec = probe_env(cfg)
     batch = random_batch(cfg, spec, 0)
     steps = batch.rewards.numel()
@@ -95,13 +102,15 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for v in variants:
             with_variant(v)
-            times[v].append(seconds_per_call(learners[v], batch, args.calls))
-            print(f"round {r}: {v:<12} {times[v][-1] * 1e3:8.1f} ms per train() = {steps / times[v][-1]:8,.0f} env steps/s",
-                  file=sys.stderr)
+            seconds, faults = seconds_per_call(learners[v], batch, args.calls)
+            times[v].append(seconds)
+            print(f"round {r}: {v:<12} {seconds * 1e3:8.1f} ms per train() = {steps / seconds:8,.0f} env steps/s, "
+                  f"{faults:,.0f} page faults per call", file=sys.stderr)
     medians = {v: statistics.median(t) for v, t in times.items()}
     print(f"hardware: {hardware()}")
     print(f"{cfg.env.id} T={cfg.learner.rollout} B={cfg.trajectories_per_batch} model={cfg.model.kind} "
-          f"minibatches={cfg.learner.num_minibatches} epochs={cfg.learner.num_epochs} threads={cfg.learner.torch_threads}")
+          f"minibatches={cfg.learner.num_minibatches} epochs={cfg.learner.num_epochs} threads={cfg.learner.torch_threads} "
+          f"retain_freed_memory={cfg.retain_freed_memory}")
     for v, t in medians.items():
         print(f"  {v:<12} median {t * 1e3:8.1f} ms per train()  {steps / t:8,.0f} env steps/s (learner alone)")
     if args.compare:

@@ -71,7 +71,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
     one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
     checkpoint into (fastrl.distributed)."""
-    configure_child(parent_pid)
+    configure_child(parent_pid, cfg.retain_freed_memory)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)

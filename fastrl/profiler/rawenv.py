@@ -53,7 +53,7 @@ def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: flo
                      parent_pid: int) -> None:
     """One raw env process: the env group of rollout worker ``worker_id``, random actions, and
     the same double buffering (``num_splits`` batches in flight). Puts (worker_id, result)."""
-    configure_child(parent_pid)
+    configure_child(parent_pid, cfg.retain_freed_memory)
     try:
         env = make_worker_env(cfg, worker_id)
     except Exception as exc:
