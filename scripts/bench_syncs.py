@@ -119,8 +119,8 @@ def main():
 
     dqn_call, dqn_step, dqn_steps = dqn(device, args.calls)
     rows = {
-        "VTraceLearner.train, CPU path (numba V-trace, foreach Adam)": vtrace_train(device, args.calls, False),
-        "VTraceLearner.train, device path (torch V-trace, fused Adam)": vtrace_train(device, args.calls, True),
+        "VTraceLearner.train, CPU path (numba V-trace)": vtrace_train(device, args.calls, False),
+        "VTraceLearner.train, device path (torch V-trace)": vtrace_train(device, args.calls, True),
         f"DQNLearner.train ({dqn_steps} gradient steps)": dqn_call,
         "DQNLearner.update (one gradient step)": dqn_step,
         "R2D2Learner.update (one gradient step, device path)": r2d2_update(device, args.calls),

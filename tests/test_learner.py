@@ -116,8 +116,7 @@ def test_policy_lag_statistics_cover_the_valid_steps_only():
 
 @pytest.mark.parametrize("algo,minibatches", [("appo", 1), ("appo", 2), ("impala", 1)])
 def test_device_path_learns_what_the_cpu_path_learns(algo, minibatches):
-    """The torch V-trace scan and fused Adam (what runs on a GPU) against the numba kernel and
-    foreach Adam, over three batches with off-policy steps, invalid steps and terminations."""
+    """The torch V-trace scan (what runs on a GPU) against the numba kernel, over three batches with off-policy steps, invalid steps and terminations."""
     import gymnasium
 
     cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.num_minibatches": minibatches,
@@ -141,6 +140,27 @@ def test_device_path_learns_what_the_cpu_path_learns(algo, minibatches):
             assert device[key] == pytest.approx(cpu[key], rel=1e-4, abs=1e-6), key
     for a, b in zip(*(learner.model.parameters() for learner in learners)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_adam_takes_the_steps_foreach_adam_takes():
+    """The learner's fused Adam (one kernel on the CPU too) against torch's foreach Adam, the
+    reference it replaced there, over three batches."""
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", {"learner.vtrace_lambda": 0.9})
+    learners = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+        assert learner.optimizer.param_groups[0]["fused"]
+        if not fused:
+            learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=cfg.learner.lr,
+                                                 eps=cfg.learner.adam_eps, foreach=True)
+        for seed in range(3):
+            learner.train(random_batch(seed=seed))
+        learners.append(learner)
+    for a, b in zip(*(learner.model.parameters() for learner in learners)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_bfloat16_autocast_trains_close_to_float32():

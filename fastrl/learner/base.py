@@ -43,14 +43,24 @@ def unroll(model: nn.Module, obs: torch.Tensor, state: torch.Tensor, episode_sta
     return torch.cat([p for p, _ in pieces]), torch.cat([v for _, v in pieces])
 
 
+def make_adam(model: nn.Module, lr: float, eps: float) -> torch.optim.Adam:
+    """Adam, fused where torch has the kernel (CUDA; the CPU since torch 2.4): one kernel for
+    every parameter and no read of the step count on the host. On the CPU it cut a CartPole
+    step's optimizer time from 0.40 to 0.17 ms against foreach (one process, quiet machine);
+    same maths (tests/test_learner.py)."""
+    try:
+        return torch.optim.Adam(model.parameters(), lr=lr, eps=eps, fused=True)
+    except RuntimeError:  # torch < 2.4 on the CPU
+        return torch.optim.Adam(model.parameters(), lr=lr, eps=eps, foreach=True)
+
+
 class BaseLearner:
     """Owns ``model`` and its Adam optimizer. ``version`` counts batches trained on (it is the
     weights' version the actors see); ``updates`` counts optimizer steps taken, ``skipped_updates``
     those refused for a non-finite loss or gradient.
 
-    ``device_path``: run what suits an accelerator (fused Adam; the subclasses' kernels that stay
-    on the device, such as V-trace's torch scan) rather than the CPU's choices (foreach Adam, numba
-    kernels). None: when ``device`` is not the CPU. True on the CPU lets the tests count that
+    ``device_path``: run what suits an accelerator (the subclasses' kernels that stay on the
+    device, such as V-trace's torch scan) rather than the CPU's choices (numba kernels). None: when ``device`` is not the CPU. True on the CPU lets the tests count that
     path's host synchronisations without a GPU."""
 
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
@@ -71,9 +81,7 @@ class BaseLearner:
             # NHWC weights put oneDNN (CPU) and cuDNN on their channels-last kernels: measured on a
             # Pong batch (Nature CNN, 528 frames, one thread here) 633 vs 733 ms per train().
             self.model = self.model.to(memory_format=torch.channels_last)
-        # Fused: one kernel for every parameter and no read of the step count on the host.
-        kernel = {"fused": True} if self.device_path else {"foreach": True}
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.lr, eps=self.lcfg.adam_eps, **kernel)
+        self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0
