@@ -84,8 +84,9 @@ class LearnerConfig:
     max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
     burn_in: int = 0  # recurrent cores: first steps of each trajectory only warm the state (no loss)
     torch_threads: int = 1
-    # float32 | bfloat16: appo/impala run the network's forward pass and the loss under bf16 autocast
-    # (log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor cores
+    # float32 | bfloat16 | auto: appo/impala run the network's forward pass and the loss under bf16
+    # autocast (log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor
+    # cores and on CPUs with native bf16. auto: bfloat16 on such a CPU only (fastrl.learner.precision)
     precision: str = "float32"
     # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
     # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
@@ -200,7 +201,7 @@ CHOICES = {
     "model.activation": ("tanh", "relu"),
     "model.core": ("none", "lstm", "gru"),
     "learner.algo": ("appo", "impala", "dqn", "r2d2"),
-    "learner.precision": ("float32", "bfloat16"),
+    "learner.precision": ("float32", "bfloat16", "auto"),
     "replay.compress": ("", "lz4"),
 }
 
@@ -492,7 +493,7 @@ def validate(cfg: Config) -> None:
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
     _validate_core(cfg)
-    if cfg.learner.precision != "float32" and cfg.learner.algo in Q_LEARNERS:
+    if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32")
     if cfg.inference.compile and cfg.serial:

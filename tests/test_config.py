@@ -55,16 +55,18 @@ def test_impossible_combinations_are_rejected(overrides, message):
 
 
 @pytest.mark.parametrize("value", ["float16", "fp32", ""])
-def test_precision_is_float32_or_bfloat16(value):
+def test_precision_is_float32_bfloat16_or_auto(value):
     assert build_config("cartpole-appo", {"learner.precision": "bfloat16"}).learner.precision == "bfloat16"
+    assert build_config("cartpole-appo", {"learner.precision": "auto"}).learner.precision == "auto"
     with pytest.raises(ConfigError, match=rf"^config key 'learner.precision' must be one of float32, bfloat16, "
-                                          rf"got '{value}'$"):
+                                          rf"auto, got '{value}'$"):
         build_config("cartpole-appo", {"learner.precision": value})
 
 
 def test_bfloat16_is_refused_where_it_would_be_ignored():
     with pytest.raises(ConfigError, match="learner.precision=bfloat16 is for appo/impala; dqn trains in float32"):
         build_config("cartpole-dqn", {"learner.precision": "bfloat16"})
+    assert build_config("cartpole-dqn", {"learner.precision": "auto"}).learner.precision == "auto"  # float32 there
 
 
 def test_inference_compile_is_opt_in_and_refused_in_serial_mode():

@@ -8,6 +8,7 @@ from torch import nn
 
 from fastrl.config import build_config
 from fastrl.learner import Learner, Trajectories, gather_trajectories
+from fastrl.learner.precision import cpu_flags, learner_precision
 from tests.test_rollout import countdown_config, run_worker
 
 
@@ -181,6 +182,38 @@ def test_bfloat16_autocast_trains_close_to_float32():
         # Adam's first step moves a weight by about lr, either way: a near-zero gradient may flip sign.
         assert a.dtype == b.dtype == torch.float32
         assert (a - b).abs().max() <= 2.01 * lr
+
+
+def test_auto_precision_is_bfloat16_only_for_a_v_trace_learner_on_a_cpu_with_native_bf16():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    native = {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert learner_precision("auto", "appo", cpu, native) == "bfloat16"
+    assert learner_precision("auto", "impala", cpu, {"sse2", "amx_bf16"}) == "bfloat16"
+    assert learner_precision("auto", "appo", cpu, {"avx2", "avx512f"}) == "float32"  # bf16 would be emulated
+    assert learner_precision("auto", "appo", gpu, native) == "float32"
+    assert learner_precision("auto", "dqn", cpu, native) == "float32"
+    assert learner_precision("auto", "r2d2", cpu, native) == "float32"
+    for setting in ("float32", "bfloat16"):
+        assert learner_precision(setting, "appo", cpu, set()) == setting
+
+
+def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx512_bf16\n\nprocessor\t: 1\n")
+    assert cpu_flags(str(info)) == {"fpu", "sse2", "avx512_bf16"}
+    assert cpu_flags(str(tmp_path / "missing")) == set()
+
+
+def test_a_learner_set_to_auto_runs_in_the_precision_this_cpu_calls_for():
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", {"learner.precision": "auto"})
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    assert learner.precision == learner_precision("auto", "appo", torch.device("cpu"), cpu_flags())
+    batch = random_batch(T=16)
+    with learner.autocast():
+        params, _ = learner.model(batch.obs.reshape(-1, 4))
+    assert params.dtype == (torch.bfloat16 if learner.precision == "bfloat16" else torch.float32)
 
 
 def test_a_nan_loss_skips_the_step_even_when_its_gradients_are_finite():

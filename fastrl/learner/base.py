@@ -19,6 +19,7 @@ from torch import nn
 
 from ..config import Config
 from .batch import Trajectories
+from .precision import learner_precision
 
 
 def read_stats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -82,6 +83,7 @@ class BaseLearner:
             # Pong batch (Nature CNN, 528 frames, one thread here) 633 vs 733 ms per train().
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
+        self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device)  # "float32" | "bfloat16"
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0
@@ -125,9 +127,9 @@ class BaseLearner:
         return read_stats(self.policy_lag(batch.version, batch.valid))
 
     def autocast(self):
-        """The context of the forward pass and loss: bfloat16 autocast with ``learner.precision =
-        "bfloat16"``, else none."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.lcfg.precision == "bfloat16")
+        """The context of the forward pass and loss: bfloat16 autocast when ``precision`` is
+        bfloat16, else none."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
 
     def counters(self) -> dict:
         return {"lr": self.optimizer.param_groups[0]["lr"], "learner_updates": self.updates,
