@@ -17,11 +17,7 @@ import statistics
 
 from fastrl.config import build_config, parse_override
 from fastrl.profiler import hardware
-from fastrl.profiler.measure import STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
-
-# bench_train's CPU layout for Pong (atari-appo's own layout is sized for a GPU).
-PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-               "learner.batch_size": 512}
+from fastrl.profiler.measure import PONG_ON_CPU, STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
 
 
 def training_rate(profile: str, overrides: dict, seconds: float, startup_s: float) -> tuple[float, float]:

@@ -30,9 +30,7 @@ from fastrl.encoders import scale_obs
 from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
-
-PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-               "learner.batch_size": 512}  # as scripts/bench_train.py --pong
+from fastrl.profiler.measure import PONG_ON_CPU
 
 
 def random_batch(cfg, spec, seed: int) -> Trajectories:

@@ -19,6 +19,7 @@ import tempfile
 from fastrl.config import build_config
 from fastrl.evaluate import evaluate_run
 from fastrl.profiler import hardware, profile
+from fastrl.profiler.measure import PONG_ON_CPU
 from fastrl.runner import train
 
 # More envs in flight per worker: each inference batch and worker step amortizes more fixed cost.
@@ -30,8 +31,6 @@ DQN_TARGET_RETURN = 400.0
 # The training mean of an Ape-X run averages actors with epsilon up to 0.4: the greedy policy's
 # return on the final checkpoint is measured beside it.
 GREEDY_EVAL_EPISODES = 20
-PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-               "learner.batch_size": 512}
 
 
 def time_to_target(profile_name: str, seed: int, target: float, limit_s: float, greedy_episodes: int = 0) -> dict:

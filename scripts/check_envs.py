@@ -28,12 +28,12 @@ import tempfile
 import time
 
 import numpy as np
-from bench_train import PONG_ON_CPU
 
 from fastrl.config import build_config
 from fastrl.envs import make_vec_env
 from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, measure_env, measure_run_patiently,
                              random_action_table)
+from fastrl.profiler.measure import PONG_ON_CPU
 from fastrl.spaces import ObsLayout
 
 # One representative id per envpool family (envpool.registration.registry.specs[id][0]), each
