@@ -54,6 +54,9 @@ class ModelConfig:
     core_size: int = 256  # units of each recurrent layer
     core_layers: int = 1
     encode_action_mask: bool = False  # feed a Dict observation's action_mask to the encoder too
+    # appo/impala, feed-forward: the value head gets its own encoder (same shape) instead of sharing
+    # the policy's, so the value loss does not pull on the policy's features (MuJoCo, README)
+    separate_critic: bool = False
 
 
 @dataclass
@@ -530,6 +533,12 @@ def _validate_core(cfg: Config) -> None:
     if lcfg.burn_in >= lcfg.rollout:
         raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
                           f"steps carry no loss, so some step of each trajectory must")
+    if model.separate_critic and lcfg.algo in Q_LEARNERS:
+        raise ConfigError(f"model.separate_critic is for learner.algo=appo or impala; {lcfg.algo}'s dueling "
+                          f"Q-network has no critic: set model.separate_critic=false")
+    if model.separate_critic and model.core != "none":
+        raise ConfigError(f"model.separate_critic needs a feed-forward model; with model.core={model.core} the "
+                          f"policy and value share the core: set model.separate_critic=false or model.core=none")
 
 
 def _validate_replay(cfg: Config) -> None:

@@ -54,8 +54,7 @@ class ActorCritic(nn.Module):
             self.obs_scale = 1.0
             float_leaves = any(leaf.dtype.kind == "f" and leaf.kind != "mask" for leaf in self.obs_layout.leaves)
             self.normalizer = LeafNormalizer(self.obs_layout) if cfg.normalize_obs and float_leaves else None
-            self.encoder = LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind,
-                                       cfg.encode_action_mask)
+            self.encoder = self._leaf_encoder(cfg)
         else:
             self.encoder = self._box_encoder(observation_space, cfg)
             self.obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
@@ -66,7 +65,14 @@ class ActorCritic(nn.Module):
         # (HWC images are NHWC already.) A plain list: not registered as submodules again.
         self.chw_images = (not self.obs_layout.packed and is_image(observation_space)
                            and not is_channels_last(tuple(observation_space.shape)))
-        self.convs = [m for m in self.encoder.modules() if isinstance(m, nn.Conv2d)]
+        # The critic's own encoder, built like the policy's (model.separate_critic; feed-forward only).
+        self.value_encoder = None
+        if cfg.separate_critic:
+            if cfg.core != "none":
+                raise ValueError("model.separate_critic needs model.core=none")
+            self.value_encoder = (self._leaf_encoder(cfg) if self.obs_layout.packed
+                                  else self._box_encoder(observation_space, cfg))
+        self.convs = [m for m in self.modules() if isinstance(m, nn.Conv2d)]
         features = self.encoder.out_features
         self.core = None
         if cfg.core != "none":
@@ -78,6 +84,9 @@ class ActorCritic(nn.Module):
         self.policy = _orthogonal(nn.Linear(features, outputs), gain=0.01)
         self.log_std = nn.Parameter(torch.full((self.gaussian_dims,), raw_log_std(0.0))) if self.gaussian_dims else None
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
+
+    def _leaf_encoder(self, cfg: ModelConfig) -> LeafEncoder:
+        return LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind, cfg.encode_action_mask)
 
     @staticmethod
     def _box_encoder(space: gymnasium.spaces.Box, cfg: ModelConfig) -> nn.Module:
@@ -119,13 +128,15 @@ class ActorCritic(nn.Module):
                          and self.convs[0].weight.is_contiguous(memory_format=torch.channels_last))
         return scale_obs(obs, self.obs_scale, channels_last=channels_last)
 
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+    def encode(self, obs: torch.Tensor, encoder: nn.Module | None = None) -> torch.Tensor:
+        """Features of ``obs`` from ``encoder`` (the policy's by default)."""
+        encoder = encoder or self.encoder
         if self.obs_layout.packed:
-            leaves = self.encoder.leaf_inputs(obs)
+            leaves = encoder.leaf_inputs(obs)
             if self.normalizer is not None:
                 leaves = self.normalizer(leaves)
-            return self.encoder.encode_leaves(leaves)
-        return self.encoder(self.preprocess(obs))
+            return encoder.encode_leaves(leaves)
+        return encoder(self.preprocess(obs))
 
     def action_params(self, features: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Policy outputs -> the heads' params (log-stds added per Gaussian part, illegal
@@ -191,6 +202,8 @@ class ActorCritic(nn.Module):
         return self.action_params(features, obs), self.value(features).squeeze(-1)
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None):
+        if self.core is None and self.value_encoder is not None:
+            return self.action_params(self.encode(obs), obs), self.value(self.encode(obs, self.value_encoder)).squeeze(-1)
         if self.core is None:
             return self.heads(self.encode(obs), obs)
         T, B = obs.shape[:2]

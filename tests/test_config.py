@@ -69,6 +69,14 @@ def test_bfloat16_is_refused_where_it_would_be_ignored():
     assert build_config("cartpole-dqn", {"learner.precision": "auto"}).learner.precision == "auto"  # float32 there
 
 
+def test_a_separate_critic_is_refused_where_there_is_no_critic_of_its_own_to_give():
+    assert build_config("mujoco-appo", {"model.separate_critic": True}).model.separate_critic
+    with pytest.raises(ConfigError, match="^model.separate_critic is for learner.algo=appo or impala; dqn's"):
+        build_config("cartpole-dqn", {"model.separate_critic": True})
+    with pytest.raises(ConfigError, match="^model.separate_critic needs a feed-forward model; with model.core=lstm"):
+        build_config("cartpole-appo", {"model.separate_critic": True, "model.core": "lstm"})
+
+
 def test_inference_compile_is_opt_in_and_refused_in_serial_mode():
     assert not build_config("cartpole-appo").inference.compile
     assert build_config("cartpole-appo", {"inference.compile": True}).inference.compile

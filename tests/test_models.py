@@ -144,3 +144,45 @@ def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
             assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
     for a, b in zip(learner.model.state_dict().values(), reference.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------- separate critic
+
+def critic_model(observation_space, **overrides) -> ActorCritic:
+    cfg = build_config("mujoco-appo", {"model.separate_critic": True, **overrides}).model
+    return ActorCritic(observation_space, BOX_ACTIONS, cfg)
+
+
+@pytest.mark.parametrize("obs_space", [VECTOR_OBS, "dict"])
+def test_a_separate_critic_s_value_loss_leaves_the_policy_encoder_alone(obs_space):
+    space = obs_space
+    if obs_space == "dict":
+        space = gymnasium.spaces.Dict({"position": VECTOR_OBS, "mode": gymnasium.spaces.Discrete(3)})
+    torch.manual_seed(0)
+    model = critic_model(space)
+    space.seed(0)
+    obs = torch.from_numpy(model.obs_layout.sample(8))
+    params, value = model(obs)
+    value.square().sum().backward()
+    assert all(p.grad is None for p in model.encoder.parameters())
+    assert model.policy.weight.grad is None
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in model.value_encoder.parameters())
+    model.zero_grad(set_to_none=True)
+    params.square().sum().backward()
+    assert all(p.grad is None for p in model.value_encoder.parameters())
+    assert any(bool(p.grad.abs().sum() > 0) for p in model.encoder.parameters())
+
+
+def test_a_separate_critic_s_value_is_its_own_encoder_s_output():
+    torch.manual_seed(0)
+    model = critic_model(VECTOR_OBS)
+    obs = torch.randn(5, 3)
+    params, value = model(obs)
+    features = model.value_encoder(model.preprocess(obs))
+    torch.testing.assert_close(value, model.value(features).squeeze(-1))
+    torch.testing.assert_close(params[:, :2], model.policy(model.encoder(model.preprocess(obs))))
+
+
+def test_a_shared_model_has_no_critic_encoder():
+    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo").model)
+    assert model.value_encoder is None
