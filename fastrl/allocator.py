@@ -26,16 +26,23 @@ M_MMAP_THRESHOLD = -3
 LARGEST_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's cap on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 NEVER_TRIM = 2 ** 31 - 1  # mallopt takes a C int
 
-# A user who tunes glibc through its own variables keeps their settings.
+# A user who tunes glibc's heap through its own variables keeps their settings: the four that set
+# what mallopt would set, and any glibc.malloc tunable.
 GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+GLIBC_MALLOC_TUNABLE = "glibc.malloc."
+
+
+def users_heap_settings(environ=os.environ) -> bool:
+    return (any(name in environ for name in GLIBC_VARIABLES)
+            or GLIBC_MALLOC_TUNABLE in environ.get("GLIBC_TUNABLES", ""))
 
 
 def retain_freed_memory() -> bool:
     """Keep freed blocks of up to 32 MiB in this process for reuse (glibc only); True if set.
 
-    Nothing is changed off glibc (macOS, musl) or when one of glibc's own ``MALLOC_*_``
-    variables is set in the environment."""
-    if platform.libc_ver()[0] != "glibc" or any(name in os.environ for name in GLIBC_VARIABLES):
+    Nothing is changed off glibc (macOS, musl) or when the user tunes glibc's heap
+    (:data:`GLIBC_VARIABLES`, or a ``glibc.malloc.*`` entry in ``GLIBC_TUNABLES``)."""
+    if platform.libc_ver()[0] != "glibc" or users_heap_settings():
         return False
     try:
         libc = ctypes.CDLL(None)

@@ -498,7 +498,7 @@ def validate(cfg: Config) -> None:
     _validate_core(cfg)
     if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
-                          f"in float32: set learner.precision=float32")
+                          f"in float32: set learner.precision=float32 (or auto)")
     if cfg.inference.compile and cfg.serial:
         raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
                           "set serial=false or inference.compile=false")

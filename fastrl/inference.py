@@ -25,7 +25,7 @@ from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
 from .device_io import BatchTransfer
-from .models import action_head, build_model
+from .models import ActorCritic, action_head, build_model
 from .published_weights import PublishedWeights
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
 from .shm import Arena, set_error
@@ -57,16 +57,18 @@ class InferenceBatcher:
         self.weights = PublishedWeights(arena, self.model, device)
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
         self.buckets = tuple(buckets)
-        self.policy = self.model
+        self.recurrent = bool(getattr(model, "is_recurrent", False))
+        # Feed-forward, acting needs the action parameters only (a separate critic is not run).
+        self.policy = (self.model if self.recurrent else self.model.policy_params if isinstance(self.model, ActorCritic)
+                       else self._params_of_forward)
         if compile:
             # "reduce-overhead" replays CUDA graphs: the weights keep their addresses (view_flat).
-            self.policy = torch.compile(self.model, mode="reduce-overhead" if device.type == "cuda" else None,
+            self.policy = torch.compile(self.policy, mode="reduce-overhead" if device.type == "cuda" else None,
                                         dynamic=False)
         self.transfer = BatchTransfer(device) if transfer is None else transfer
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
-        self.recurrent = bool(getattr(model, "is_recurrent", False))
         self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
         if self.recurrent:
             W, E, S = arena.env_state.shape
@@ -135,6 +137,10 @@ class InferenceBatcher:
         first = np.flatnonzero(steps == 0)
         self.arena.slot_state[slots[first]] = out[first]
 
+    def _params_of_forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """A user model's action parameters (its forward returns ``(params, value)``)."""
+        return self.model(obs)[0]
+
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Device inputs (obs ``[rows, *obs]``, state ``[rows, S]`` when recurrent) -> what goes back
         to the host: (actions ``[rows, ...]``, behaviour log-probs ``[rows]``), or Q-values
@@ -143,7 +149,7 @@ class InferenceBatcher:
             params, _, new_state = self.policy(inputs[0].unsqueeze(0), inputs[1], None)
             params, extra = params[0], [new_state]
         else:
-            params, _ = self.policy(inputs[0])
+            params = self.policy(inputs[0])
             extra = []
         if self.epsilons is not None:
             return [params, *extra]

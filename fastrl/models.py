@@ -11,8 +11,8 @@ returns ``(params [T, B, P], value [T, B], new_state)``; ``model.initial_state(B
 episode's state. Observations arrive as stored (:class:`fastrl.spaces.ObsLayout`); an
 ``action_mask`` leaf sets the logits of illegal actions to :data:`fastrl.heads.MASKED_LOGIT`.
 
-A user's own ``nn.Module`` can replace the actor-critic if it keeps the feed-forward contract and
-has ``observation_space`` and ``action_space`` attributes or is wrapped by :func:`wrap_user_model`.
+A user's own ``nn.Module`` can replace the actor-critic if it keeps the feed-forward contract
+(:func:`check_user_model` tries it on a sample batch before any process starts).
 """
 from __future__ import annotations
 
@@ -201,9 +201,20 @@ class ActorCritic(nn.Module):
     def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.action_params(features, obs), self.value(features).squeeze(-1)
 
+    def policy_params(self, obs: torch.Tensor) -> torch.Tensor:
+        """Feed-forward: the action parameters ``[B, P]`` alone, what acting needs (a separate
+        critic's encoder is not run)."""
+        if self.core is not None:
+            raise ValueError("policy_params is feed-forward; a recurrent model acts through "
+                             "forward(obs, state, episode_start)")
+        if self.value_encoder is None:
+            return self(obs)[0]
+        return self.action_params(self.encode(obs), obs)
+
     def forward(self, obs: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None):
         if self.core is None and self.value_encoder is not None:
-            return self.action_params(self.encode(obs), obs), self.value(self.encode(obs, self.value_encoder)).squeeze(-1)
+            value = self.value(self.encode(obs, self.value_encoder)).squeeze(-1)
+            return self.action_params(self.encode(obs), obs), value
         if self.core is None:
             return self.heads(self.encode(obs), obs)
         T, B = obs.shape[:2]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import NamedTuple
 
-from .allocator import retain_freed_memory
+from . import allocator
 from .shm import Control
 
 WAIT_TIMEOUT_S = 0.5  # how often a blocked process looks at the stop flag and its parent
@@ -18,17 +18,17 @@ class ProcessExit(Exception):
     """The run is stopping (stop flag set or the runner is gone): leave the main loop."""
 
 
-def configure_child(parent_pid: int, retain_memory: bool = True) -> None:
+def configure_child(parent_pid: int, retain_freed_memory: bool) -> None:
     """Ctrl-C goes to the runner, which stops the children in order; a child ignores it, and a
     terminal's hang-up (SIGHUP to the whole process group), which the runner survives.
-    ``retain_memory`` (config ``retain_freed_memory``): see :func:`fastrl.allocator.retain_freed_memory`.
+    ``retain_freed_memory`` is the config key of that name: see :mod:`fastrl.allocator`.
 
     Thread pools are sized where they are made: torch.set_num_threads in the batcher and the
     learner, env.num_threads for envpool; the numba kernels are serial."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if retain_memory:
-        retain_freed_memory()
+    if retain_freed_memory:
+        allocator.retain_freed_memory()
     check_alive(None, parent_pid)
 
 

@@ -28,6 +28,7 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkp
                          remove_partial_checkpoints, set_aside_newer_checkpoints)
 from .config import SECTIONS, Config, to_toml, validate
 from .console import Console
+from .learner.precision import learner_precision
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
 from .evaluator import EvalResults, Evaluator, evaluator_process
@@ -189,6 +190,11 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     except OSError as exc:
         raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
     console = Console(run_dir if dist_info.is_main else None, quiet or not dist_info.is_main)
+    if cfg.learner.precision == "auto":
+        # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
+        chosen = learner_precision("auto", cfg.learner.algo, torch.device(device))
+        console.status(f"[fastrl] learner.precision=auto: {chosen} on this machine")
+        console.record(f"[fastrl] learner.precision=auto: {chosen} on this machine")
     counters = resume_state["counters"] if resume_state else {}
     clocks = (counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0)))
     run = _serial_run if cfg.serial else _process_run

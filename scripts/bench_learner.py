@@ -4,8 +4,10 @@
     python scripts/bench_learner.py --profile atari-appo-cpu --rounds 4
     python scripts/bench_learner.py --pong --compare nchw-input
 
-One process, one torch thread and the learner process's heap settings (``retain_freed_memory``). A batch has the profile's
-``[T, B]`` shape and the env's observation space, with random observations, actions and rewards.
+One process, one torch thread and the learner process's heap settings (``retain_freed_memory``).
+A batch has the profile's ``[T, B]`` shape and the env's observation space, with random
+observations, actions and rewards. The header says whether the heap setting took (it does not
+off glibc or under the user's own glibc variables) and the precision the learner resolved.
 Each round times ``--calls`` train() calls after one warm-up call. With ``--compare``, each round
 also times the variant named, side by side, and the ratio of the medians is printed:
 
@@ -25,7 +27,7 @@ import torch
 
 from fastrl import models
 from fastrl.allocator import retain_freed_memory
-from fastrl.config import build_config
+from fastrl.config import build_config, parse_override
 from fastrl.encoders import scale_obs
 from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
@@ -86,11 +88,10 @@ def main(argv=None) -> int:
     p.add_argument("--compare", choices=["nchw-input"], default=None)
     args = p.parse_args(argv)
     overrides = dict(PONG_ON_CPU) if args.pong else {"device": "cpu"}
-    overrides.update(item.split("=", 1) for item in args.set)
+    overrides.update(parse_override(item) for item in args.set)
     cfg = build_config("atari-appo" if args.pong else args.profile, overrides)
     torch.set_num_threads(cfg.learner.torch_threads)
-    if cfg.retain_freed_memory:
-        retain_freed_memory()
+    heap_retained = cfg.retain_freed_memory and retain_freed_memory()
     spec = probe_env(cfg)
     batch = random_batch(cfg, spec, 0)
     steps = batch.rewards.numel()
@@ -107,8 +108,9 @@ def main(argv=None) -> int:
     medians = {v: statistics.median(t) for v, t in times.items()}
     print(f"hardware: {hardware()}")
     print(f"{cfg.env.id} T={cfg.learner.rollout} B={cfg.trajectories_per_batch} model={cfg.model.kind} "
-          f"minibatches={cfg.learner.num_minibatches} epochs={cfg.learner.num_epochs} threads={cfg.learner.torch_threads} "
-          f"retain_freed_memory={cfg.retain_freed_memory}")
+          f"minibatches={cfg.learner.num_minibatches} epochs={cfg.learner.num_epochs} "
+          f"threads={cfg.learner.torch_threads} heap retained={heap_retained} "
+          f"precision={learners['default'].precision}")
     for v, t in medians.items():
         print(f"  {v:<12} median {t * 1e3:8.1f} ms per train()  {steps / t:8,.0f} env steps/s (learner alone)")
     if args.compare:

@@ -8,6 +8,9 @@ import textwrap
 
 import pytest
 
+from fastrl import process_utils
+from fastrl.allocator import GLIBC_VARIABLES
+
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 
 # Prints whether fresh 1 MiB and 8 MiB mallocs land in the [heap] mapping, and whether freeing 8 MiB at
@@ -40,8 +43,10 @@ PROBE = textwrap.dedent("""
 
 
 def probe(mode: str, env: dict | None = None) -> list[str]:
+    """The probe's three words, in an environment cleared of the caller's own heap settings."""
+    clean = {k: v for k, v in os.environ.items() if k not in GLIBC_VARIABLES and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
-                         env={**os.environ, **(env or {})})
+                         env={**clean, **(env or {})})
     return out.stdout.split()
 
 
@@ -51,10 +56,24 @@ def test_retained_blocks_come_from_the_heap_and_are_not_trimmed():
 
 def test_glibc_default_maps_a_large_block_on_its_own():
     # The reference the test above differs from: a fresh process mmaps 1 MiB outside the heap.
-    changed, in_heap, _ = probe("default")
-    assert (changed, in_heap) == ("False", "False")
+    _, in_heap, _ = probe("default")
+    assert in_heap == "False"
 
 
 def test_the_users_own_glibc_settings_win():
     changed, in_heap, _ = probe("retain", {"MALLOC_TRIM_THRESHOLD_": "131072"})
     assert (changed, in_heap) == ("False", "False")
+
+
+def test_a_glibc_malloc_tunable_is_the_users_setting_too():
+    changed, in_heap, _ = probe("retain", {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"})
+    assert (changed, in_heap) == ("False", "False")
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_child_retains_freed_memory_only_when_the_config_says_so(monkeypatch, setting):
+    calls = []
+    monkeypatch.setattr(process_utils.allocator, "retain_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(process_utils.signal, "signal", lambda *args: None)
+    process_utils.configure_child(os.getppid(), setting)
+    assert len(calls) == int(setting)

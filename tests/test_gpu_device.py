@@ -108,7 +108,7 @@ class BuildStarted(Exception):
 
 def test_the_learner_process_selects_its_gpu_before_building_the_model(monkeypatch):
     events = []
-    monkeypatch.setattr(process, "configure_child", lambda parent_pid, retain_memory=True: None)
+    monkeypatch.setattr(process, "configure_child", lambda parent_pid, retain_freed_memory: None)
     monkeypatch.setattr(process.Arena, "attach", classmethod(lambda cls, layout, name: None))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: events.append(("set_device", device)))

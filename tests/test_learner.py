@@ -117,7 +117,8 @@ def test_policy_lag_statistics_cover_the_valid_steps_only():
 
 @pytest.mark.parametrize("algo,minibatches", [("appo", 1), ("appo", 2), ("impala", 1)])
 def test_device_path_learns_what_the_cpu_path_learns(algo, minibatches):
-    """The torch V-trace scan (what runs on a GPU) against the numba kernel, over three batches with off-policy steps, invalid steps and terminations."""
+    """The torch V-trace scan (what runs on a GPU) against the numba kernel, over three batches
+    with off-policy steps, invalid steps and terminations."""
     import gymnasium
 
     cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.num_minibatches": minibatches,
@@ -153,7 +154,8 @@ def test_fused_adam_takes_the_steps_foreach_adam_takes():
     for fused in (True, False):
         torch.manual_seed(0)
         learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
-        assert learner.optimizer.param_groups[0]["fused"]
+        if not learner.optimizer.param_groups[0]["fused"]:
+            pytest.skip("this torch has no fused Adam on the CPU (< 2.4): make_adam falls back to foreach")
         if not fused:
             learner.optimizer = torch.optim.Adam(learner.model.parameters(), lr=cfg.learner.lr,
                                                  eps=cfg.learner.adam_eps, foreach=True)
@@ -162,6 +164,44 @@ def test_fused_adam_takes_the_steps_foreach_adam_takes():
         learners.append(learner)
     for a, b in zip(*(learner.model.parameters() for learner in learners)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adam_steps_channels_last_conv_weights_as_foreach_adam_does():
+    # The Pong learner's case: NHWC conv weights (fastrl.learner.base), whose gradients autograd
+    # gives in the same layout.
+    from fastrl.learner.base import make_adam
+
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
+        net = net.to(memory_format=torch.channels_last)
+        opt = make_adam(net, 1e-2, 1e-5) if fused else torch.optim.Adam(net.parameters(), lr=1e-2, eps=1e-5,
+                                                                         foreach=True)
+        for seed in range(3):
+            x = torch.randn(2, 4, 9, 9, generator=torch.Generator().manual_seed(seed))
+            opt.zero_grad()
+            net(x.contiguous(memory_format=torch.channels_last)).square().mean().backward()
+            opt.step()
+        results.append([p.detach().clone() for p in net.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_adam_falls_back_to_foreach_where_torch_has_no_fused_cpu_kernel(monkeypatch):
+    from fastrl.learner import base
+
+    real_adam = torch.optim.Adam
+
+    def adam_without_fused_cpu(params, fused=None, **kwargs):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
+                               "devices")
+        return real_adam(params, fused=fused, **kwargs)
+
+    monkeypatch.setattr(base.torch.optim, "Adam", adam_without_fused_cpu)
+    opt = base.make_adam(torch.nn.Linear(3, 2), 1e-3, 1e-5)
+    assert opt.param_groups[0]["foreach"] and not opt.param_groups[0]["fused"]
 
 
 def test_bfloat16_autocast_trains_close_to_float32():
@@ -195,6 +235,11 @@ def test_auto_precision_is_bfloat16_only_for_a_v_trace_learner_on_a_cpu_with_nat
     assert learner_precision("auto", "r2d2", cpu, native) == "float32"
     for setting in ("float32", "bfloat16"):
         assert learner_precision(setting, "appo", cpu, set()) == setting
+
+
+def test_auto_precision_is_float32_on_a_torch_without_onednn(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert learner_precision("auto", "appo", torch.device("cpu"), {"avx512_bf16"}) == "float32"
 
 
 def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):

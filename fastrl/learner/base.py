@@ -61,8 +61,10 @@ class BaseLearner:
     those refused for a non-finite loss or gradient.
 
     ``device_path``: run what suits an accelerator (the subclasses' kernels that stay on the
-    device, such as V-trace's torch scan) rather than the CPU's choices (numba kernels). None: when ``device`` is not the CPU. True on the CPU lets the tests count that
-    path's host synchronisations without a GPU."""
+    device, such as V-trace's torch scan) rather than the CPU's choices (numba kernels). None: when
+    ``device`` is not the CPU. True on the CPU lets the tests count that path's host
+    synchronisations without a GPU. ``precision`` is ``learner.precision`` resolved here:
+    "float32" or "bfloat16"."""
 
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
                  device_path: bool | None = None):
@@ -83,7 +85,7 @@ class BaseLearner:
             # Pong batch (Nature CNN, 528 frames, one thread here) 633 vs 733 ms per train().
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
-        self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device)  # "float32" | "bfloat16"
+        self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device)
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0

@@ -3,8 +3,9 @@
 ``auto`` is bfloat16 for the V-trace learners on a CPU that computes in bf16 natively (x86's
 AVX512_BF16 or AMX-BF16: oneDNN's bf16 convolutions and matmuls run at up to twice the float32
 rate there) and float32 everywhere else: on GPUs, which a user tunes knowingly, on CPUs that
-would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float32. Measured on
-a Zen 4 EPYC (AVX512_BF16): the Pong learner alone (Nature CNN, batch 512) 340-350 -> 206-210 ms
+would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float32. Only x86
+Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
+set bfloat16 there by hand. Measured on a Zen 4 EPYC (AVX512_BF16): the Pong learner alone (Nature CNN, batch 512) 340-350 -> 206-210 ms
 per ``train()`` (``python scripts/bench_learner.py --pong --set learner.precision=bfloat16``).
 """
 from __future__ import annotations
@@ -37,4 +38,6 @@ def learner_precision(setting: str, algo: str, device: torch.device, flags: set[
     if algo in Q_LEARNERS or device.type != "cpu":
         return "float32"
     flags = cpu_flags() if flags is None else flags
-    return "bfloat16" if any(flag in flags for flag in NATIVE_BF16_FLAGS) else "float32"
+    # Without oneDNN torch would emulate bf16 even on such a CPU.
+    native = any(flag in flags for flag in NATIVE_BF16_FLAGS) and torch.backends.mkldnn.is_available()
+    return "bfloat16" if native else "float32"

@@ -1,0 +1,68 @@
+"""scripts/bench_compare.py without training: ABBA order, the baseline run in another checkout's
+interpreter, the median ratio, and one-line refusals of bad input."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_compare.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_compare", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_script()
+
+
+def test_rounds_alternate_which_side_runs_first():
+    assert [bench.round_order(r) for r in range(4)] == [("base", "variant"), ("variant", "base"),
+                                                        ("base", "variant"), ("variant", "base")]
+
+
+def test_the_baseline_runs_in_its_own_checkout_and_the_median_ratio_is_printed(tmp_path, monkeypatch, capsys):
+    old = tmp_path / "old"
+    (old / "fastrl").mkdir(parents=True)
+    (old / "fastrl" / "__init__.py").write_text("")
+    calls = []
+
+    def fake_run(cmd, env, cwd, capture_output, text):
+        profile, overrides, seconds, warmup, sampling, startup = json.loads(cmd[-1])
+        calls.append((cwd, env.get("PYTHONPATH", ""), overrides))
+        rate = 200.0 if "learner.lr" in overrides else 100.0 + len(calls)
+        out = json.dumps({"env_steps_per_s": rate, "startup_s": 5.0, "code": str(cwd)})
+        return subprocess.CompletedProcess(cmd, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert bench.main(["--set", "learner.lr=0.001", "--base-code", str(old), "--rounds", "3", "--seconds", "1"]) == 0
+    sides = ["variant" if "learner.lr" in overrides else "base" for _, _, overrides in calls]
+    assert sides == ["base", "variant", "variant", "base", "base", "variant"]
+    for cwd, pythonpath, overrides in calls:
+        if "learner.lr" in overrides:
+            assert cwd is None
+        else:
+            assert cwd == old.resolve() and pythonpath.split(":")[0] == str(old.resolve())
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # base rates 101, 104, 105 against 200 each round
+    assert result["ratios"] == pytest.approx([200 / 101, 200 / 104, 200 / 105])
+    assert result["median_ratio"] == pytest.approx(200 / 104)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--set", "learner.lr=0.001", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+    (["--set", "learner.lrr=0.001"], "unknown config key 'learner.lrr'"),
+    (["--set", "learner.lr"], "--set expects section.key=value"),
+    (["--set", "learner.lr=0.001", "--base-code", "/nonexistent"], "holds no fastrl package"),
+])
+def test_bad_input_stops_with_one_line_before_any_run(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
