@@ -57,6 +57,8 @@ class ModelConfig:
     # appo/impala, feed-forward: the value head gets its own encoder (same shape) instead of sharing
     # the policy's, so the value loss does not pull on the policy's features (MuJoCo, README)
     separate_critic: bool = False
+    # Box actions: the Gaussian policy's log-std at the start (0: std 1, the action range's width)
+    initial_log_std: float = 0.0
 
 
 @dataclass
@@ -258,6 +260,7 @@ RANGES = {
     "model.hidden_sizes": AT_LEAST_1,
     "model.core_size": AT_LEAST_1,
     "model.core_layers": AT_LEAST_1,
+    "model.initial_log_std": Range(-5.0, 2.0, low_open=True, high_open=True),  # inside fastrl.heads.LOG_STD_RANGE
     "learner.rollout": AT_LEAST_1,
     "learner.batch_size": AT_LEAST_1,
     "learner.num_epochs": AT_LEAST_1,

@@ -82,7 +82,8 @@ class ActorCritic(nn.Module):
         self.gaussian_dims = sum(p.n for p in parts if p.kind == "gaussian")
         outputs = sum(p.n for p in parts)  # logits, bits, or means
         self.policy = _orthogonal(nn.Linear(features, outputs), gain=0.01)
-        self.log_std = nn.Parameter(torch.full((self.gaussian_dims,), raw_log_std(0.0))) if self.gaussian_dims else None
+        self.log_std = (nn.Parameter(torch.full((self.gaussian_dims,), raw_log_std(cfg.initial_log_std)))
+                        if self.gaussian_dims else None)
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
 
     def _leaf_encoder(self, cfg: ModelConfig) -> LeafEncoder:

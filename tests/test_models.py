@@ -87,6 +87,21 @@ def test_initial_std_is_one():
     torch.testing.assert_close(log_std, torch.zeros(1, 2), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("log_std", [-0.7, -3.0, 1.0])
+def test_the_initial_std_is_the_configured_one(log_std):
+    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo", {"model.initial_log_std": log_std}).model)
+    params, _ = model(torch.zeros(1, 3))
+    _, got = GaussianHead()._split(params)
+    torch.testing.assert_close(got, torch.full((1, 2), log_std), atol=1e-5, rtol=0)
+
+
+def test_the_initial_log_std_range_is_the_heads_bound():
+    from fastrl.config import RANGES, ConfigError
+    assert (RANGES["model.initial_log_std"].low, RANGES["model.initial_log_std"].high) == LOG_STD_RANGE
+    with pytest.raises(ConfigError, match=r"'model.initial_log_std' must be in \(-5.0, 2.0\), got 2.0"):
+        build_config("mujoco-appo", {"model.initial_log_std": 2.0})
+
+
 def test_gaussian_log_probs_and_entropy_match_torch_normal_at_the_bounded_std():
     g = torch.Generator().manual_seed(0)
     mean = torch.randn(64, 3, generator=g, dtype=torch.float64)
