@@ -212,10 +212,17 @@ class ActorCritic(nn.Module):
             return self(obs)[0]
         return self.action_params(self.encode(obs), obs)
 
+    def _with_separate_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.obs_layout.packed:  # each leaf encoder unpacks (and embeds) the row its own way
+            features, value_features = self.encode(obs), self.encode(obs, self.value_encoder)
+        else:  # scaled and normalized once for both
+            x = self.preprocess(obs)
+            features, value_features = self.encoder(x), self.value_encoder(x)
+        return self.action_params(features, obs), self.value(value_features).squeeze(-1)
+
     def forward(self, obs: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None):
         if self.core is None and self.value_encoder is not None:
-            value = self.value(self.encode(obs, self.value_encoder)).squeeze(-1)
-            return self.action_params(self.encode(obs), obs), value
+            return self._with_separate_critic(obs)
         if self.core is None:
             return self.heads(self.encode(obs), obs)
         T, B = obs.shape[:2]
