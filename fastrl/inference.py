@@ -59,8 +59,12 @@ class InferenceBatcher:
         self.buckets = tuple(buckets)
         self.recurrent = bool(getattr(model, "is_recurrent", False))
         # Feed-forward, acting needs the action parameters only (a separate critic is not run).
-        self.policy = (self.model if self.recurrent else self.model.policy_params if isinstance(self.model, ActorCritic)
-                       else self._params_of_forward)
+        if self.recurrent:
+            self.policy = self.model
+        elif isinstance(self.model, ActorCritic):
+            self.policy = self.model.policy_params
+        else:
+            self.policy = self._params_of_forward
         if compile:
             # "reduce-overhead" replays CUDA graphs: the weights keep their addresses (view_flat).
             self.policy = torch.compile(self.policy, mode="reduce-overhead" if device.type == "cuda" else None,

@@ -131,7 +131,7 @@ class ActorCritic(nn.Module):
 
     def encode(self, obs: torch.Tensor, encoder: nn.Module | None = None) -> torch.Tensor:
         """Features of ``obs`` from ``encoder`` (the policy's by default)."""
-        encoder = encoder or self.encoder
+        encoder = self.encoder if encoder is None else encoder
         if self.obs_layout.packed:
             leaves = encoder.leaf_inputs(obs)
             if self.normalizer is not None:

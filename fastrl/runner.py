@@ -193,8 +193,9 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     if cfg.learner.precision == "auto":
         # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
         chosen = learner_precision("auto", cfg.learner.algo, torch.device(device))
-        console.status(f"[fastrl] learner.precision=auto: {chosen} on this machine")
-        console.record(f"[fastrl] learner.precision=auto: {chosen} on this machine")
+        line = f"[fastrl] learner.precision=auto: {chosen} on this machine"
+        console.status(line)
+        console.record(line)
     counters = resume_state["counters"] if resume_state else {}
     clocks = (counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0)))
     run = _serial_run if cfg.serial else _process_run
