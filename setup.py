@@ -20,6 +20,9 @@ setup(
         # A range, not a pin: GPU users keep the CUDA build they already have.
         "torch>=2.1",
         "psutil>=5.9",
+        # Caps numpy's BLAS at one thread in each child process (OpenBLAS, MKL or BLIS alike):
+        # OpenBLAS's own pool would spin on the cores the envs need.
+        "threadpoolctl>=3.1",
         "tomli>=2.0; python_version<'3.11'",
         "tomli-w>=1.0",
     ],

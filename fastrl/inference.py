@@ -25,6 +25,7 @@ from .metrics import BatcherTiming
 from .distributed import DistInfo
 from .heads import MASKED_LOGIT
 from .device_io import BatchTransfer
+from .mlp_policy import NumpyMLPPolicy
 from .models import ActorCritic, action_head, build_model
 from .published_weights import PublishedWeights
 from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
@@ -49,7 +50,7 @@ class InferenceBatcher:
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
-                 transfer: BatchTransfer | None = None):
+                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
@@ -70,6 +71,9 @@ class InferenceBatcher:
             self.policy = torch.compile(self.policy, mode="reduce-overhead" if device.type == "cuda" else None,
                                         dynamic=False)
         self.transfer = BatchTransfer(device) if transfer is None else transfer
+        # A plain MLP policy on the CPU: numpy's BLAS and numba instead of torch ops (fastrl.mlp_policy).
+        self.numpy_mlp = (NumpyMLPPolicy(self.model) if numpy_mlp and device.type == "cpu" and epsilons is None
+                          and not compile and NumpyMLPPolicy.supports(self.model, arena.obs.dtype) else None)
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
@@ -110,7 +114,10 @@ class InferenceBatcher:
             if self.masks:
                 final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
                 self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-            outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
+            if self.numpy_mlp is not None:
+                outputs = self.numpy_mlp.act(inputs[0][:n])
+            else:
+                outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
             if self.epsilons is None:
                 actions, behaviour_logp = outputs[0][:n], outputs[1][:n]
             else:
@@ -257,7 +264,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
-                               cfg.inference.compile)
+                               cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp)
     try:
         while not batcher.refresh_weights():
             wait([], 0.01)  # the learner publishes its first weights within a moment of starting

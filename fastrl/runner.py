@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from . import distributed
 from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
@@ -435,8 +436,9 @@ def _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console
     # As the learner process does: torch's default (every core) measured 2-5x slower here.
     torch.set_num_threads(cfg.learner.torch_threads)
     try:
-        return _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
-                             clocks, dist_info, inference_device)
+        with threadpool_limits(1, user_api="blas"):  # as every child process (configure_child)
+            return _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at,
+                                 clocks, dist_info, inference_device)
     finally:
         torch.set_num_threads(threads)
 
@@ -451,7 +453,7 @@ def _serial_steps(cfg, run_dir, spec, layout, model, device, resume_state, conso
         restore_learner(learner, resume_state)
     host = LearnerHost(cfg, arena, learner, run_dir)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space, torch.device(inference_device),
-                               batcher_epsilons(cfg))
+                               batcher_epsilons(cfg), numpy_mlp=cfg.inference.numpy_mlp)
     spare = []
     workers = []
     for w in range(cfg.env.num_workers):

@@ -47,7 +47,7 @@ def small_run(core: str = "none", **overrides):
                                          "model.core": core, "model.core_size": 8, "device": "cpu", **overrides})
     spec = probe_env(cfg)
     torch.manual_seed(0)
-    model = build_model(spec.observation_space, spec.action_space, cfg.model)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
     arena = Arena(arena_layout(cfg, spec, num_state_values(model), getattr(model, "state_size", 0)), shared=False)
     rng = np.random.default_rng(0)
     arena.obs[:] = rng.normal(size=arena.obs.shape)
@@ -89,6 +89,41 @@ def test_a_staged_batch_crosses_once_each_way_and_acts_as_the_plain_path(core):
         staged.infer(np.array([0, 1]), np.array([0, 1]))
     outputs = 3 if core != "none" else 2  # actions, log-probs (, states): packed on the device
     assert (counter.to_device, counter.to_host, counter.copies) == (1, 1, 2 + outputs)
+
+
+@pytest.mark.parametrize("activation,hidden", [("relu", [16, 8]), ("tanh", [16]), ("relu", [])])
+def test_the_numpy_mlp_path_acts_as_torch_and_follows_refreshed_weights(activation, hidden):
+    """inference.numpy_mlp: the same actions (the same uniforms drawn) and log-probabilities as
+    the torch path, before and after a weight refresh, with the logits far from uniform."""
+    cfg, spec, model, arena = small_run(**{"model.activation": activation, "model.hidden_sizes": hidden})
+    torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
+    numpy_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), numpy_mlp=True)
+    assert torch_path.numpy_mlp is None and numpy_path.numpy_mlp is not None
+    for version in (0, 1):
+        if version:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p))
+            WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 1)
+        actions, logp, _ = act(arena, torch_path, [0, 1, 1], [1, 0, 1], seed=version)
+        numpy_actions, numpy_logp, _ = act(arena, numpy_path, [0, 1, 1], [1, 0, 1], seed=version)
+        np.testing.assert_array_equal(numpy_actions, actions)
+        np.testing.assert_allclose(numpy_logp, logp, rtol=1e-5, atol=1e-5)
+        assert numpy_path.version == version
+    envs = arena.request_envs[[0, 1, 1], [1, 0, 1]]  # [3 requests, 4 envs]
+    workers = np.array([0, 1, 1])[:, None]
+    acted = logp[arena.env_slot[workers, envs], arena.env_t[workers, envs]]
+    assert np.abs(acted - np.log(0.5)).max() > 0.2, "the refreshed weights should move the policy off uniform"
+
+
+@pytest.mark.parametrize("overrides", [{"model.core": "lstm"}, {"model.normalize_obs": True},
+                                       {"learner.algo": "dqn"}])
+def test_models_the_numpy_mlp_path_does_not_reproduce_act_through_torch(overrides):
+    cfg, spec, model, arena = small_run(**overrides)
+    epsilons = np.full(arena.env_slot.shape, 0.1, np.float32) if overrides.get("learner.algo") == "dqn" else None
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), epsilons,
+                               numpy_mlp=True)
+    assert batcher.numpy_mlp is None
 
 
 def test_padded_batches_act_on_their_real_rows_as_unpadded_ones():

@@ -1,5 +1,10 @@
-"""The pipes of a run: every worker end reaches the batcher's or the learner's end of its own worker."""
+"""The pipes of a run: every worker end reaches the batcher's or the learner's end of its own
+worker; what configure_child sets up in every child."""
+import json
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 
 from fastrl.process_utils import make_channels
 
@@ -24,3 +29,22 @@ def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
         for ends in (*channels.workers, batcher.requests_in, batcher.actions_out, learner.full_in, learner.free_out):
             for conn in ends:
                 conn.close()
+
+
+CHILD_BLAS_THREADS = """
+import json, os, numpy
+from threadpoolctl import threadpool_info
+from fastrl.process_utils import configure_child
+configure_child(os.getppid(), False)
+print(json.dumps([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]))
+"""
+
+
+def test_a_child_process_runs_numpys_blas_on_one_thread():
+    """OpenBLAS starts one thread per core; in a child they would spin on the envs' cores."""
+    # Two threads to start with, whatever this machine's core count: the limit must bring them down.
+    env = {**{k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}, "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", CHILD_BLAS_THREADS], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    threads = json.loads(out)
+    assert threads and threads == [1] * len(threads), out

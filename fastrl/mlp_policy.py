@@ -1,0 +1,86 @@
+"""The CPU inference batcher's path for a plain MLP policy over discrete actions: hidden layers
+through numpy's BLAS, bias and activation in one compiled pass each, the output layer and the
+categorical draw in numba (fastrl.kernels), with the torch model's own weights.
+
+Why: torch's CPU builds multiply through MKL, and on this project's AMD hosts MKL's sgemm ran
+at about half the speed of numpy's OpenBLAS for the batcher's shapes ([768, 64] x [64, 64]:
+67 against 36 us, one thread), while every torch op adds ~5 us of dispatch on batches this
+small. Measured on CartPole's policy (4 -> 64 -> 64 -> 2, ReLU), the forward pass and the draw
+of one batch: 205 against 106 us at 768 rows, 105 against 43 us at 256 (one thread).
+
+One source of truth: this path reads the model's parameters in place (numpy views of the
+tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
+maths it reproduces takes it: an :class:`~fastrl.models.ActorCritic` whose encoder is an
+:class:`~fastrl.encoders.MLPEncoder`, float32 observations (no scaling, no normalizer, no
+mask), no recurrent core and a Discrete action space. Everything else runs in torch. The value
+head is not computed: acting does not use it.
+"""
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import torch
+from torch import nn
+
+from .encoders import MLPEncoder
+from .kernels import sample_categorical
+from .kernels.mlp import RELU, TANH, bias_activation, narrow_dense
+from .models import ActorCritic
+
+ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}
+
+
+def _layers(model: nn.Module) -> tuple[list[nn.Linear], int] | None:
+    """The encoder's linear layers and its activation's code, or None when the model is not one
+    this path reproduces (module docstring)."""
+    if type(model) is not ActorCritic or model.core is not None or model.normalizer is not None:
+        return None
+    if model.obs_layout.packed or model.obs_scale != 1.0 or model.log_std is not None:
+        return None
+    if not isinstance(model.encoder, MLPEncoder) or not isinstance(model.action_space, gymnasium.spaces.Discrete):
+        return None
+    linears, activations = [], set()
+    for module in model.encoder.net:
+        if isinstance(module, nn.Linear):
+            linears.append(module)
+        elif type(module) in ACTIVATIONS:
+            activations.add(ACTIVATIONS[type(module)])
+        elif not isinstance(module, nn.Flatten):
+            return None
+    if len(activations) > 1:
+        return None
+    return linears, activations.pop() if activations else RELU
+
+
+class NumpyMLPPolicy:
+    """Actions and their log-probabilities for a batch of observations (module docstring)."""
+
+    @staticmethod
+    def supports(model: nn.Module, observation_dtype) -> bool:
+        return np.dtype(observation_dtype) == np.float32 and _layers(model) is not None
+
+    def __init__(self, model: ActorCritic):
+        linears, self.activation = _layers(model)
+        # Views of the parameters: a weight refresh (an in-place copy) is seen here at once.
+        self.hidden = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in linears]
+        self.output = (model.policy.weight.detach().numpy(), model.policy.bias.detach().numpy())
+        self.buffers: list[np.ndarray] = []  # one per hidden layer, then the logits; grown on demand
+
+    def _buffers(self, rows: int) -> list[np.ndarray]:
+        if not self.buffers or self.buffers[0].shape[0] < rows:
+            widths = [w.shape[0] for w, _ in self.hidden] + [self.output[0].shape[0]]
+            self.buffers = [np.empty((rows, width), np.float32) for width in widths]
+        return [buffer[:rows] for buffer in self.buffers]
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``obs`` ``[n, *obs_shape]`` float32 -> (actions ``[n]`` int64, log-probs ``[n]`` float32);
+        the uniforms come from torch's generator, as the torch path's draw."""
+        n = obs.shape[0]
+        *hidden_out, logits = self._buffers(n)
+        h = obs.reshape(n, -1)
+        for (weight, bias), out in zip(self.hidden, hidden_out):
+            np.matmul(h, weight.T, out=out)
+            bias_activation(out, bias, self.activation)
+            h = out
+        narrow_dense(h, *self.output, logits)
+        return sample_categorical(logits, torch.rand(n).numpy())
