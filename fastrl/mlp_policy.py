@@ -2,11 +2,12 @@
 through numpy's BLAS, bias and activation in one compiled pass each, the output layer and the
 categorical draw in numba (fastrl.kernels), with the torch model's own weights.
 
-Why: torch's CPU builds multiply through MKL, and on this project's AMD hosts MKL's sgemm ran
-at about half the speed of numpy's OpenBLAS for the batcher's shapes ([768, 64] x [64, 64]:
-67 against 36 us, one thread), while every torch op adds ~5 us of dispatch on batches this
-small. Measured on CartPole's policy (4 -> 64 -> 64 -> 2, ReLU), the forward pass and the draw
-of one batch: 205 against 106 us at 768 rows, 105 against 43 us at 256 (one thread).
+Why: on batches this small the torch forward pass is mostly per-op dispatch (~5 us an op,
+a dozen ops), not arithmetic. One thread of numpy's OpenBLAS and one of torch's MKL multiply the
+batcher's shapes equally fast here ([768, 64] x [64, 64]: 69 against 71 us); the "half speed"
+once read off these hosts came from numpy using every core, which the batcher must not (each
+child caps numpy's BLAS at one thread). Measured in one process, one thread, CartPole's policy
+(4 -> 64 -> 64 -> 2, ReLU): infer() of 3 requests of 256 rows 250 -> 139 us.
 
 One source of truth: this path reads the model's parameters in place (numpy views of the
 tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
