@@ -109,6 +109,9 @@ def test_sync_splits_are_returned_oldest_first(env_id):
         assert env.recv()[-1].tolist() == [4, 5, 6, 7]
         with pytest.raises(RuntimeError):
             env.send(actions, first[0])  # sent already and not received since
+        for mixed in ([4, 5, 6, 8], [4, 5, 6, 3]):  # split 1's batch with an id of another split
+            with pytest.raises(RuntimeError):
+                env.send(actions, np.array(mixed, dtype=np.int32))
         env.send(actions, first[1])
         env.send(actions, first[2])
         assert [env.recv()[-1][0] for _ in range(3)] == [0, 4, 8]

@@ -144,17 +144,20 @@ class SplitVecEnv(VecEnv):
     def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         env_ids = np.asarray(env_ids)
         split = int(env_ids[0]) // self.batch_size if len(env_ids) == self.batch_size else -1
+        local_ids = env_ids - split * self.batch_size
+        # A range check by min and max: integer division of every id cost ~3x as much per batch.
         if not (
             0 <= split < self.num_splits
             and self._acting[split]
-            and np.all(env_ids // self.batch_size == split)
+            and local_ids.min() >= 0
+            and local_ids.max() < self.batch_size
         ):
             raise RuntimeError(
                 f"send() needs the env_ids of one whole batch returned by recv() and not yet "
                 f"sent; got {env_ids.tolist()[:8]}... ({len(env_ids)} ids, batch_size "
                 f"{self.batch_size})"
             )
-        self._send_split(split, self._prepare_actions(actions), env_ids - split * self.batch_size)
+        self._send_split(split, self._prepare_actions(actions), local_ids)
         self._acting[split] = False
         self._pending.append(split)
 
