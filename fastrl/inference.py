@@ -28,7 +28,7 @@ from .device_io import BatchTransfer
 from .mlp_policy import NumpyMLPPolicy
 from .models import ActorCritic, action_head, build_model
 from .published_weights import PublishedWeights
-from .process_utils import BatcherChannels, ProcessExit, check_alive, configure_child, wait_readable
+from .process_utils import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from .shm import Arena, set_error
 
 
@@ -260,6 +260,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     arena = Arena.attach(layout, arena_name)
     requests_in, actions_out = channels.requests_in, channels.actions_out
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
+    request_pipes = ReadablePipes(requests_in)
     W, S, b = arena.request_envs.shape
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
@@ -271,9 +272,9 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
             check_alive(arena.control, parent_pid)
         while True:
             waited = time.perf_counter()
-            ready = wait_readable(requests_in, arena.control, parent_pid)
+            ready = request_pipes.wait(arena.control, parent_pid)
             batcher.timings[BatcherTiming.WAIT_REQUESTS] += time.perf_counter() - waited
-            workers, messages = gather_ready_requests(ready, worker_of)
+            workers, messages = gather_ready_requests(ready, worker_of, request_pipes)
             if not workers:
                 continue
             batcher.refresh_weights()
@@ -293,11 +294,15 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
         arena.close()
 
 
-def gather_ready_requests(ready, worker_of) -> tuple[list[int], list[int]]:
+def gather_ready_requests(ready, worker_of, pipes: ReadablePipes) -> tuple[list[int], list[int]]:
+    """Every request waiting now: the ``ready`` ends' messages, then those that came meanwhile
+    (a worker has at most ``num_splits`` requests out, so this ends)."""
     workers, requests = [], []
-    for conn in ready:
-        while conn.poll():
+    while ready:
+        for conn in ready:
+            worker = worker_of[conn]
             for request in conn.recv_bytes():
-                workers.append(worker_of[conn])
+                workers.append(worker)
                 requests.append(request)
+        ready = pipes.ready()
     return workers, requests

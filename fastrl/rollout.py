@@ -17,7 +17,7 @@ import numpy as np
 from .config import Config
 from .envs import make_vec_env
 from .metrics import WorkerTiming
-from .process_utils import ProcessExit, WorkerChannels, configure_child, wait_readable
+from .process_utils import ProcessExit, ReadablePipes, WorkerChannels, configure_child
 from .shm import Arena
 from .spaces import ObsLayout
 
@@ -249,9 +249,10 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     available = owned[arena.slot_queued[owned] == 0]
     held = set(available.tolist())  # slots this worker has: spare or filling
     spare = deque(available.tolist())
+    free_pipe, actions_pipe = ReadablePipes([free_in]), ReadablePipes([actions_in])
 
     def receive_free_slots() -> None:
-        while free_in.poll():
+        while free_pipe.ready():
             for slot in np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist():
                 if slot not in held:  # after a restart a slot can be both reclaimed and returned
                     held.add(slot)
@@ -262,7 +263,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
         receive_free_slots()
         while len(spare) < n:
             # Blocks until the learner returns slots: this is the backpressure that bounds lag.
-            if wait_readable([free_in], control, parent_pid):
+            if free_pipe.wait(control, parent_pid):
                 receive_free_slots()
         timings[WorkerTiming.WAIT_SLOTS] += time.perf_counter() - waited
         return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
@@ -282,10 +283,10 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
                 request = worker.recv_batch()
                 requests_out.send_bytes(bytes([tag * S + request]))
             waited = time.perf_counter()
-            while not wait_readable([actions_in], control, parent_pid):
+            while not actions_pipe.wait(control, parent_pid):
                 pass
             timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
-            while actions_in.poll():
+            while actions_pipe.ready():
                 for message in actions_in.recv_bytes():
                     if message // S == tag:
                         worker.act(message % S)

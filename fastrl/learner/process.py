@@ -16,7 +16,7 @@ import torch
 from .. import distributed
 from ..checkpoint import CheckpointError
 from ..config import Config
-from ..process_utils import ProcessExit, configure_child, wait_readable
+from ..process_utils import ProcessExit, ReadablePipes, configure_child
 from ..shm import Arena, Control, set_error
 from .factory import make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
@@ -103,14 +103,17 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         for w in np.unique(owners):
             free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
 
+    full_pipes = ReadablePipes(full_in)
+
     def drain() -> None:
         """Block until a worker sends full slot ids (or the run stops); queue all that came."""
         waited = time.perf_counter()
-        ready = wait_readable(full_in, arena.control, parent_pid)
+        ready = full_pipes.wait(arena.control, parent_pid)
         host.timings["wait_s"] += time.perf_counter() - waited
-        for conn in ready:
-            while conn.poll():
+        while ready:
+            for conn in ready:
                 queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
+            ready = full_pipes.ready()
 
     checkpoint_failed = False
     host.publish()
