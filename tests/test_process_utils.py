@@ -5,8 +5,13 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import time
 
-from fastrl.process_utils import make_channels
+import numpy as np
+import pytest
+
+from fastrl.process_utils import ProcessExit, ReadablePipes, make_channels
+from fastrl.shm import Control
 
 
 def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
@@ -29,6 +34,42 @@ def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
         for ends in (*channels.workers, batcher.requests_in, batcher.actions_out, learner.full_in, learner.free_out):
             for conn in ends:
                 conn.close()
+
+
+def test_readable_pipes_name_the_ends_with_messages_and_the_closed_ones():
+    ctx = mp.get_context("spawn")
+    (a_in, a_out), (b_in, b_out) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+    pipes = ReadablePipes([a_in, b_in])
+    assert pipes.ready() == []
+    b_out.send_bytes(b"1")
+    assert pipes.ready() == [b_in]
+    a_out.send_bytes(b"2")
+    assert set(pipes.ready()) == {a_in, b_in}
+    assert b_in.recv_bytes() == b"1" and pipes.ready() == [a_in]
+    assert a_in.recv_bytes() == b"2" and pipes.ready() == []
+    a_out.close()  # a dead writer: readable, and reading says so
+    assert pipes.ready() == [a_in]
+    with pytest.raises(EOFError):
+        a_in.recv_bytes()
+    for conn in (a_in, b_in, b_out):
+        conn.close()
+
+
+def test_readable_pipes_wait_blocks_until_timeout_and_stops_on_the_stop_flag():
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    pipes = ReadablePipes([reader])
+    control = np.zeros(8, dtype=np.int64)
+    start = time.perf_counter()
+    assert pipes.wait(control, os.getppid(), timeout_s=0.2) == []
+    assert time.perf_counter() - start >= 0.15  # it blocked rather than spun
+    writer.send_bytes(b"x")
+    assert pipes.wait(control, os.getppid()) == [reader]
+    control[Control.STOP] = 1
+    with pytest.raises(ProcessExit):
+        pipes.wait(control, os.getppid(), timeout_s=0.0)
+    reader.close()
+    writer.close()
 
 
 CHILD_BLAS_THREADS = """
