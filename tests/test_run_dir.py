@@ -192,4 +192,6 @@ def test_budgets_and_clocks_continue_across_a_resume(finished_run, tmp_path):
     walls = [r["wall_time"] for r in records]
     assert walls == sorted(walls)  # wall_time runs on across the resume
     assert cfg.train_for_seconds <= records[-1]["trained_seconds"] < cfg.train_for_seconds + 2.0
-    assert load_checkpoint(list_checkpoints(run_dir)[-1])["counters"]["trained_seconds"] >= cfg.train_for_seconds
+    # The checkpoint keeps the clock in whole milliseconds (arena.control), so it may read up to 1 ms
+    # below the float the budget check compared (seen in CI: 3.139 against 3.1390000000000002).
+    assert load_checkpoint(list_checkpoints(run_dir)[-1])["counters"]["trained_seconds"] >= cfg.train_for_seconds - 1e-3
