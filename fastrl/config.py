@@ -145,7 +145,8 @@ class InferenceSettings:
     # under torchrun) to keep its small batches off the learner's GPU (README: one GPU or two).
     device: str = ""
     # On a CPU, a plain MLP policy over discrete actions (CartPole's) acts through numpy's BLAS
-    # and numba instead of torch ops: about twice as fast per batch here (fastrl/mlp_policy.py).
+    # and numba instead of torch ops: infer() of 768 CartPole rows 250 -> 139 us here
+    # (fastrl/mlp_policy.py).
     numpy_mlp: bool = True
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from .encoders import MLPEncoder
 from .kernels import sample_categorical
-from .kernels.mlp import RELU, TANH, bias_activation, narrow_dense
+from .kernels.mlp import IDENTITY, RELU, TANH, bias_activation, narrow_dense
 from .models import ActorCritic
 
 ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}
@@ -40,17 +40,17 @@ def _layers(model: nn.Module) -> tuple[list[nn.Linear], int] | None:
         return None
     if not isinstance(model.encoder, MLPEncoder) or not isinstance(model.action_space, gymnasium.spaces.Discrete):
         return None
-    linears, activations = [], set()
-    for module in model.encoder.net:
-        if isinstance(module, nn.Linear):
-            linears.append(module)
-        elif type(module) in ACTIVATIONS:
-            activations.add(ACTIVATIONS[type(module)])
-        elif not isinstance(module, nn.Flatten):
-            return None
-    if len(activations) > 1:
+    # Exactly what MLPEncoder builds: Flatten, then (Linear, activation) pairs of one activation.
+    # Anything else (a subclass's extra module, a linear without its activation) runs in torch.
+    modules = list(model.encoder.net)
+    if not modules or not isinstance(modules[0], nn.Flatten) or len(modules) % 2 != 1:
         return None
-    return linears, activations.pop() if activations else RELU
+    linears, activations = modules[1::2], {type(module) for module in modules[2::2]}
+    if not all(type(layer) is nn.Linear for layer in linears) or len(activations) > 1:
+        return None
+    if activations and not activations <= set(ACTIVATIONS):
+        return None
+    return linears, ACTIVATIONS[activations.pop()] if activations else IDENTITY
 
 
 class NumpyMLPPolicy:

@@ -126,6 +126,21 @@ def test_models_the_numpy_mlp_path_does_not_reproduce_act_through_torch(override
     assert batcher.numpy_mlp is None
 
 
+@pytest.mark.parametrize("edit", ["extra module", "linear without activation", "mixed activations"])
+def test_an_encoder_edited_past_what_mlp_encoder_builds_acts_through_torch(edit):
+    from fastrl.mlp_policy import NumpyMLPPolicy
+    cfg, spec, model, arena = small_run(**{"model.hidden_sizes": [8, 8]})
+    assert NumpyMLPPolicy.supports(model, arena.obs.dtype)
+    net = model.encoder.net  # Flatten, Linear, ReLU, Linear, ReLU
+    if edit == "extra module":
+        net.append(torch.nn.LayerNorm(8))
+    elif edit == "linear without activation":
+        del net[-1]
+    else:
+        net[-1] = torch.nn.Tanh()
+    assert not NumpyMLPPolicy.supports(model, arena.obs.dtype)
+
+
 def test_padded_batches_act_on_their_real_rows_as_unpadded_ones():
     cfg, spec, model, arena = small_run("lstm")
     start_state = arena.env_state.copy()
