@@ -13,6 +13,8 @@ also times the variant named, side by side, and the ratio of the medians is prin
 
 - ``nchw-input``: the learner scales images into NCHW memory (before 2026-11-24) instead of
   straight into the NHWC memory its channels-last conv weights use (fastrl.encoders.scale_obs).
+- ``torch-ops``: the categorical head's log-probs and entropies and APPO's loss by torch ops
+  (before 2026-11-24) instead of their compiled kernels (fastrl.heads, fastrl.learner.losses).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import time
 
 import torch
 
-from fastrl import models
+from fastrl import heads, models
 from fastrl.allocator import retain_freed_memory
 from fastrl.config import build_config, parse_override
 from fastrl.encoders import scale_obs
@@ -33,6 +35,8 @@ from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import PONG_ON_CPU
+
+compiled_categorical_path = heads._compiled_path
 
 
 def random_batch(cfg, spec, seed: int) -> Trajectories:
@@ -59,12 +63,19 @@ def nchw_scaling(obs, scale, dtype=torch.float32, channels_last=False):
 
 def make(cfg, spec, variant: str):
     torch.manual_seed(0)
-    return make_learner(cfg, spec.observation_space, spec.action_space)
+    learner = make_learner(cfg, spec.observation_space, spec.action_space)
+    if variant == "torch-ops":
+        settings = learner.loss_settings()
+        if "compiled" in settings:
+            learner.loss_settings = lambda: {**settings, "compiled": False}
+    return learner
 
 
 def with_variant(variant: str):
-    """The scaling the variant uses, set in fastrl.models for the calls that follow."""
+    """The scaling and the head's kernel choice the variant uses, set in their modules for the
+    calls that follow."""
     models.scale_obs = nchw_scaling if variant == "nchw-input" else scale_obs
+    heads._compiled_path = (lambda params: False) if variant == "torch-ops" else compiled_categorical_path
 
 
 def seconds_per_call(learner, batch, calls: int) -> tuple[float, float]:
@@ -85,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--compare", choices=["nchw-input"], default=None)
+    p.add_argument("--compare", choices=["nchw-input", "torch-ops"], default=None)
     args = p.parse_args(argv)
     overrides = dict(PONG_ON_CPU) if args.pong else {"device": "cpu"}
     overrides.update(parse_override(item) for item in args.set)

@@ -33,7 +33,7 @@ def targets_for(cfg):
 
     spec = probe_env(cfg)
     learner = Learner(cfg, spec.observation_space, spec.action_space, model=LinearValue())
-    _, values, logp = learner.evaluate(batch)
+    _, values, logp, _ = learner.evaluate(batch)
     rewards, discounts = learner.rewards_and_discounts(batch)
     vs, pg_adv = learner.vtrace_targets(batch, logp, values, rewards, discounts)
     return batch, vs[:, 0].numpy(), pg_adv[:, 0].numpy()

@@ -33,9 +33,9 @@ def test_pure_losses_reproduce_the_learners_numbers(algo, loss_fn):
     learner, batch = learner_and_tensors(algo)
     probe = copy.deepcopy(learner)
     rewards, discounts = probe.rewards_and_discounts(batch)
-    params, values, target_logp = probe.evaluate(batch)
+    params, values, target_logp, entropy = probe.evaluate(batch)
     T, B = rewards.shape
-    entropy = probe.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
+    torch.testing.assert_close(entropy, probe.head.entropy(params.reshape(T * B, -1)).reshape(T, B))
     loss, stats = loss_fn(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts, batch.valid,
                           **probe.loss_settings())
     reported = learner.train(batch)  # one epoch, one minibatch: the loss before its step
@@ -49,7 +49,7 @@ def test_pure_losses_reproduce_the_learners_numbers(algo, loss_fn):
 def test_vtrace_targets_by_torch_scan_match_the_numba_kernel():
     learner, batch = learner_and_tensors("appo")  # off-policy, with invalid steps and terminations
     rewards, discounts = learner.rewards_and_discounts(batch)
-    _, values, target_logp = learner.evaluate(batch)
+    _, values, target_logp, _ = learner.evaluate(batch)
     inputs = (target_logp.detach(), batch.behaviour_logp, values.detach(), rewards, discounts, batch.valid)
     settings = dict(clip_rho=1.5, clip_c=1.2, clip_pg_rho=0.8, lambda_=0.9)
     on_cpu = vtrace_targets(*inputs, **settings)  # the numba kernel, faster on the CPU
@@ -91,6 +91,70 @@ def test_appo_loss_clips_the_ratio_like_ppo():
                             torch.zeros(T, B), torch.ones(T, B), torch.ones(T, B, dtype=torch.bool),
                             ppo_clip=0.2, normalize_advantages=False, targets=targets)
     assert float(stats["policy_loss"]) == pytest.approx(-(1.2 - math.e) / 2, rel=1e-6)
+
+
+def appo_inputs(seed, dtype=torch.float32, T=6, B=5):
+    """Random APPO inputs that reach every branch: ratios inside, above and below the clip range
+    with advantages of both signs, one log-ratio past the exp's clamp at 20, masked-out steps."""
+    g = torch.Generator().manual_seed(seed)
+    target_logp = -torch.rand(T, B, generator=g, dtype=dtype) * 2
+    behaviour_logp = target_logp + torch.randn(T, B, generator=g, dtype=dtype) * 0.4
+    behaviour_logp[0, 0] = target_logp[0, 0] - 21.0
+    values = torch.randn(T + 1, B, generator=g, dtype=dtype)
+    entropy = torch.rand(T, B, generator=g, dtype=dtype)
+    targets = (torch.randn(T, B, generator=g, dtype=dtype), torch.randn(T, B, generator=g, dtype=dtype))
+    mask = torch.rand(T, B, generator=g) > 0.25
+    return target_logp, behaviour_logp, values, entropy, targets, mask
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("normalize, entropy_coef, ppo_clip, upstream", [
+    (True, 0.0, 0.2, 1.0), (False, 0.01, 0.2, 1.0), (True, 0.05, 0.1, 3.0)])
+def test_compiled_appo_loss_equals_the_torch_ops_with_their_gradients(dtype, tol, normalize, entropy_coef, ppo_clip,
+                                                                      upstream):
+    target_logp, behaviour_logp, values, entropy, targets, mask = appo_inputs(0, dtype)
+    ratio = torch.exp(target_logp - behaviour_logp)
+    assert ((ratio > 1 + ppo_clip) & mask).any() and ((ratio < 1 - ppo_clip) & mask).any()
+    results = {}
+    for compiled in (True, False):
+        leaves = [x.clone().requires_grad_() for x in (target_logp, values, entropy)]
+        loss, stats = appo_loss(leaves[0], behaviour_logp, leaves[1], leaves[2], None, None, mask, mask,
+                                ppo_clip=ppo_clip, value_coef=0.7, entropy_coef=entropy_coef,
+                                normalize_advantages=normalize, targets=targets, compiled=compiled)
+        (loss * upstream).backward()
+        results[compiled] = (loss, stats, [leaf.grad for leaf in leaves])
+    (loss, stats, grads), (want_loss, want_stats, want_grads) = results[True], results[False]
+    assert loss.dtype == dtype and all(grad.dtype == dtype for grad in grads)
+    torch.testing.assert_close(loss, want_loss, rtol=tol, atol=tol)
+    for key in ("loss", "policy_loss", "value_loss", "entropy"):
+        torch.testing.assert_close(stats[key], want_stats[key], rtol=tol, atol=tol)
+        assert not stats[key].requires_grad
+    for grad, want in zip(grads, want_grads):
+        torch.testing.assert_close(grad, want, rtol=tol, atol=tol)
+    assert not grads[1][-1].any()  # the bootstrap value gets no gradient
+    assert not grads[0][~mask].any() and not grads[2][~mask].any()
+
+
+def test_compiled_appo_loss_turns_nan_into_a_nan_loss_like_torch():
+    """NaN where the mask is 0 still makes the loss NaN (x * 0), so the learner skips the step
+    the same way on either path."""
+    target_logp, behaviour_logp, values, entropy, targets, mask = appo_inputs(1)
+    values[1][~mask[1]] = float("nan")
+    for compiled in (True, False):
+        loss, _ = appo_loss(target_logp, behaviour_logp, values, entropy, None, None, mask, mask,
+                            targets=targets, compiled=compiled)
+        assert torch.isnan(loss), compiled
+
+
+def test_compiled_appo_loss_is_used_only_where_it_takes_the_tensors():
+    target_logp, behaviour_logp, values, entropy, targets, mask = appo_inputs(2)
+    compiled, _ = appo_loss(target_logp.requires_grad_(), behaviour_logp, values, entropy, None, None, mask, mask,
+                            targets=targets)
+    assert compiled.grad_fn.name() == "APPOLossBackward"
+    mixed, _ = appo_loss(target_logp.double(), behaviour_logp, values, entropy, None, None, mask, mask,
+                         targets=targets)
+    assert mixed.grad_fn.name() != "APPOLossBackward"
+    torch.testing.assert_close(mixed.float(), compiled, rtol=1e-5, atol=1e-6)
 
 
 def test_td_loss_is_the_weighted_huber_loss_and_reports_td_errors():

@@ -224,7 +224,7 @@ def test_learner_recomputes_the_batcher_s_log_probs_values_and_params(lockstep):
     boundary_inside = (~batch.valid[:-1]).any(0)
     assert continues.any() and (~continues).any() and (continues & boundary_inside).any()
     with torch.no_grad():
-        params, values, logp = run.learner.evaluate(batch)
+        params, values, logp, _ = run.learner.evaluate(batch)
     assert logp.std() > 0.05  # the policy's log-probs vary: the comparison is not trivial
     torch.testing.assert_close(logp, batch.behaviour_logp, rtol=0, atol=ATOL)
     torch.testing.assert_close(values[:T], torch.from_numpy(run.acted_value[slots].T), rtol=0, atol=ATOL)
@@ -320,10 +320,10 @@ def test_burn_in_unroll_equals_the_full_unroll_and_carries_no_gradient():
     full = burn_in_learner(0)
     full.model.load_state_dict(learner.model.state_dict())
     batch = synthetic_batch(8, 4, learner.model.state_size)
-    params, values, logp = learner.evaluate(batch)
+    params, values, logp, entropy = learner.evaluate(batch)
     with torch.no_grad():
         want = full.evaluate(batch)
-    for got, expected in zip((params, values, logp), want):
+    for got, expected in zip((params, values, logp, entropy), want):
         torch.testing.assert_close(got.detach(), expected, rtol=0, atol=ATOL)
     weights = list(learner.model.parameters())
     burn = torch.autograd.grad(values[:BURN_IN].sum() + logp[:BURN_IN].sum(), weights, allow_unused=True,

@@ -19,7 +19,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from ..kernels.torch_ops import vtrace_scan, vtrace_torch
+from ..kernels.torch_ops import APPOLoss, vtrace_scan, vtrace_torch
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -55,6 +55,13 @@ def _targets_and_mask(target_logp, behaviour_logp, values, rewards, discounts, v
     return vs, advantages, maskf, maskf.sum().clamp(min=1.0)
 
 
+def _kernel_takes(*tensors: torch.Tensor) -> bool:
+    """Whether the compiled loss kernels take ``tensors``: all on the CPU, float32 or float64, one dtype."""
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(
+        t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+
+
 def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef):
     T = vs.shape[0]
     value_loss = 0.5 * masked_mean((vs - values[:T]).square(), maskf, count)
@@ -68,8 +75,8 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
               rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None = None,
               *, clip_rho: float = 1.0, clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
               ppo_clip: float = 0.2, value_coef: float = 0.5, entropy_coef: float = 0.01,
-              normalize_advantages: bool = True, targets: tuple[torch.Tensor, torch.Tensor] | None = None
-              ) -> tuple[torch.Tensor, dict]:
+              normalize_advantages: bool = True, targets: tuple[torch.Tensor, torch.Tensor] | None = None,
+              compiled: bool = True) -> tuple[torch.Tensor, dict]:
     """APPO: PPO's clipped surrogate on V-trace advantages, a value loss on V-trace targets and
     an entropy bonus.
 
@@ -81,10 +88,22 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     1 + eps) A))``, ``r = exp(target_logp - behaviour_logp)``, ``A`` the V-trace advantage
     (normalized over the mask when ``normalize_advantages``), ``value_loss = mean((vs - V)^2) / 2``.
     ``targets``: ``(vs, advantages)`` computed already (by :func:`vtrace_targets` with the same
-    arguments, or your own); by default they are computed here."""
+    arguments, or your own); by default they are computed here.
+
+    ``compiled``: compute the loss and its gradient in one compiled pass
+    (:class:`~fastrl.kernels.torch_ops.APPOLoss`, same maths) where it takes the tensors (CPU
+    float32 / float64, one dtype); torch ops elsewhere, and always when False. Measured on a
+    CartPole-shaped batch (T = 32, B = 128, one thread, 2026-11-24): forward and backward of the
+    loss, V-trace aside, 200 us against 350 us by torch ops."""
     vs, advantages, maskf, count = _targets_and_mask(
         target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
+    if compiled and _kernel_takes(target_logp, values, entropy, behaviour_logp, vs, advantages):
+        loss, policy_loss, value_loss, mean_entropy = APPOLoss.apply(
+            target_logp, values, entropy, behaviour_logp, vs, advantages, maskf, ppo_clip, normalize_advantages,
+            value_coef, entropy_coef)
+        return loss, {"loss": loss.detach(), "policy_loss": policy_loss, "value_loss": value_loss,
+                      "entropy": mean_entropy}
     if normalize_advantages:
         mean = masked_mean(advantages, maskf, count)
         std = torch.sqrt(masked_mean((advantages - mean).square(), maskf, count) + 1e-8)

@@ -69,7 +69,9 @@ class VTraceLearner(BaseLearner):
         settings = dict(clip_rho=lcfg.clip_rho, clip_c=lcfg.clip_c, clip_pg_rho=lcfg.clip_pg_rho,
                         lambda_=lcfg.vtrace_lambda, value_coef=lcfg.value_coef, entropy_coef=lcfg.entropy_coef)
         if lcfg.algo == "appo":
-            settings.update(ppo_clip=lcfg.ppo_clip, normalize_advantages=lcfg.normalize_advantages)
+            # The compiled loss is the CPU's choice, like V-trace's numba kernel.
+            settings.update(ppo_clip=lcfg.ppo_clip, normalize_advantages=lcfg.normalize_advantages,
+                            compiled=not self.device_path)
         return settings
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
@@ -170,10 +172,11 @@ class VTraceLearner(BaseLearner):
             rewards = rewards * self.return_scale.scale
         return rewards, self.lcfg.gamma * (~batch.terminated).float()
 
-    def evaluate(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Current policy on the batch: params ``[T, B, P]``, values ``[T+1, B]``, log-probs of the
-        taken actions ``[T, B]``. A recurrent model unrolls from ``batch.initial_state`` (reset
-        where an episode starts); its first ``learner.burn_in`` steps run without gradient."""
+        taken actions and entropies, ``[T, B]`` each. A recurrent model unrolls from
+        ``batch.initial_state`` (reset where an episode starts); its first ``learner.burn_in``
+        steps run without gradient."""
         T, B = batch.rewards.shape
         if getattr(self.model, "is_recurrent", False):
             params, values = self.unroll(batch)
@@ -182,9 +185,10 @@ class VTraceLearner(BaseLearner):
         # learner.precision=bfloat16 runs the network in bf16; log-probs, V-trace and the losses stay float32.
         params, values = params.float(), values.float()
         params = params.reshape(T + 1, B, -1)[:T]
-        target_logp = self.head.log_prob(params.reshape(T * B, -1),
-                                         batch.actions.reshape(T * B, *batch.actions.shape[2:])).reshape(T, B)
-        return params, values.reshape(T + 1, B), target_logp
+        target_logp, entropy = self.head.log_prob_and_entropy(
+            params.reshape(T * B, -1), batch.actions.reshape(T * B, *batch.actions.shape[2:]),
+            compiled=not self.device_path)
+        return params, values.reshape(T + 1, B), target_logp.reshape(T, B), entropy.reshape(T, B)
 
     def unroll(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
         """The recurrent model over all ``T + 1`` observations: (params ``[T+1, B, P]``, values ``[T+1, B]``)."""
@@ -205,14 +209,12 @@ class VTraceLearner(BaseLearner):
         """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on.
         Returns the loss statistics (0-d tensors, left on the device) and the gradient norm."""
         start = time.perf_counter()
-        T, B = rewards.shape
         with self.autocast():
-            params, values, target_logp = self.evaluate(batch)
+            _, values, target_logp, entropy = self.evaluate(batch)
             vtrace_start = time.perf_counter()
             # Computed here rather than inside the loss only so that the profiler can time it apart.
             targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
             vtrace_time = time.perf_counter() - vtrace_start
-            entropy = self.head.entropy(params.reshape(T * B, -1)).reshape(T, B)
             loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
                                     batch.valid, mask, targets=targets, **self.loss_settings())
         grad_norm, backward_done = self.gradient_step(loss)
