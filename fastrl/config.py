@@ -93,6 +93,10 @@ class LearnerConfig:
     # autocast (log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor
     # cores and on CPUs with native bf16. auto: bfloat16 on such a CPU only (fastrl.learner.precision)
     precision: str = "float32"
+    # appo/impala on a CPU in float32: a plain MLP actor-critic over discrete actions (CartPole's)
+    # runs its forward and backward passes through numpy's BLAS and numba instead of torch ops
+    # (fastrl/mlp_policy.py NumpyMLPActorCritic; see the README for the measured gain).
+    numpy_mlp: bool = True
     # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
     # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
     epsilon: float = 0.4

@@ -1,20 +1,25 @@
-"""The CPU inference batcher's path for a plain MLP policy over discrete actions: hidden layers
-through numpy's BLAS, bias and activation in one compiled pass each, the output layer and the
-categorical draw in numba (fastrl.kernels), with the torch model's own weights.
+"""The CPU path of a plain MLP actor-critic over discrete actions: hidden layers through numpy's
+BLAS, bias and activation in one compiled pass each, the output layers in numba (fastrl.kernels),
+with the torch model's own weights. The inference batcher acts through it
+(:class:`NumpyMLPPolicy`: the categorical draw too); the learner runs its forward and backward
+passes through it (:class:`NumpyMLPActorCritic`, an autograd function with a hand-written
+backward).
 
 Why: on batches this small the torch forward pass is mostly per-op dispatch (~5 us an op,
 a dozen ops), not arithmetic. One thread of numpy's OpenBLAS and one of torch's MKL multiply the
 batcher's shapes equally fast here ([768, 64] x [64, 64]: 69 against 71 us); the "half speed"
 once read off these hosts came from numpy using every core, which the batcher must not (each
 child caps numpy's BLAS at one thread). Measured in one process, one thread, CartPole's policy
-(4 -> 64 -> 64 -> 2, ReLU): infer() of 3 requests of 256 rows 250 -> 139 us.
+(4 -> 64 -> 64 -> 2, ReLU): infer() of 3 requests of 256 rows 250 -> 139 us. The learner's
+pass over a CartPole batch: see :class:`NumpyMLPActorCritic`.
 
 One source of truth: this path reads the model's parameters in place (numpy views of the
 tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
 maths it reproduces takes it: an :class:`~fastrl.models.ActorCritic` whose encoder is an
 :class:`~fastrl.encoders.MLPEncoder`, float32 observations (no scaling, no normalizer, no
-mask), no recurrent core and a Discrete action space. Everything else runs in torch. The value
-head is not computed: acting does not use it.
+mask), no recurrent core and a Discrete action space (the learner's path also needs the
+critic to share the encoder). Everything else runs in torch. The batcher does not compute the
+value head: acting does not use it.
 """
 from __future__ import annotations
 
@@ -22,10 +27,11 @@ import gymnasium
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from .encoders import MLPEncoder
 from .kernels import sample_categorical
-from .kernels.mlp import IDENTITY, RELU, TANH, bias_activation, narrow_dense
+from .kernels.mlp import IDENTITY, RELU, TANH, activation_grad, bias_activation, narrow_dense, stack_output_grads
 from .models import ActorCritic
 
 ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}
@@ -85,3 +91,68 @@ class NumpyMLPPolicy:
             h = out
         narrow_dense(h, *self.output, logits)
         return sample_categorical(logits, torch.rand(n).numpy())
+
+
+class NumpyMLPActorCritic:
+    """The learner's ``(params [n, A], values [n])`` of the model for float32 observations
+    ``[n, *obs_shape]``, differentiable in the model's parameters: the same maths as the model's
+    torch forward, with a backward pass written out (:class:`_MLPActorCriticFunction`).
+
+    Why: a CartPole learner batch (4,224 rows, 4 -> 32 -> 32 -> 2 + 1) is ~20 torch ops each way,
+    mostly dispatch and autograd bookkeeping; BLAS does the products at the same speed either way.
+    Measured in one process, one thread (scripts/bench_learner.py --profile cartpole-appo
+    --compare torch-ops): see the README."""
+
+    @staticmethod
+    def supports(model: nn.Module, observation_dtype) -> bool:
+        return NumpyMLPPolicy.supports(model, observation_dtype) and model.value_encoder is None
+
+    def __init__(self, model: ActorCritic):
+        linears, self.activation = _layers(model)
+        self.parameters = [p for layer in (*linears, model.policy, model.value) for p in (layer.weight, layer.bias)]
+
+    def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _MLPActorCriticFunction.apply(obs.reshape(obs.shape[0], -1), self.activation, *self.parameters)
+
+
+class _MLPActorCriticFunction(torch.autograd.Function):
+    """``(x [n, d], activation, W_1, b_1, ..., W_L, b_L, W_policy, b_policy, W_value, b_value) ->
+    (logits [n, A], values [n])`` with ``h_i = act(h_{i-1} W_i^T + b_i)``, ``h_0 = x``; gradients
+    for the weights and biases (not for ``x``)."""
+
+    @staticmethod
+    def forward(ctx, x, activation, *weights):
+        arrays = [w.detach().numpy() for w in weights]
+        layer_inputs = [np.ascontiguousarray(x.detach().numpy(), dtype=np.float32)]
+        for weight, bias in zip(arrays[0:-4:2], arrays[1:-4:2]):
+            out = np.matmul(layer_inputs[-1], weight.T)
+            bias_activation(out, bias, activation)
+            layer_inputs.append(out)
+        features, n = layer_inputs[-1], len(x)
+        w_policy, b_policy, w_value, b_value = arrays[-4:]
+        logits, values = np.empty((n, len(w_policy)), np.float32), np.empty((n, 1), np.float32)
+        narrow_dense(features, w_policy, b_policy, logits)
+        narrow_dense(features, w_value, b_value, values)
+        ctx.save_for_backward(*weights)  # autograd then refuses a backward after an in-place weight edit
+        ctx.layer_inputs, ctx.activation = layer_inputs, activation
+        return torch.from_numpy(logits), torch.from_numpy(values.reshape(n))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_logits, d_values):
+        arrays = [w.detach().numpy() for w in ctx.saved_tensors]
+        layer_inputs, activation = ctx.layer_inputs, ctx.activation
+        d_policy = np.ascontiguousarray(d_logits.numpy(), dtype=np.float32)
+        n, A = d_policy.shape
+        # Both output layers at once: [d_logits | d_values] against their stacked weights.
+        d_outputs = np.empty((n, A + 1), np.float32)
+        d_output_biases = stack_output_grads(d_policy, np.ascontiguousarray(d_values.numpy()), d_outputs)
+        d_output_weights = d_outputs.T @ layer_inputs[-1]
+        grads = [d_output_weights[:A], d_output_biases[:A], d_output_weights[A:], d_output_biases[A:]]
+        d = d_outputs @ np.concatenate([arrays[-4], arrays[-2]])  # d loss / d h_L
+        for layer in range(len(layer_inputs) - 1, 0, -1):
+            d_bias = activation_grad(d, layer_inputs[layer], activation)  # now d loss / d (pre-activation)
+            grads[:0] = [d.T @ layer_inputs[layer - 1], d_bias]
+            if layer > 1:
+                d = d @ arrays[2 * (layer - 1)]
+        return (None, None, *map(torch.from_numpy, grads))

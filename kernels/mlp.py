@@ -1,5 +1,6 @@
 """The elementwise and small-matrix parts of a small MLP's forward pass, for the CPU inference
-batcher (fastrl/mlp_policy.py); its hidden layers' products go to numpy's BLAS.
+batcher and the learner, and of its backward pass, for the learner (fastrl/mlp_policy.py); the
+hidden layers' products go to numpy's BLAS.
 
 Why kernels: on a batch of a few hundred rows each torch op costs ~5 us of dispatch, and a
 bias add plus activation is two of them; here it is one pass over rows still in cache. The
@@ -42,3 +43,39 @@ def narrow_dense(h, w, b, out):
             for i in range(K):
                 total += h[r, i] * w[o, i]
             out[r, o] = total + b[o]
+
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=True)
+def activation_grad(d, h, activation):
+    """In place: ``d [B, N] *= act'`` at a layer whose output (after the activation) is ``h [B, N]``
+    (ReLU passes where ``h > 0``, as torch's ``threshold_backward`` on the result; tanh scales by
+    ``1 - h^2``; IDENTITY leaves ``d`` as it is). Returns the column sums of the result ``[N]``:
+    the gradient of the layer's bias."""
+    B, N = d.shape
+    sums = np.zeros(N, d.dtype)
+    for r in range(B):
+        for o in range(N):
+            if activation == RELU:
+                if h[r, o] <= 0:
+                    d[r, o] = 0
+            elif activation == TANH:
+                d[r, o] *= 1 - h[r, o] * h[r, o]
+            sums[o] += d[r, o]
+    return sums
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=True)
+def stack_output_grads(d_policy, d_value, out):
+    """``out [B, N + 1] = [d_policy [B, N] | d_value [B]]``, the two output layers' gradients side
+    by side (so that BLAS takes both layers' products at once); returns their column sums
+    ``[N + 1]``, the gradients of the two biases."""
+    B, N = d_policy.shape
+    sums = np.zeros(N + 1, out.dtype)
+    for r in range(B):
+        for o in range(N):
+            out[r, o] = d_policy[r, o]
+            sums[o] += d_policy[r, o]
+        out[r, N] = d_value[r]
+        sums[N] += d_value[r]
+    return sums

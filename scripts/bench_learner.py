@@ -13,8 +13,9 @@ also times the variant named, side by side, and the ratio of the medians is prin
 
 - ``nchw-input``: the learner scales images into NCHW memory (before 2026-11-24) instead of
   straight into the NHWC memory its channels-last conv weights use (fastrl.encoders.scale_obs).
-- ``torch-ops``: the categorical head's log-probs and entropies and APPO's loss by torch ops
-  (before 2026-11-24) instead of their compiled kernels (fastrl.heads, fastrl.learner.losses).
+- ``torch-ops``: the network's forward and backward passes, the categorical head's log-probs
+  and entropies and APPO's loss by torch ops (before 2026-11-24) instead of numpy's BLAS and
+  compiled kernels (fastrl.mlp_policy, fastrl.heads, fastrl.learner.losses).
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def make(cfg, spec, variant: str):
     torch.manual_seed(0)
     learner = make_learner(cfg, spec.observation_space, spec.action_space)
     if variant == "torch-ops":
+        learner.numpy_mlp = None
         settings = learner.loss_settings()
         if "compiled" in settings:
             learner.loss_settings = lambda: {**settings, "compiled": False}

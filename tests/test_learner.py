@@ -297,3 +297,65 @@ def test_bad_batch_shapes_name_the_field():
     batch.obs = batch.obs[:-1]
     with pytest.raises(ValueError, match="Trajectories.obs"):
         learner.train(batch)
+
+
+@pytest.mark.parametrize("activation, hidden", [("relu", [16, 8]), ("tanh", [16]), ("relu", [])])
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_the_numpy_mlp_path_gives_the_torch_path_outputs_gradients_and_steps(activation, hidden, algo):
+    """learner.numpy_mlp: the network's outputs, every parameter's gradient and the weights after
+    three train() calls equal those of torch's forward and backward, from the same weights."""
+    import gymnasium
+
+    obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+    learners = []
+    for numpy_mlp in (True, False):
+        cfg = build_config("cartpole-appo", {"learner.algo": algo, "model.activation": activation,
+                                             "model.hidden_sizes": hidden, "learner.entropy_coef": 0.01,
+                                             "learner.numpy_mlp": numpy_mlp})
+        torch.manual_seed(0)
+        learners.append(Learner(cfg, obs_space, gymnasium.spaces.Discrete(3)))
+    fast, reference = learners
+    assert fast.numpy_mlp is not None and reference.numpy_mlp is None
+    batch = random_batch(obs_dim=5, n_actions=3)
+    batch.obs *= 3  # past the ReLUs' kinks and into tanh's curve
+    outputs = [learner.evaluate(batch) for learner in learners]
+    for got, want in zip(*outputs):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    grads = []
+    for learner, (_, values, logp, entropy) in zip(learners, outputs):
+        (values.square().mean() + (logp * torch.linspace(-1, 1, logp.numel()).reshape(logp.shape)).mean()
+         - entropy.mean()).backward()
+        grads.append([p.grad for p in learner.model.parameters()])
+        learner.optimizer.zero_grad(set_to_none=True)
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for seed in range(3):
+        stats = [learner.train(random_batch(obs_dim=5, n_actions=3, seed=seed)) for learner in learners]
+        for key in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
+            assert stats[0][key] == pytest.approx(stats[1][key], rel=1e-4, abs=1e-6), key
+    for got, want in zip(fast.model.parameters(), reference.model.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, device_path", [
+    ({"model.separate_critic": True}, False), ({"model.normalize_obs": True}, False), ({"model.core": "lstm"}, False),
+    ({"learner.precision": "bfloat16"}, False), ({}, True), ({"learner.numpy_mlp": False}, False)])
+def test_the_numpy_mlp_path_is_taken_only_where_it_reproduces_the_model(overrides, device_path):
+    import gymnasium
+
+    cfg = build_config("cartpole-appo", overrides)
+    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
+                      device_path=device_path)
+    assert learner.numpy_mlp is None
+
+
+def test_the_numpy_mlp_path_refuses_a_backward_after_an_in_place_weight_edit():
+    import gymnasium
+
+    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                      gymnasium.spaces.Discrete(2))
+    _, values, _, _ = learner.evaluate(random_batch())
+    with torch.no_grad():
+        learner.model.value.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        values.sum().backward()

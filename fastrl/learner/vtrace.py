@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..mlp_policy import NumpyMLPActorCritic
 from ..models import action_head, build_model
 from ..replay import SequenceReplay
 from ..spaces import ActionLayout, ObsLayout
@@ -41,6 +42,10 @@ class VTraceLearner(BaseLearner):
         super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device,
                          device_path)
         self.head = action_head(action_space)
+        obs_dtype = ObsLayout(observation_space).storage_dtype
+        self.numpy_mlp = (NumpyMLPActorCritic(self.model) if (
+            self.lcfg.numpy_mlp and self.device.type == "cpu" and not self.device_path
+            and self.precision == "float32" and NumpyMLPActorCritic.supports(self.model, obs_dtype)) else None)
         self.loss = appo_loss if self.lcfg.algo == "appo" else impala_loss
         # IMPALA-paper replay: replay.vtrace_fraction of every batch are replayed trajectories.
         self.replay = None
@@ -181,7 +186,8 @@ class VTraceLearner(BaseLearner):
         if getattr(self.model, "is_recurrent", False):
             params, values = self.unroll(batch)
         else:
-            params, values = self.model(batch.obs.reshape(-1, *batch.obs.shape[2:]))
+            network = self.model if self.numpy_mlp is None else self.numpy_mlp
+            params, values = network(batch.obs.reshape(-1, *batch.obs.shape[2:]))
         # learner.precision=bfloat16 runs the network in bf16; log-probs, V-trace and the losses stay float32.
         params, values = params.float(), values.float()
         params = params.reshape(T + 1, B, -1)[:T]
