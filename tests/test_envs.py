@@ -9,6 +9,7 @@ import pytest
 
 from fastrl.envs import make_vec_env, resolve_backend
 from fastrl.envs.atari import ENVPOOL_ATARI_DEFAULTS
+from fastrl.envs.envpool_backend import DirectPoolIO, _PublicPoolIO
 from fastrl.envs.toy import make_nan_obs, make_raises_at
 
 COUNTDOWN = "fastrl.envs.toy:make_countdown"
@@ -199,6 +200,46 @@ def test_backend_resolution_order():
 def test_factory_must_return_a_gymnasium_env():
     with pytest.raises(TypeError, match="not a gymnasium.Env"):
         make_vec_env("builtins:dict", 2, 2, seed=0)
+
+
+def pool_ios(env):
+    return env._io if isinstance(env._io, list) else [env._io]
+
+
+@pytest.mark.parametrize("env_id, async_mode, policy", [
+    ("CartPole-v1", False, parity_policy),
+    ("CartPole-v1", True, parity_policy),
+    ("HalfCheetah-v5", False, lambda obs: np.tanh(obs[:, :6] * 3.0)),  # float64 Box actions
+])
+def test_envpool_direct_io_steps_as_envpools_public_calls(env_id, async_mode, policy):
+    # DirectPoolIO skips envpool's Python wrapper; with the same seeds and actions every env's
+    # stream (observations, rewards, terminations and time-limit truncations) must be the same.
+    def streams(direct):
+        with make_vec_env(env_id, 8, 4, seed=5, async_mode=async_mode, env_kwargs={"max_episode_steps": 25}) as env:
+            ios = pool_ios(env)
+            assert all(type(io) is DirectPoolIO for io in ios)
+            if not direct:
+                public = [_PublicPoolIO(io._pool) for io in ios]
+                env._io = public if isinstance(env._io, list) else public[0]
+            return run_steps(env, 120, policy)
+
+    direct, public = streams(True), streams(False)
+    assert any(trunc for stream in direct.values() for *_, trunc in stream)
+    if env_id == "CartPole-v1":
+        assert any(term for stream in direct.values() for _, _, term, _ in stream)
+    for env in public:
+        assert len(direct[env]) == len(public[env]) > 0
+        for got, want in zip(direct[env], public[env]):
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[1:] == want[1:]
+
+
+def test_envpool_pools_of_another_layout_keep_the_public_calls():
+    # Cleaner's observation is a dict ("obs:grid", "obs:action_mask", ...): not the one "obs"
+    # array DirectPoolIO reads.
+    with make_vec_env("Cleaner-v0", 4, 4, seed=0) as env:
+        assert [type(io) for io in pool_ios(env)] == [_PublicPoolIO]
+    assert DirectPoolIO.of(object()) is None
 
 
 def test_num_envs_must_be_a_multiple_of_batch_size():
