@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from .kernels import sample_categorical
-from .kernels.torch_ops import CategoricalLogProbEntropy
+from .kernels.torch_ops import CategoricalLogProbEntropy, kernels_take
 from .spaces import ActionLayout
 
 MASKED_LOGIT = torch.finfo(torch.float32).min
@@ -69,13 +69,13 @@ class CategoricalHead(ActionHead):
         return (params - torch.log(-torch.log(u))).argmax(-1)
 
     def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        if _compiled_path(params):
+        if kernels_take(params):
             return _log_prob_entropy(params, actions)[0]
         return _taken(F.log_softmax(params, -1), actions)
 
     def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(actions, their log-probs) of one draw: what the inference batcher needs per batch."""
-        if not _compiled_path(params) or params.ndim != 2:
+        if not kernels_take(params) or params.ndim != 2:
             actions = self.sample(params)
             return actions, self.log_prob(params, actions)
         # One compiled pass instead of ~10 torch ops: measured 42 -> 28 us for [640, 2] here.
@@ -83,13 +83,15 @@ class CategoricalHead(ActionHead):
         return torch.from_numpy(actions), torch.from_numpy(logp)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
-        if _compiled_path(params):
+        if kernels_take(params):
+            # The kernel computes log-probs too (of action 0 here, dropped): unlike torch's ops it
+            # keeps masked rows finite, so entropy() agrees with log_prob_and_entropy().
             return _log_prob_entropy(params, torch.zeros(params.shape[:-1], dtype=torch.int64))[1]
         return _entropy(F.log_softmax(params, -1))
 
     def log_prob_and_entropy(self, params: torch.Tensor, actions: torch.Tensor, compiled: bool = True
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-        if compiled and _compiled_path(params):
+        if compiled and kernels_take(params):
             return _log_prob_entropy(params, actions)
         log_probs = F.log_softmax(params, -1)
         return _taken(log_probs, actions), _entropy(log_probs)
@@ -101,11 +103,6 @@ def _taken(log_probs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
 
 def _entropy(log_probs: torch.Tensor) -> torch.Tensor:
     return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def _compiled_path(params: torch.Tensor) -> bool:
-    """Whether the categorical head's compiled kernels take ``params``: CPU float32 / float64."""
-    return params.device.type == "cpu" and params.dtype in (torch.float32, torch.float64)
 
 
 def _log_prob_entropy(params: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,6 +96,14 @@ def gae_torch(rewards: torch.Tensor, values: torch.Tensor, bootstrap_value: torc
     return _like(advantages, rewards), _like(returns, rewards)
 
 
+def kernels_take(*tensors: torch.Tensor) -> bool:
+    """Whether the compiled kernels below (categorical head, APPO loss) take ``tensors``: all on
+    the CPU, float32 or float64, one dtype. Elsewhere their callers use torch ops."""
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(
+        t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+
+
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A C-contiguous host array of ``tensor`` (float32 for dtypes numpy lacks); no copy for a
     contiguous CPU tensor of a numpy dtype."""

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from fastrl import heads, models
+from fastrl import models
 from fastrl.allocator import retain_freed_memory
 from fastrl.config import build_config, parse_override
 from fastrl.encoders import scale_obs
@@ -36,9 +36,6 @@ from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import PONG_ON_CPU
-
-compiled_categorical_path = heads._compiled_path
-
 
 def random_batch(cfg, spec, seed: int) -> Trajectories:
     T, B = cfg.learner.rollout, cfg.trajectories_per_batch
@@ -67,17 +64,13 @@ def make(cfg, spec, variant: str):
     learner = make_learner(cfg, spec.observation_space, spec.action_space)
     if variant == "torch-ops":
         learner.numpy_mlp = None
-        settings = learner.loss_settings()
-        if "compiled" in settings:
-            learner.loss_settings = lambda: {**settings, "compiled": False}
+        learner.compiled_kernels = False
     return learner
 
 
 def with_variant(variant: str):
-    """The scaling and the head's kernel choice the variant uses, set in their modules for the
-    calls that follow."""
+    """The scaling the variant uses, set in its module for the calls that follow."""
     models.scale_obs = nchw_scaling if variant == "nchw-input" else scale_obs
-    heads._compiled_path = (lambda params: False) if variant == "torch-ops" else compiled_categorical_path
 
 
 def seconds_per_call(learner, batch, calls: int) -> tuple[float, float]:

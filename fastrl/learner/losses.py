@@ -19,7 +19,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from ..kernels.torch_ops import APPOLoss, vtrace_scan, vtrace_torch
+from ..kernels.torch_ops import APPOLoss, kernels_take, vtrace_scan, vtrace_torch
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -48,18 +48,15 @@ def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, valu
 
 
 def _targets_and_mask(target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets, clips):
-    """(vs, advantages) given or computed, the float loss mask and its count (at least 1)."""
+    """(vs, advantages) given or computed, and the float loss mask."""
     vs, advantages = targets if targets is not None else vtrace_targets(
         target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, **clips)
-    maskf = (valid if mask is None else mask).float()
-    return vs, advantages, maskf, maskf.sum().clamp(min=1.0)
+    return vs, advantages, (valid if mask is None else mask).float()
 
 
-def _kernel_takes(*tensors: torch.Tensor) -> bool:
-    """Whether the compiled loss kernels take ``tensors``: all on the CPU, float32 or float64, one dtype."""
-    dtype = tensors[0].dtype
-    return dtype in (torch.float32, torch.float64) and all(
-        t.device.type == "cpu" and t.dtype == dtype for t in tensors)
+def _mask_count(maskf: torch.Tensor) -> torch.Tensor:
+    """The number of masked steps, at least 1 (an empty mask averages to 0, not NaN)."""
+    return maskf.sum().clamp(min=1.0)
 
 
 def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef):
@@ -95,15 +92,16 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     float32 / float64, one dtype); torch ops elsewhere, and always when False. Measured on a
     CartPole-shaped batch (T = 32, B = 128, one thread, 2026-11-24): forward and backward of the
     loss, V-trace aside, 200 us against 350 us by torch ops."""
-    vs, advantages, maskf, count = _targets_and_mask(
+    vs, advantages, maskf = _targets_and_mask(
         target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
-    if compiled and _kernel_takes(target_logp, values, entropy, behaviour_logp, vs, advantages):
+    if compiled and kernels_take(target_logp, values, entropy, behaviour_logp, vs, advantages):
         loss, policy_loss, value_loss, mean_entropy = APPOLoss.apply(
             target_logp, values, entropy, behaviour_logp, vs, advantages, maskf, ppo_clip, normalize_advantages,
             value_coef, entropy_coef)
         return loss, {"loss": loss.detach(), "policy_loss": policy_loss, "value_loss": value_loss,
                       "entropy": mean_entropy}
+    count = _mask_count(maskf)
     if normalize_advantages:
         mean = masked_mean(advantages, maskf, count)
         std = torch.sqrt(masked_mean((advantages - mean).square(), maskf, count) + 1e-8)
@@ -121,9 +119,10 @@ def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values:
                 targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
     """IMPALA: the V-trace policy gradient ``-mean(A * target_logp)``, the value loss on V-trace
     targets and an entropy bonus; arguments as :func:`appo_loss`."""
-    vs, advantages, maskf, count = _targets_and_mask(
+    vs, advantages, maskf = _targets_and_mask(
         target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
+    count = _mask_count(maskf)
     policy_loss = -masked_mean(advantages * target_logp, maskf, count)
     return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
 

@@ -42,6 +42,9 @@ class VTraceLearner(BaseLearner):
         super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device,
                          device_path)
         self.head = action_head(action_space)
+        # The head's and APPO loss's compiled kernels (fastrl.kernels.torch_ops) are the CPU's
+        # choice, like V-trace's numba kernel; False: torch ops (bench_learner's torch-ops variant).
+        self.compiled_kernels = not self.device_path
         obs_dtype = ObsLayout(observation_space).storage_dtype
         self.numpy_mlp = (NumpyMLPActorCritic(self.model) if (
             self.lcfg.numpy_mlp and self.device.type == "cpu" and not self.device_path
@@ -74,9 +77,8 @@ class VTraceLearner(BaseLearner):
         settings = dict(clip_rho=lcfg.clip_rho, clip_c=lcfg.clip_c, clip_pg_rho=lcfg.clip_pg_rho,
                         lambda_=lcfg.vtrace_lambda, value_coef=lcfg.value_coef, entropy_coef=lcfg.entropy_coef)
         if lcfg.algo == "appo":
-            # The compiled loss is the CPU's choice, like V-trace's numba kernel.
             settings.update(ppo_clip=lcfg.ppo_clip, normalize_advantages=lcfg.normalize_advantages,
-                            compiled=not self.device_path)
+                            compiled=self.compiled_kernels)
         return settings
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
@@ -193,7 +195,7 @@ class VTraceLearner(BaseLearner):
         params = params.reshape(T + 1, B, -1)[:T]
         target_logp, entropy = self.head.log_prob_and_entropy(
             params.reshape(T * B, -1), batch.actions.reshape(T * B, *batch.actions.shape[2:]),
-            compiled=not self.device_path)
+            compiled=self.compiled_kernels)
         return params, values.reshape(T + 1, B), target_logp.reshape(T, B), entropy.reshape(T, B)
 
     def unroll(self, batch: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
