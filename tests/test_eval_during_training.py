@@ -137,7 +137,8 @@ def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_
         "env.id": "fastrl.envs.toy:make_painted_countdown", "env.kwargs": {"length": 6}, "device": "cpu",
         "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "env.num_threads": 0,
         "learner.rollout": 8, "learner.batch_size": 64, "model.hidden_sizes": [16], "serial": True,
-        "train_for_env_steps": 0, "train_for_seconds": 4.0, "report_every_s": 0.5,
+        # 7 s for clips every 1.5 s: in a loaded full-suite run (2026-11-25) 4 s gave one clip only.
+        "train_for_env_steps": 0, "train_for_seconds": 7.0, "report_every_s": 0.5,
         "eval.every_s": 0.5, "eval.episodes": 2, "eval.video_every_s": 1.5})
     run_dir = tmp_path / "run"
     train(cfg, run_dir=run_dir, quiet=True)
