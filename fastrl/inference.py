@@ -71,13 +71,18 @@ class InferenceBatcher:
             self.policy = torch.compile(self.policy, mode="reduce-overhead" if device.type == "cuda" else None,
                                         dynamic=False)
         self.transfer = BatchTransfer(device) if transfer is None else transfer
+        self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
         # A plain MLP policy on the CPU: numpy's BLAS and numba instead of torch ops (fastrl.mlp_policy).
         self.numpy_mlp = (NumpyMLPPolicy(self.model) if numpy_mlp and device.type == "cpu" and epsilons is None
-                          and not compile and NumpyMLPPolicy.supports(self.model, arena.obs.dtype) else None)
+                          and not compile and not self.masks and NumpyMLPPolicy.supports(self.model, arena.obs.dtype)
+                          else None)
         self.timings = BatcherTiming.row(arena)
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
-        self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
+        # The arrays every batch touches, looked up once (an Arena attribute is a dictionary
+        # lookup through __getattr__, and infer() runs ~2,000 times a second on CartPole).
+        self.cursor_arrays = (arena.request_envs, arena.env_slot, arena.env_t, arena.obs.shape[1])
+        self.slot_outputs = (self.slot_actions, arena.behaviour_logp, arena.version)
         if self.recurrent:
             W, E, S = arena.env_state.shape
             self.env_state = arena.env_state.reshape(W * E, S)  # [W * E, S] views
@@ -99,39 +104,44 @@ class InferenceBatcher:
         """Act for the requests ``(workers[i], requests[i])``."""
         start = time.perf_counter()
         arena = self.arena
-        slots, steps = request_cursors(arena.request_envs, arena.env_slot, arena.env_t, workers, requests)
+        slots, steps, obs_index = request_cursors(*self.cursor_arrays, workers, requests)
         n = len(slots)
         rows = padded_size(n, self.buckets)
         inputs = self.transfer.host_arrays(self.input_specs(rows))
-        # Padding rows repeat row 0: a valid input, whose outputs are dropped.
-        obs_index = pad_rows(slots * arena.obs.shape[1] + steps, rows)
-        np.take(self.obs_rows, obs_index, axis=0, out=inputs[0], mode="clip")  # "clip": writes `out` unbuffered
+        # Padding rows repeat row 0: a valid input, whose outputs are dropped. mode="clip" writes
+        # `out` unbuffered.
+        np.take(self.obs_rows, pad_rows(obs_index, rows), axis=0, out=inputs[0], mode="clip")
         if self.recurrent:
             E = arena.env_start.shape[1]
             env_rows = (workers[:, None].astype(np.int64) * E + arena.request_envs[workers, requests]).reshape(-1)
             self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
-        with torch.inference_mode():
-            if self.masks:
-                final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
-                self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-            if self.numpy_mlp is not None:
-                outputs = self.numpy_mlp.act(inputs[0][:n])
-            else:
-                outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
-            if self.epsilons is None:
-                actions, behaviour_logp = outputs[0][:n], outputs[1][:n]
-            else:
-                env_ids = arena.request_envs[workers, requests]  # [n, b]
-                epsilons = self.epsilons[workers[:, None], env_ids].reshape(-1)
-                actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), epsilons)
-                actions, behaviour_logp = actions.numpy(), behaviour_logp.numpy()
+        if self.numpy_mlp is not None:
+            actions, behaviour_logp = self.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
+        else:
+            with torch.inference_mode():
+                outputs, actions, behaviour_logp = self.act_in_torch(inputs, workers, requests, n)
         if self.recurrent:
             self.env_state[env_rows] = outputs[-1][:n]
-        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, self.version,
-                      self.slot_actions, arena.behaviour_logp, arena.version)
+        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, self.version, *self.slot_outputs)
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
         self.timings[BatcherTiming.REQUESTS] += len(requests)
+
+    def act_in_torch(self, inputs: list[np.ndarray], workers: np.ndarray, requests: np.ndarray,
+                     n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """The policy's outputs for a batch's ``inputs`` (padded to their rows), then the actions and
+        behaviour log-probabilities of its ``n`` real rows (epsilon-greedy for dqn)."""
+        arena = self.arena
+        if self.masks:
+            final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
+            self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
+        outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
+        if self.epsilons is None:
+            return outputs, outputs[0][:n], outputs[1][:n]
+        env_ids = arena.request_envs[workers, requests]  # [n, b]
+        epsilons = self.epsilons[workers[:, None], env_ids].reshape(-1)
+        actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), epsilons)
+        return outputs, actions.numpy(), behaviour_logp.numpy()
 
     def input_specs(self, rows: int) -> list[tuple[tuple, np.dtype]]:
         """Shapes and dtypes of a batch's inputs: observations, then the recurrent states."""
@@ -190,21 +200,25 @@ def pad_rows(index: np.ndarray, rows: int) -> np.ndarray:
 # for 3 requests of 256 envs: 24 -> 11 us alone, and ~80 us of a ~340 us batch inside a running
 # `fastrl-profile --profile cartpole-appo` (cache misses on rows the workers just wrote) before.
 @numba.njit(cache=True, nogil=True)
-def request_cursors(request_envs, env_slot, env_t, workers, requests):
-    """Cursors of the envs of requests ``(workers[i], requests[i])``, in request order.
+def request_cursors(request_envs, env_slot, env_t, slot_length, workers, requests):
+    """Cursors of the envs of requests ``(workers[i], requests[i])``, in request order, and the
+    rows of their observations in the arena's obs viewed as ``[N * slot_length, *obs]``.
 
-    ``request_envs`` ``[W, S, b]``, ``env_slot``/``env_t`` ``[W, E]``, ``workers``/``requests``
-    ``[n]`` -> (slots, steps), each int64 ``[n * b]``."""
+    ``request_envs`` ``[W, S, b]``, ``env_slot``/``env_t`` ``[W, E]``, ``slot_length`` (T + 1),
+    ``workers``/``requests`` ``[n]`` -> (slots, steps, obs rows), each int64 ``[n * b]``."""
     n, b = workers.shape[0], request_envs.shape[2]
     slots = np.empty(n * b, np.int64)
     steps = np.empty(n * b, np.int64)
+    obs_rows = np.empty(n * b, np.int64)
     for i in range(n):
         w = workers[i]
         for j in range(b):
             env = request_envs[w, requests[i], j]
-            slots[i * b + j] = env_slot[w, env]
-            steps[i * b + j] = env_t[w, env]
-    return slots, steps
+            k = i * b + j
+            slots[k] = env_slot[w, env]
+            steps[k] = env_t[w, env]
+            obs_rows[k] = slots[k] * slot_length + steps[k]
+    return slots, steps, obs_rows
 
 
 @numba.njit(cache=True, nogil=True)
@@ -262,6 +276,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
     request_pipes = ReadablePipes(requests_in)
     W, S, b = arena.request_envs.shape
+    num_splits = cfg.env.num_splits
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
@@ -274,14 +289,20 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
             waited = time.perf_counter()
             ready = request_pipes.wait(arena.control, parent_pid)
             batcher.timings[BatcherTiming.WAIT_REQUESTS] += time.perf_counter() - waited
-            workers, messages = gather_ready_requests(ready, worker_of, request_pipes)
-            if not workers:
+            messages = gather_ready_requests(ready, worker_of, request_pipes)
+            if not messages:
                 continue
             batcher.refresh_weights()
+            workers, requests = [], []
+            for w, sent in messages.items():
+                for message in sent:
+                    workers.append(w)
+                    requests.append(message)
             # A message is generation_tag * S + request (see fastrl.rollout.rollout_process).
-            batcher.infer(np.array(workers), np.array(messages) % cfg.env.num_splits)
-            for w in sorted(set(workers)):
-                actions_out[w].send_bytes(bytes(m for wk, m in zip(workers, messages) if wk == w))
+            batcher.infer(np.array(workers), np.array(requests) % num_splits)
+            # Each worker gets back the very bytes it sent: its requests, now answered.
+            for w, sent in messages.items():
+                actions_out[w].send_bytes(sent)
     except ProcessExit:
         pass
     except Exception as exc:
@@ -294,15 +315,14 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
         arena.close()
 
 
-def gather_ready_requests(ready, worker_of, pipes: ReadablePipes) -> tuple[list[int], list[int]]:
-    """Every request waiting now: the ``ready`` ends' messages, then those that came meanwhile
-    (a worker has at most ``num_splits`` requests out, so this ends)."""
-    workers, requests = [], []
+def gather_ready_requests(ready, worker_of, pipes: ReadablePipes) -> dict[int, bytes]:
+    """Every request waiting now, as each worker's messages (one byte a request): the ``ready``
+    ends' messages, then those that came meanwhile (a worker has at most ``num_splits`` requests
+    out, so this ends)."""
+    messages: dict[int, bytes] = {}
     while ready:
         for conn in ready:
             worker = worker_of[conn]
-            for request in conn.recv_bytes():
-                workers.append(worker)
-                requests.append(request)
+            messages[worker] = messages.get(worker, b"") + conn.recv_bytes()
         ready = pipes.ready()
-    return workers, requests
+    return messages

@@ -30,7 +30,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from .encoders import MLPEncoder
-from .kernels import sample_categorical
+from .kernels.categorical import sample_rows
 from .kernels.mlp import IDENTITY, RELU, TANH, activation_grad, bias_activation, narrow_dense, stack_output_grads
 from .models import ActorCritic
 
@@ -90,7 +90,7 @@ class NumpyMLPPolicy:
             bias_activation(out, bias, self.activation)
             h = out
         narrow_dense(h, *self.output, logits)
-        return sample_categorical(logits, torch.rand(n).numpy())
+        return sample_rows(logits, torch.rand(n).numpy())  # the shapes are right by construction
 
 
 class NumpyMLPActorCritic:

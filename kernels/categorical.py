@@ -27,11 +27,13 @@ def sample_categorical(logits, uniforms):
     if logits.ndim != 2 or uniforms.shape != logits.shape[:1]:
         raise ValueError(f"sample_categorical needs logits [B, A] and uniforms [B]; got {logits.shape} "
                          f"and {uniforms.shape}")
-    return _sample_rows(logits, uniforms)
+    return sample_rows(logits, uniforms)
 
 
 @numba.njit(cache=True, nogil=True)
-def _sample_rows(logits, uniforms):
+def sample_rows(logits, uniforms):
+    """:func:`sample_categorical` without its argument checks, for callers whose shapes are right
+    by construction."""
     B, A = logits.shape
     actions = np.empty(B, np.int64)
     logp = np.empty(B, logits.dtype)

@@ -150,7 +150,8 @@ class LockstepRun:
                 requests.append(worker.recv_batch())
                 workers.append(w)
         workers, requests = np.array(workers), np.array(requests)
-        self.cursor = request_cursors(arena.request_envs, arena.env_slot, arena.env_t, workers, requests)
+        self.cursor = request_cursors(arena.request_envs, arena.env_slot, arena.env_t, arena.obs.shape[1], workers,
+                                      requests)[:2]
         self.rows = (workers[:, None] * self.E + arena.request_envs[workers, requests]).reshape(-1)
         self.batcher.infer(workers, requests)
         for w, request in zip(workers, requests):
