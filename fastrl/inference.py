@@ -276,7 +276,6 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
     request_pipes = ReadablePipes(requests_in)
     W, S, b = arena.request_envs.shape
-    num_splits = cfg.env.num_splits
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
@@ -299,7 +298,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
                     workers.append(w)
                     requests.append(message)
             # A message is generation_tag * S + request (see fastrl.rollout.rollout_process).
-            batcher.infer(np.array(workers), np.array(requests) % num_splits)
+            batcher.infer(np.array(workers), np.array(requests) % S)
             # Each worker gets back the very bytes it sent: its requests, now answered.
             for w, sent in messages.items():
                 actions_out[w].send_bytes(sent)
