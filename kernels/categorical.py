@@ -64,8 +64,6 @@ def sample_rows(logits, uniforms):
     return actions, logp
 
 
-
-
 def categorical_log_prob_entropy(logits, actions):
     r"""Log-probabilities of ``actions`` and entropies of the categorical ``softmax(logits)``, row by row.
 

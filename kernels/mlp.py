@@ -45,7 +45,6 @@ def narrow_dense(h, w, b, out):
             out[r, o] = total + b[o]
 
 
-
 @numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=True)
 def activation_grad(d, h, activation):
     """In place: ``d [B, N] *= act'`` at a layer whose output (after the activation) is ``h [B, N]``

@@ -1,0 +1,107 @@
+"""The inference batcher's ``infer()`` alone: microseconds per batch in a profile's layout.
+
+    python scripts/bench_batcher.py [--profile cartpole-appo] [--rounds 3]
+    git worktree add ../fastrl-base 0f2cfb3 && python scripts/bench_batcher.py --base-code ../fastrl-base
+
+One process, one thread (as the batcher process runs), the profile's arena with random
+observations and every env's cursor at a random slot, so that the gather and the write-back miss
+the cache as they do in a run. Batches of one request and of one request per worker. Each
+measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR`` measures that
+checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round), the two
+alternating ``--rounds`` times. Prints one line per measurement, then one JSON line.
+"""
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def measure(profile: str, calls: int) -> dict[str, float]:
+    """Best microseconds per ``infer()`` for one request and for one request per worker."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from fastrl.config import build_config
+    from fastrl.envs import probe_env
+    from fastrl.inference import InferenceBatcher
+    from fastrl.models import build_model, num_state_values, state_to_flat
+    from fastrl.runner import arena_layout
+    from fastrl.shm import Arena, WeightBuffer
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
+    cfg = build_config(profile, {"device": "cpu"})
+    spec = probe_env(cfg)
+    torch.manual_seed(0)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+    arena = Arena(arena_layout(cfg, spec, num_state_values(model), getattr(model, "state_size", 0)), shared=False)
+    rng = np.random.default_rng(0)
+    arena.obs[:] = rng.normal(size=arena.obs.shape).astype(arena.obs.dtype)
+    W, E = arena.env_slot.shape
+    N, slot_length = arena.obs.shape[:2]
+    arena.env_slot[:] = rng.permutation(N)[:W * E].reshape(W, E)
+    arena.env_t[:] = rng.integers(0, slot_length - 1, (W, E))
+    S = cfg.env.num_splits
+    arena.request_envs[:] = np.arange(E).reshape(1, S, E // S)
+    WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
+                               numpy_mlp=cfg.inference.numpy_mlp)
+    batcher.refresh_weights()
+    results = {}
+    for name, workers in ((f"1 request of {E // S}", [0]), (f"{W} requests of {E // S}", list(range(W)))):
+        workers, requests = np.array(workers), np.zeros(len(workers), np.int64)
+        for _ in range(calls // 10):
+            batcher.infer(workers, requests)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                batcher.infer(workers, requests)
+            best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        results[name] = best
+    return results
+
+
+def measure_with(code: Path | None, profile: str, calls: int) -> dict[str, float]:
+    """:func:`measure` in a fresh interpreter, with the fastrl checkout in ``code`` when given."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, __file__, "--profile", profile, "--calls", str(calls), "--once"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", default="cartpole-appo")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--base-code", type=Path, metavar="DIR")
+    p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)  # one measurement, JSON only
+    args = p.parse_args()
+    if args.once:
+        print(json.dumps(measure(args.profile, args.calls)))
+        return
+    if args.base_code is not None and not (args.base_code / "fastrl" / "__init__.py").is_file():
+        p.error(f"--base-code {args.base_code} holds no fastrl package (expected {args.base_code}/fastrl/__init__.py)")
+    sides = {"this tree": None}
+    if args.base_code is not None:
+        sides = {"base": args.base_code.resolve(), "this tree": Path(__file__).resolve().parents[1]}
+    rounds = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, code in sides.items():
+            result = measure_with(code, args.profile, args.calls)
+            rounds[name].append(result)
+            print(f"{name:10s} " + "  ".join(f"{k}: {v:.1f} us" for k, v in result.items()), flush=True)
+    print(json.dumps({"profile": args.profile, "us_per_infer": rounds}))
+
+
+if __name__ == "__main__":
+    main()
