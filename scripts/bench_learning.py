@@ -24,6 +24,9 @@ report_every_s=1`` for finer) is the resolution. The median over seeds counts a 
 reach the threshold as later than every seed that did, so it exists while more than half of
 the seeds reach it; the promise holds when the median is within the budget.
 
+``--window LOW:HIGH`` (env steps, e.g. ``1.4M:1.6M``) also prints each run's mean of the metric
+over the reports in that range: a level to compare code or settings by, steadier than one report.
+
 Run directories are kept (``OUT_DIR/PROFILE/seed<k>``: metrics.jsonl, config.toml) for
 ``fastrl-plot`` or ``--no-train``; the curves (mean over seeds, min-max band, the threshold and
 the budget as lines) go to ``OUT_DIR/PROFILE.png``.
@@ -129,6 +132,14 @@ def run_outcome(rows: list[dict], promise: Promise) -> dict:
             "last_wall_time": rows[-1]["wall_time"] if rows else 0.0}
 
 
+def window_mean(rows: list[dict], metric: str, window: tuple[int, int]) -> float | None:
+    """Mean of ``metric`` over the reports with ``window[0] <= env_steps <= window[1]`` (None when
+    none has a number there): a level to compare runs by where one report is noisy."""
+    low, high = window
+    values = [row[metric] for row in rows if low <= row["env_steps"] <= high and _is_number(row.get(metric))]
+    return statistics.fmean(values) if values else None
+
+
 def _median_to_target(outcomes: list[dict], key: str) -> float:
     """Median of ``key`` over runs; a run that did not reach the target counts as never (inf)."""
     return statistics.median(o[key] if o["reached"] else math.inf for o in outcomes)
@@ -158,6 +169,9 @@ def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
 
 def describe_outcome(profile: str, seed: int, outcome: dict, promise: Promise) -> str:
     final = "never reported" if outcome["final"] is None else f"final {outcome['final']:.1f}, max {outcome['max']:.1f}"
+    if "window" in outcome:
+        (low, high), mean = outcome["window"], outcome["window_mean"]
+        final += f", mean {'-' if mean is None else f'{mean:.1f}'} over {low:,}-{high:,} env steps"
     if outcome["reached"]:
         reached = (f"{promise.metric} >= {promise.threshold:g} at {outcome['env_steps']:,} env steps, "
                    f"{outcome['wall_time']:.1f} s wall")
@@ -209,7 +223,10 @@ def bench(args) -> int:
         for seed, (cfg, run_dir) in enumerate(zip(p["configs"], p["run_dirs"])):
             if not args.no_train:
                 train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite)
-            outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(load_run(run_dir).rows, p["promise"])}
+            rows = load_run(run_dir).rows
+            outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(rows, p["promise"])}
+            if args.window:
+                outcome.update(window=args.window, window_mean=window_mean(rows, p["promise"].metric, args.window))
             print(describe_outcome(p["profile"], seed, outcome, p["promise"]), flush=True)
             outcomes.append(outcome)
         if p["plot"] is not None and all(o["final"] is None for o in outcomes):
@@ -255,6 +272,17 @@ def env_steps(text: str) -> int:
     return int(_number(match[1]) * SCALES[match[2]])
 
 
+def env_step_window(text: str) -> tuple[int, int]:
+    """``1.4M:1.6M`` -> (1_400_000, 1_600_000), low <= high."""
+    try:
+        low, high = (env_steps(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH in env steps (e.g. 1.4M:1.6M), got '{text}'") from None
+    if low > high:
+        raise argparse.ArgumentTypeError(f"LOW must be <= HIGH, got '{text}'")
+    return low, high
+
+
 def positive(parse):
     """An argparse type: ``parse(text)``, which must be > 0."""
     def checked(text: str):
@@ -282,6 +310,8 @@ def main(argv=None) -> int:
                         "train_for_env_steps)")
     p.add_argument("--budget-seconds", type=positive(float), metavar="S",
                    help="wall-time budget in place of the promise's budget (and the runs' train_for_seconds)")
+    p.add_argument("--window", type=env_step_window, metavar="LOW:HIGH",
+                   help="also print each run's mean of the metric over reports in this env-step range (1.4M:1.6M)")
     p.add_argument("--x", dest="x_key", choices=("env_steps", "wall_time"),
                    help="x axis of the curves (default: the budget's; env_steps when there are both)")
     p.add_argument("--out-dir", type=Path, default=Path("runs/bench_learning"),

@@ -1,6 +1,7 @@
 """scripts/bench_learning.py without training: every profile's promise parses (or fails in one
 line naming the profile), the command line's parts replace it, and time-to-target and the median
 over seeds on synthetic reports."""
+import argparse
 import importlib.util
 import json
 import sys
@@ -105,6 +106,17 @@ def test_time_to_target_is_the_first_report_at_or_above_the_threshold():
     assert not never["reached"] and never["final"] is None and never["max"] is None
 
 
+def test_window_mean_averages_the_reports_inside_the_env_step_range():
+    rows = reports([100.0, float("nan"), 300.0, 500.0, 700.0])  # env steps 1000, 2000, ... 5000
+    assert bench.window_mean(rows, "episode_return_mean", (2000, 4000)) == 400.0
+    assert bench.window_mean(rows, "episode_return_mean", (1000, 1000)) == 100.0
+    assert bench.window_mean(rows, "episode_return_mean", (6000, 9000)) is None
+    assert bench.env_step_window("1.4M:1.6M") == (1_400_000, 1_600_000)
+    for bad in ("2M:1M", "1M", "a:b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.env_step_window(bad)
+
+
 def test_an_evaluation_reaches_the_target_at_the_env_steps_of_its_weights():
     rows = [{"env_steps": 1000, "wall_time": 5.0, "episode_return_mean": 480.0},
             {"env_steps": 2000, "wall_time": 9.0, "episode_return_mean": 490.0, "eval_return_mean": 500.0,
@@ -146,10 +158,11 @@ def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
         run_dir.mkdir(parents=True)
         (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
-    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--no-train", "--out-dir", str(tmp_path)]) == 0
+    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--no-train", "--out-dir", str(tmp_path),
+                       "--window", "2K:3K"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == ("cartpole-appo seed 0: episode_return_mean >= 475 at 2,000 env steps, 5.0 s wall; "
-                        "final 500.0, max 500.0")
+                        "final 500.0, max 500.0, mean 490.0 over 2,000-3,000 env steps")
     assert lines[1].startswith("cartpole-appo seed 1: not reached within budget (3,000 env steps, 7.0 s wall)")
     result = json.loads(lines[-1])["profiles"][0]
     assert result["seeds_reached"] == 1 and result["median_wall_time"] is None and not result["holds"]
