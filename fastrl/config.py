@@ -152,6 +152,11 @@ class InferenceSettings:
     # and numba instead of torch ops: infer() of 768 CartPole rows 250 -> 139 us here
     # (fastrl/mlp_policy.py).
     numpy_mlp: bool = True
+    # Each rollout worker runs the policy on its own CPU for its own batches, and no batcher
+    # process runs: no round trip through pipes and another process per batch. For small
+    # networks whose batches are already large (CartPole's 512 envs a request), where the round
+    # trip and the batcher's loop cost more than the forward pass (README: CartPole ratios).
+    in_workers: bool = False
 
 
 @dataclass
@@ -510,6 +515,9 @@ def validate(cfg: Config) -> None:
     if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32 (or auto)")
+    if cfg.inference.in_workers and (cfg.inference.compile or cfg.inference.device not in ("", "cpu")):
+        raise ConfigError("inference.in_workers runs the policy eagerly on each worker's CPU: set "
+                          "inference.compile=false and inference.device='' (or in_workers=false for the batcher)")
     if cfg.inference.compile and cfg.serial:
         raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
                           "set serial=false or inference.compile=false")

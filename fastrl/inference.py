@@ -46,11 +46,13 @@ class InferenceBatcher:
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
-    host and device (one copy each way on CUDA, see fastrl.device_io)."""
+    host and device (one copy each way on CUDA, see fastrl.device_io). ``timings``: the row its
+    BatcherTiming columns go to, the arena's batcher row by default (a rollout worker acting for
+    itself passes a private row: two processes adding to one shared row would lose updates)."""
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
-                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False):
+                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None):
         self.arena = arena
         self.model = model.to(device).eval()
         self.device = device
@@ -76,7 +78,7 @@ class InferenceBatcher:
         self.numpy_mlp = (NumpyMLPPolicy(self.model) if numpy_mlp and device.type == "cpu" and epsilons is None
                           and not compile and not self.masks and NumpyMLPPolicy.supports(self.model, arena.obs.dtype)
                           else None)
-        self.timings = BatcherTiming.row(arena)
+        self.timings = BatcherTiming.row(arena) if timings is None else timings
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
         # The arrays every batch touches, looked up once (an Arena attribute is a dictionary
@@ -99,6 +101,13 @@ class InferenceBatcher:
         loaded = self.weights.refresh()
         self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
         return loaded
+
+    def wait_for_weights(self, control, parent_pid: int) -> None:
+        """Block until the learner's first weights are loaded (it publishes them within a moment of
+        starting); raise ProcessExit when the run stops meanwhile."""
+        while not self.refresh_weights():
+            wait([], 0.01)
+            check_alive(control, parent_pid)
 
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
         """Act for the requests ``(workers[i], requests[i])``."""
@@ -261,29 +270,34 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
-def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
-                      channels: BatcherChannels, parent_pid: int) -> None:
-    """Main loop of the inference process: wait for requests, batch them, answer each worker.
-    ``spaces`` (observation, action); ``model`` the user's network or None (built here from the
-    config: the weights come from the arena, so no network travels through the start-up pipe)."""
-    configure_child(parent_pid, cfg.retain_freed_memory)
+def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndarray | None = None) -> InferenceBatcher:
+    """The run's batcher on ``device``: ``spaces`` (observation, action); ``model`` the user's network
+    or None (built from the config: the weights come from the arena, so no network travels through
+    a start-up pipe). One torch thread: the cores belong to the envs and the learner."""
     torch.set_num_threads(1)
-    torch.manual_seed(cfg.seed + 7919)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    W, S, b = arena.request_envs.shape
+    buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
+    model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
+    return InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
+                            cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings)
+
+
+def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
+                      channels: BatcherChannels, parent_pid: int) -> None:
+    """Main loop of the inference process: wait for requests, batch them, answer each worker
+    (``spaces``, ``model``: see ``make_batcher``)."""
+    configure_child(parent_pid, cfg.retain_freed_memory)
+    torch.manual_seed(cfg.seed + 7919)
     arena = Arena.attach(layout, arena_name)
     requests_in, actions_out = channels.requests_in, channels.actions_out
     worker_of = {conn: w for w, conn in enumerate(requests_in)}
     request_pipes = ReadablePipes(requests_in)
-    W, S, b = arena.request_envs.shape
-    buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
-    model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
-    batcher = InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
-                               cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp)
+    S = arena.request_envs.shape[1]
+    batcher = make_batcher(cfg, arena, spaces, model, device)
     try:
-        while not batcher.refresh_weights():
-            wait([], 0.01)  # the learner publishes its first weights within a moment of starting
-            check_alive(arena.control, parent_pid)
+        batcher.wait_for_weights(arena.control, parent_pid)
         while True:
             waited = time.perf_counter()
             ready = request_pipes.wait(arena.control, parent_pid)

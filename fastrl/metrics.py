@@ -36,9 +36,10 @@ class WorkerTiming:
     OBS_COPY = 1  # writing a batch into its slots (its waits for free slots are WAIT_SLOTS)
     WAIT_ACTIONS = 2  # blocked until the batcher answers a request
     WAIT_SLOTS = 3  # blocked until the learner returns slots
+    INFERENCE = 4  # acting for its own batches (inference.in_workers): gather, forward, write back
     # metrics.jsonl key "rollout/<key>" of each column, summed over the workers
     KEYS = {ENV_STEP: "env_step_s", OBS_COPY: "obs_copy_s", WAIT_ACTIONS: "wait_actions_s",
-            WAIT_SLOTS: "wait_slots_s"}
+            WAIT_SLOTS: "wait_slots_s", INFERENCE: "inference_s"}
 
     @staticmethod
     def row(arena: Arena, worker_id: int) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 from .config import Config
 from .envs import make_vec_env
 from .metrics import WorkerTiming
-from .process_utils import ProcessExit, ReadablePipes, WorkerChannels, configure_child
+from .process_utils import ProcessExit, check_alive, ReadablePipes, WorkerChannels, configure_child
 from .shm import Arena
 from .spaces import ObsLayout
 
@@ -212,6 +212,39 @@ def _gather_actions(ids, env_slot, env_t, slot_actions, out):
             out[i, a] = slot_actions[slot, t, a]
 
 
+def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, model, parent_pid: int,
+                   rank: int) -> None:
+    """The worker's loop with ``inference.in_workers``: step a batch, run the policy on it here,
+    send its actions; until the run stops (ProcessExit).
+
+    The other splits keep stepping in envpool's threads while this thread computes, as they do
+    while a batcher answers, but no pipe, no other process and no wake-up sit between a batch and
+    its actions. The policy, its weights (the learner's published ones) and the slot rows written
+    are the batcher's own code (fastrl.inference.InferenceBatcher), called with this worker's
+    requests only."""
+    # Imported here: a worker served by the batcher process never loads torch's model code.
+    import torch
+
+    from .inference import make_batcher
+
+    # A stream of draws per worker (and rank), apart from the batcher's seed + 7919.
+    torch.manual_seed(cfg.seed + 7919 + 1 + rank * 4096 + worker.worker_id)
+    batcher = make_batcher(cfg, arena, spaces, model, "cpu", timings=np.zeros(arena.timings.shape[1]))
+    batcher.wait_for_weights(arena.control, parent_pid)
+    timings, control = worker.timings, arena.control
+    this_worker = np.array([worker.worker_id])
+    while True:
+        request = worker.recv_batch()
+        start = time.perf_counter()
+        batcher.refresh_weights()
+        batcher.infer(this_worker, np.array([request]))
+        timings[WorkerTiming.INFERENCE] += time.perf_counter() - start
+        worker.act(request)
+        # The batcher's pipes no longer wake this loop to look: once per batch is cheap (a
+        # shared-memory read and getppid).
+        check_alive(control, parent_pid)
+
+
 def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
     """The slots a worker owns: a contiguous block of ``envs_per_worker * slots_per_env``."""
     per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
@@ -229,13 +262,17 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,
-                    parent_pid: int, generation: int = 0, rank: int = 0) -> None:
+                    parent_pid: int, generation: int = 0, rank: int = 0, spaces=None, model=None) -> None:
     """Main loop of a rollout worker process.
 
     ``generation`` counts restarts of this worker. Request ids on the wire are
     ``generation_tag * S + request``, so a restarted worker ignores action replies meant for the
     process it replaces. A restarted worker takes back the slots not queued for the learner;
     the queued ones return through the free pipe as usual.
+
+    With ``inference.in_workers`` the worker acts for its own batches (``act_for_itself``):
+    ``spaces`` (observation, action) and ``model`` (the user's network or None) are then the
+    batcher's, see ``fastrl.inference.make_batcher``.
     """
     configure_child(parent_pid, cfg.retain_freed_memory)
     arena = Arena.attach(layout, arena_name)
@@ -278,6 +315,8 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
         env = make_worker_env(cfg, worker_id, rank)
         worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots, send_full)
         worker.start()
+        if cfg.inference.in_workers:
+            act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)
         while True:
             while worker.can_recv():
                 request = worker.recv_batch()

@@ -309,23 +309,26 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         eval_results = EvalResults(arena)
         channels = make_channels(ctx, cfg.env.num_workers)
 
-        def make_worker(w: int, generation: int = 0):
-            # The runner keeps every pipe end open, so a dead worker never shows up as EOF
-            # elsewhere and its replacement reuses the same pipes.
-            return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
-                               args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
-                                     dist_info.rank))
-
         # Children build their networks from the config (a user's model travels as it is): spawn
         # writes each child's arguments into a pipe the parent itself keeps open, so a child that
         # dies before reading megabytes of weights (e.g. a script without the __main__ guard)
         # would leave the parent blocked in Process.start() for ever.
         spaces = (spec.observation_space, spec.action_space)
+        in_workers = cfg.inference.in_workers
+
+        def make_worker(w: int, generation: int = 0):
+            # The runner keeps every pipe end open, so a dead worker never shows up as EOF
+            # elsewhere and its replacement reuses the same pipes.
+            return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
+                               args=(w, cfg, layout, arena.name, channels.workers[w], parent, generation,
+                                     dist_info.rank, spaces if in_workers else None, model if in_workers else None))
+
         procs = {
             "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
                 cfg, layout, arena.name, spaces, model, device,
                 channels.learner, parent, run_dir if main else None, resume_state, dist_info))],
-            "inference": [ctx.Process(target=inference_process, name="fastrl-inference", args=(
+            # inference.in_workers: each worker acts for itself, no batcher process.
+            "inference": [] if in_workers else [ctx.Process(target=inference_process, name="fastrl-inference", args=(
                 cfg, layout, arena.name, spaces, model, inference_device, channels.batcher, parent))],
             "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
         }

@@ -48,6 +48,8 @@ def test_bad_keys_and_values_name_the_fix(key, value, message):
     ({"device": "tpu"}, "auto, cpu, cuda"),
     ({"learner.gamma": 1.5}, r"\[0, 1\]"),
     ({"train_for_env_steps": 0, "train_for_seconds": 0}, "never end"),
+    ({"inference.in_workers": True, "inference.compile": True}, "inference.compile=false"),
+    ({"inference.in_workers": True, "inference.device": "cuda:0"}, "in_workers runs the policy eagerly on each"),
 ])
 def test_impossible_combinations_are_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):

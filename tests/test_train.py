@@ -107,16 +107,37 @@ def target_env_config(**overrides):
     return build_config("cartpole-appo", settings)
 
 
-@pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
-def test_own_env_factory_and_own_model_learn_continuous_actions(tmp_path, serial):
+@pytest.mark.parametrize("overrides", [{"serial": True}, {"inference.in_workers": False},
+                                       {"inference.in_workers": True}], ids=["serial", "batcher", "workers-act"])
+def test_own_env_factory_and_own_model_learn_continuous_actions(tmp_path, overrides):
     # reward = -(a - target)^2 per step: a random policy (std e^-0.5) scores about -6.5 per episode.
-    cfg = target_env_config(serial=serial)
+    cfg = target_env_config(**overrides)
     result = train(cfg, run_dir=tmp_path, model=TinyPolicy(), quiet=True)
     returns = [r["episode_return_mean"] for r in result.reports if r["episode_return_mean"] is not None]
     assert returns[-1] > -2.5, returns
     assert result.final["env_steps"] >= 60_000
-    if not serial:
+    if not overrides.get("serial"):
+        roles = json.loads((tmp_path / "processes.json").read_text())
+        assert len(roles["inference"]) == (0 if overrides["inference.in_workers"] else 1)
         assert_all_exited(tmp_path)
+
+
+@pytest.mark.parametrize("in_workers", [True, False], ids=["workers-act", "batcher"])
+def test_cartpole_learns_whoever_runs_the_policy(tmp_path, in_workers):
+    """inference.in_workers: each worker acts for its own batches and no batcher process runs; the
+    time it spends acting is its rollout/inference_s. The batcher's path, the other way round."""
+    cfg = build_config("cartpole-appo", {"train_for_env_steps": 1_200_000, "device": "cpu", "report_every_s": 1.0,
+                                         "inference.in_workers": in_workers})
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    records = read_metrics(tmp_path)
+    assert max(r["episode_return_mean"] or 0 for r in records) > 150
+    roles = json.loads((tmp_path / "processes.json").read_text())
+    assert len(roles["rollout"]) == 2 and len(roles["inference"]) == (0 if in_workers else 1)
+    final = result.final
+    assert (final["rollout/inference_s"] > 0) == in_workers
+    assert (final["inference/inference_batches"] > 0) != in_workers
+    assert final["rollout/wait_actions_s"] == 0 if in_workers else final["rollout/wait_actions_s"] > 0
+    assert_all_exited(tmp_path)
 
 
 def test_sample_only_mode_steps_envs_without_training(tmp_path):
