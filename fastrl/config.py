@@ -515,12 +515,12 @@ def validate(cfg: Config) -> None:
     if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32 (or auto)")
-    if cfg.inference.in_workers and (cfg.inference.compile or cfg.inference.device not in ("", "cpu")):
-        raise ConfigError("inference.in_workers runs the policy eagerly on each worker's CPU: set "
-                          "inference.compile=false and inference.device='' (or in_workers=false for the batcher)")
     if cfg.inference.compile and cfg.serial:
         raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
                           "set serial=false or inference.compile=false")
+    if cfg.inference.in_workers and (cfg.inference.compile or cfg.inference.device not in ("", "cpu")):
+        raise ConfigError("inference.in_workers runs the policy eagerly on each worker's CPU: set "
+                          "inference.compile=false and inference.device='' (or in_workers=false for the batcher)")
     if cfg.eval.video_every_s and not cfg.eval.every_s:
         raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")

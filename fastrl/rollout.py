@@ -18,7 +18,7 @@ from .config import Config
 from .envs import make_vec_env
 from .metrics import WorkerTiming
 from .process_utils import ProcessExit, check_alive, ReadablePipes, WorkerChannels, configure_child
-from .shm import Arena
+from .shm import Arena, set_error
 from .spaces import ObsLayout
 
 
@@ -237,7 +237,14 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
         request = worker.recv_batch()
         start = time.perf_counter()
         batcher.refresh_weights()
-        batcher.infer(this_worker, np.array([request]))
+        try:
+            batcher.infer(this_worker, np.array([request]))
+        except Exception as exc:
+            # As the batcher process does: the run stops with this line (an action mask that allows
+            # nothing, a model that fails on the observations) instead of restarting the worker
+            # into the same error. An env's own error, in recv_batch, still restarts the worker.
+            set_error(arena, f"the policy stopped in rollout worker {worker.worker_id}: {exc}")
+            raise
         timings[WorkerTiming.INFERENCE] += time.perf_counter() - start
         worker.act(request)
         # The batcher's pipes no longer wake this loop to look: once per batch is cheap (a

@@ -83,7 +83,7 @@ def test_a_separate_critic_is_refused_where_there_is_no_critic_of_its_own_to_giv
 
 def test_inference_compile_is_opt_in_and_refused_in_serial_mode():
     assert not build_config("cartpole-appo").inference.compile
-    assert build_config("cartpole-appo", {"inference.compile": True}).inference.compile
+    assert build_config("cartpole-appo", {"inference.compile": True, "inference.in_workers": False}).inference.compile
     with pytest.raises(ConfigError, match="^inference.compile serves the inference process; serial mode runs the "
                                           "policy eagerly: set serial=false or inference.compile=false$"):
         build_config("cartpole-appo", {"inference.compile": True, "serial": True})

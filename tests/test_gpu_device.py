@@ -151,12 +151,14 @@ def test_the_batcher_runs_where_inference_device_says(monkeypatch, tmp_path):
     monkeypatch.setattr("fastrl.runner._process_run",
                         lambda *args: started.update(learner=args[5], inference=args[-1]) or "ran")
     for inference, expected in (("", "cuda:0"), ("cpu", "cpu"), ("cuda:1", "cuda:1")):
-        assert train(build_config("cartpole-appo", {"device": "cuda", "inference.device": inference})) == "ran"
+        assert train(build_config("cartpole-appo", {"device": "cuda", "inference.device": inference,
+                                                     "inference.in_workers": False})) == "ran"
         assert started == {"learner": "cuda:0", "inference": expected}
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(RunError, match="would put every rank on one GPU"):
-        train(build_config("cartpole-appo", {"device": "cuda", "inference.device": "cuda:1"}), run_dir=tmp_path / "r")
+        train(build_config("cartpole-appo", {"device": "cuda", "inference.device": "cuda:1",
+                                             "inference.in_workers": False}), run_dir=tmp_path / "r")
 
 
 @pytest.mark.parametrize("value", ["gpu", "cuda", "auto", "cuda:x"])

@@ -13,7 +13,7 @@ def small_arena(num_workers: int) -> Arena:
 
 
 def test_timing_report_keys_are_the_documented_ones():
-    assert WORKER_TIMINGS == ("env_step_s", "obs_copy_s", "wait_actions_s", "wait_slots_s")
+    assert WORKER_TIMINGS == ("env_step_s", "obs_copy_s", "wait_actions_s", "wait_slots_s", "inference_s")
     assert INFERENCE_TIMINGS == ("inference_forward_s", "weight_refresh_s", "wait_requests_s", "inference_batches",
                                  "inference_requests")
     # One key per column, columns 0..k-1 without gaps, all within the arena's row.
@@ -31,6 +31,7 @@ def test_each_column_is_reported_under_its_key():
         row[WorkerTiming.OBS_COPY] += 2 * scale
         row[WorkerTiming.WAIT_ACTIONS] += 3 * scale
         row[WorkerTiming.WAIT_SLOTS] += 4 * scale
+        row[WorkerTiming.INFERENCE] += 0.5 * scale
     batcher = BatcherTiming.row(arena)
     batcher[BatcherTiming.FORWARD] += 5
     batcher[BatcherTiming.WEIGHT_REFRESH] += 6
@@ -40,7 +41,7 @@ def test_each_column_is_reported_under_its_key():
     # Worker columns are summed over the workers; the batcher's row is apart from theirs.
     assert read_timings(arena) == {
         "rollout/env_step_s": 11.0, "rollout/obs_copy_s": 22.0, "rollout/wait_actions_s": 33.0,
-        "rollout/wait_slots_s": 44.0, "inference/inference_forward_s": 5.0, "inference/weight_refresh_s": 6.0,
+        "rollout/wait_slots_s": 44.0, "rollout/inference_s": 5.5, "inference/inference_forward_s": 5.0, "inference/weight_refresh_s": 6.0,
         "inference/wait_requests_s": 7.0, "inference/inference_batches": 8.0, "inference/inference_requests": 9.0}
 
 

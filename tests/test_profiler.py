@@ -16,7 +16,8 @@ from fastrl.config import build_config, validate
 from fastrl.runner import train
 
 # cartpole-appo, small: 2 workers x 32 envs, batches of 1024 env steps.
-SMALL = {"device": "cpu", "env.envs_per_worker": "32", "learner.batch_size": "1024"}
+# The batcher process acting, as most profiles run: its figures are among those checked.
+SMALL = {"device": "cpu", "env.envs_per_worker": "32", "learner.batch_size": "1024", "inference.in_workers": "false"}
 COMPONENT_WORDS = ("learner", "batcher", "workers", "cores")
 
 

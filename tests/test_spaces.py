@@ -198,7 +198,8 @@ def test_an_empty_mask_on_the_final_observation_trains(tmp_path):
 @pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
 def test_training_on_an_env_whose_mask_allows_nothing_stops_with_that_message(tmp_path, serial):
     cfg = small_config("make_masked_cue", {"empty_mask_at": 3}, serial=serial, train_for_env_steps=50_000)
-    # Serial: the model's own error; processes: the runner's RunError, with the batcher's message.
+    # Serial: the model's own error; processes: the runner's RunError, with the batcher's message
+    # (here a worker's: the profile acts in the workers).
     with pytest.raises(ValueError if serial else RunError, match="action_mask allows no action") as info:
         train(cfg, run_dir=tmp_path, quiet=True)
     assert "\n" not in str(info.value)

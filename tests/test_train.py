@@ -44,7 +44,8 @@ def test_cartpole_learns_and_writes_its_run_dir(cartpole_run):
     assert max(r["episode_return_mean"] or 0 for r in records) > 200
     assert records[-1]["learner_updates"] > 50
     roles = json.loads((run_dir / "processes.json").read_text())
-    assert len(roles["rollout"]) == 2 and len(roles["inference"]) == 1 and len(roles["learner"]) == 1
+    # The profile acts in the workers (inference.in_workers): no batcher process.
+    assert len(roles["rollout"]) == 2 and len(roles["inference"]) == 0 and len(roles["learner"]) == 1
     assert (run_dir / "config.toml").read_text().count("CartPole-v1") == 1
     assert list_checkpoints(run_dir)
     assert_all_exited(run_dir)
