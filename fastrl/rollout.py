@@ -233,12 +233,14 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
     batcher.wait_for_weights(arena.control, parent_pid)
     timings, control = worker.timings, arena.control
     this_worker = np.array([worker.worker_id])
+    this_request = np.zeros(1, dtype=np.int64)  # reused: infer() takes arrays, one request a batch here
     while True:
         request = worker.recv_batch()
         start = time.perf_counter()
         batcher.refresh_weights()
+        this_request[0] = request
         try:
-            batcher.infer(this_worker, np.array([request]))
+            batcher.infer(this_worker, this_request)
         except Exception as exc:
             # As the batcher process does: the run stops with this line (an action mask that allows
             # nothing, a model that fails on the observations) instead of restarting the worker
@@ -250,6 +252,26 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
         # The batcher's pipes no longer wake this loop to look: once per batch is cheap (a
         # shared-memory read and getppid).
         check_alive(control, parent_pid)
+
+
+def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, actions_pipe: ReadablePipes, control,
+                          parent_pid: int, tag: int, S: int) -> None:
+    """The worker's loop with the batcher process: step every batch it can, send each one's request
+    id, act on the answers meant for this generation (``tag``); until the run stops (ProcessExit)."""
+    requests_out, actions_in = channels.requests_out, channels.actions_in
+    timings = worker.timings
+    while True:
+        while worker.can_recv():
+            request = worker.recv_batch()
+            requests_out.send_bytes(bytes([tag * S + request]))
+        waited = time.perf_counter()
+        while not actions_pipe.wait(control, parent_pid):
+            pass
+        timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
+        while actions_pipe.ready():
+            for message in actions_in.recv_bytes():
+                if message // S == tag:
+                    worker.act(message % S)
 
 
 def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
@@ -283,7 +305,6 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     """
     configure_child(parent_pid, cfg.retain_freed_memory)
     arena = Arena.attach(layout, arena_name)
-    requests_out, actions_in = channels.requests_out, channels.actions_in
     full_out, free_in = channels.full_out, channels.free_in
     control = arena.control
     timings = WorkerTiming.row(arena, worker_id)
@@ -293,7 +314,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     available = owned[arena.slot_queued[owned] == 0]
     held = set(available.tolist())  # slots this worker has: spare or filling
     spare = deque(available.tolist())
-    free_pipe, actions_pipe = ReadablePipes([free_in]), ReadablePipes([actions_in])
+    free_pipe, actions_pipe = ReadablePipes([free_in]), ReadablePipes([channels.actions_in])
 
     def receive_free_slots() -> None:
         while free_pipe.ready():
@@ -323,19 +344,9 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
         worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots, send_full)
         worker.start()
         if cfg.inference.in_workers:
-            act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)
-        while True:
-            while worker.can_recv():
-                request = worker.recv_batch()
-                requests_out.send_bytes(bytes([tag * S + request]))
-            waited = time.perf_counter()
-            while not actions_pipe.wait(control, parent_pid):
-                pass
-            timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
-            while actions_pipe.ready():
-                for message in actions_in.recv_bytes():
-                    if message // S == tag:
-                        worker.act(message % S)
+            act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
+        else:
+            serve_through_batcher(worker, channels, actions_pipe, control, parent_pid, tag, S)
     except ProcessExit:
         pass
     finally:
