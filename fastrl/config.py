@@ -156,6 +156,7 @@ class InferenceSettings:
     # process runs: no round trip through pipes and another process per batch. For small
     # networks whose batches are already large (CartPole's 512 envs a request), where the round
     # trip and the batcher's loop cost more than the forward pass (README: CartPole ratios).
+    # Serial mode (everything in one process) acts inline either way.
     in_workers: bool = False
 
 

@@ -188,11 +188,12 @@ def plan(args, settings: dict) -> list[dict]:
         name = Path(profile).stem
         promise = resolve_promise(name, load_profile(profile).expected, args.metric, args.target,
                                   args.budget_steps, args.budget_seconds)
-        configs = [build_config(profile, run_overrides(promise, seed, settings)) for seed in range(args.seeds)]
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        configs = [build_config(profile, run_overrides(promise, seed, settings)) for seed in seeds]
         if promise.metric.startswith("eval_") and not configs[0].eval.every_s:
             raise PromiseError(f"profile '{name}': --metric {promise.metric} needs evaluation during training: "
                                f"--set eval.every_s=SECONDS")
-        run_dirs = [args.out_dir / name / f"seed{seed}" for seed in range(args.seeds)]
+        run_dirs = [args.out_dir / name / f"seed{seed}" for seed in seeds]
         for run_dir in run_dirs:
             if args.no_train and not (run_dir / "metrics.jsonl").is_file():
                 raise PromiseError(f"--no-train: '{run_dir}' holds no metrics.jsonl; run without --no-train first")
@@ -200,7 +201,7 @@ def plan(args, settings: dict) -> list[dict]:
                 raise PromiseError(f"'{run_dir}' already holds a run: pass --overwrite to replace it, --no-train "
                                    f"to judge it again, or another --out-dir")
         plot = args.plot or args.out_dir / f"{name}.png"
-        plans.append({"profile": name, "promise": promise, "configs": configs,
+        plans.append({"profile": name, "promise": promise, "seeds": seeds, "configs": configs,
                       "run_dirs": run_dirs, "plot": None if args.no_plot else plot})
     return plans
 
@@ -209,7 +210,7 @@ def bench(args) -> int:
     settings = dict(parse_override(text) for text in args.set)
     owned = [key for key in settings if key in BENCH_KEYS]
     if owned:
-        raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds 0..N-1 from --seeds, the run's limit from "
+        raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds from --first-seed and --seeds, the run's limit from "
                            f"the promise or --budget-steps / --budget-seconds)")
     if args.plot and len(args.profiles) > 1:
         raise PromiseError("--plot names one figure: pass one --profile, or leave --plot out for "
@@ -220,7 +221,7 @@ def bench(args) -> int:
     results = []
     for p in plans:
         outcomes = []
-        for seed, (cfg, run_dir) in enumerate(zip(p["configs"], p["run_dirs"])):
+        for seed, cfg, run_dir in zip(p["seeds"], p["configs"], p["run_dirs"]):
             if not args.no_train:
                 train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite)
             rows = load_run(run_dir).rows
@@ -300,7 +301,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", dest="profiles", nargs="+", action="extend", required=True, metavar="NAME",
                    help="profile names or TOML paths (repeatable)")
-    p.add_argument("--seeds", type=positive(int), default=3, help="runs per profile, seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=positive(int), default=3,
+                   help="runs per profile, seeds K..K+N-1 with K from --first-seed (default 3)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="K",
+                   help="the first seed (default 0): more seeds later, beside runs already made, without redoing them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every run (e.g. device=cpu, report_every_s=1)")
     p.add_argument("--metric", help="metrics key to judge (default: the promise's, e.g. episode_return_mean)")

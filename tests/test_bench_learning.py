@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -167,6 +168,27 @@ def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
     result = json.loads(lines[-1])["profiles"][0]
     assert result["seeds_reached"] == 1 and result["median_wall_time"] is None and not result["holds"]
     assert (tmp_path / "cartpole-appo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
+    for seed, returns in ((1, [100.0, 200.0, 300.0]), (2, [100.0, 480.0, 500.0])):
+        run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
+    argv = ["--profile", "cartpole-appo", "--first-seed", "1", "--seeds", "2", "--no-train", "--no-plot",
+            "--out-dir", str(tmp_path)]
+    assert bench.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("cartpole-appo seed 1: not reached") and lines[1].startswith("cartpole-appo seed 2: ")
+    seeds = [r["seed"] for r in json.loads(lines[-1])["profiles"][0]["runs"]]
+    assert seeds == [1, 2]
+    args = SimpleNamespace(profiles=["cartpole-appo"], first_seed=3, seeds=2, metric=None, target=None,
+                           budget_steps=None, budget_seconds=None, out_dir=tmp_path, no_train=False, overwrite=False,
+                           plot=None, no_plot=True)
+    planned = bench.plan(args, {})[0]
+    assert [cfg.seed for cfg in planned["configs"]] == [3, 4]
+    assert [d.name for d in planned["run_dirs"]] == ["seed3", "seed4"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -102,11 +102,64 @@ def test_diagnosis_rules(bd, cores, bottleneck, says):
     assert "\n" not in diagnosis.message and "->" in diagnosis.message
 
 
+def acting_shares(stepping, acting, learner=0.3, wait_slots=0.0):
+    """A breakdown of a run whose workers act for themselves (inference.in_workers): no batcher."""
+    return {**shares(rollout=stepping + acting, wait_actions=0.0, wait_slots=wait_slots, inference=0.0,
+                     learner=learner), "rollout/inference": acting}
+
+
+@pytest.mark.parametrize("bd, cores, bottleneck, says", [
+    (acting_shares(stepping=0.3, acting=0.6), None, "inference",
+     "inference-bound: workers acting 60%, stepping 30% -> raise env.envs_per_worker"),
+    (acting_shares(stepping=0.6, acting=0.3), None, "env", "env-bound: workers stepping 60% (acting 30%) -> add"),
+    (acting_shares(stepping=0.5, acting=0.45), (1.95, 2), "cpu",
+     "(workers stepping 50%, acting 45%, learner 30%)"),
+    (acting_shares(stepping=0.2, acting=0.3, learner=0.1), None, "balanced", "busiest is workers acting 30%"),
+    (acting_shares(stepping=0.3, acting=0.6, wait_slots=0.4, learner=0.9), None, "learner", "learner-bound"),
+])
+def test_diagnosis_of_workers_that_act_names_their_acting_not_a_batcher(bd, cores, bottleneck, says):
+    used, count = cores or (None, None)
+    diagnosis = profiler.diagnose(bd, used, count)
+    assert diagnosis.bottleneck == bottleneck
+    assert says in diagnosis.message and "batcher" not in diagnosis.message
+
+
 def test_diagnosis_thresholds_are_inclusive():
     at = shares(wait_slots=profiler.WAIT, learner=profiler.BUSY)
     assert profiler.diagnose(at).bottleneck == "learner"
     below = shares(wait_slots=profiler.WAIT - 0.01, learner=profiler.BUSY)
     assert profiler.diagnose(below).bottleneck != "learner"
+
+
+def synthetic_result(in_workers: bool) -> "profiler.ProfileResult":
+    """A ProfileResult from two synthetic reports per run, as fastrl-profile would measure them."""
+    a = report(10.0, 1_000, rollout__env_step_s=2.0, inference__inference_batches=0)
+    b = report(20.0, 11_000, rollout__env_step_s=12.0, rollout__inference_s=6.0, learner__forward_backward_s=3.0,
+               learner_updates=50)
+    if not in_workers:
+        b.update({"rollout/inference_s": 0.0, "inference/inference_forward_s": 6.0,
+                  "inference/inference_batches": 500, "inference/inference_requests": 1_000})
+    bd = profiler.breakdown(a, b, num_workers=2)
+    return profiler.ProfileResult(
+        profile="cartpole-appo", env_id="CartPole-v1", overrides={}, seconds=10.0, warmup_seconds=1.0, frame_skip=1,
+        env_fps=2_000.0, sample_fps=1_500.0, train_fps=1_000.0, env_frames_per_s=2_000.0,
+        sample_frames_per_s=1_500.0, train_frames_per_s=1_000.0, sample_ratio=0.75, train_ratio=0.5,
+        window_s={"env": 10.0, "sample": 10.0, "train": 10.0}, startup_s={"sample": 2.0, "train": 2.0},
+        breakdown={"sample": bd, "train": bd}, policy_lag={"mean": 1.5, "min": 0.0, "max": 4.0},
+        processes={"env": [], "sample": [], "train": []}, cores_used={"env": 1.0, "sample": 2.0, "train": 2.0},
+        gpus=None, bottleneck="env", diagnosis="env-bound", sample_diagnosis="env-bound",
+        hardware={"cpu_count": 2, "cpu_model": "test", "gpus": []},
+        config={"device": "cpu", "env": {"num_workers": 2, "envs_per_worker": 8, "num_splits": 2},
+                "inference": {"in_workers": in_workers}})
+
+
+def test_report_of_workers_that_act_has_no_batcher_rows():
+    table = profiler.format_report(synthetic_result(in_workers=True))
+    assert "rollout/inference" in table and "30.0%" in table  # 6 s over 2 workers x 10 s
+    assert "inference/" not in table and "no batcher process" in table
+    with_batcher = profiler.format_report(synthetic_result(in_workers=False))
+    assert "inference/forward" in with_batcher and "inference/requests_per_batch" in with_batcher
+    assert "no batcher process" not in with_batcher
 
 
 # --- steady state and GPU parsing -----------------------------------------------------------
@@ -261,6 +314,29 @@ def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
     assert (out / "prof.png").read_bytes()[:4] == b"\x89PNG"
     assert_all_exited([p["pid"] for run in ("env", "sample", "train") for p in result["processes"][run]
                        if p["role"] != "runner"])
+
+
+def test_profile_of_workers_that_act_counts_their_acting(tmp_path, capsys):
+    settings = {**SMALL, "inference.in_workers": "true"}
+    argv = ["--profile", "cartpole-appo", *set_args(settings), "--seconds", "2", "--warmup-seconds", "0.5",
+            "--json", str(tmp_path / "prof.json")]
+    assert profile_main(argv) == 0
+    table = capsys.readouterr().out
+    result = json.loads((tmp_path / "prof.json").read_text())
+    for run in ("sample", "train"):
+        bd = result["breakdown"][run]
+        assert 0 < bd["rollout/inference"] < bd["rollout/busy"] and bd["inference/busy"] == 0
+        assert bd["rollout/wait_actions"] == 0
+    assert "inference" not in {p["name"] for p in result["processes"]["train"]}
+    assert "no batcher process" in table and "rollout/inference" in table and "inference/forward" not in table
+    assert "batcher" not in result["diagnosis"] and "batcher" not in result["sample_diagnosis"]
+
+
+def test_autotune_tries_acting_in_the_workers_and_in_the_batcher():
+    cfg = build_config("cartpole-appo", SMALL)
+    assert "inference.in_workers" in profiler.tuned_keys(cfg)
+    assert profiler.candidate_values(cfg, "inference.in_workers", 2) == [True]
+    assert profiler.candidate_values(build_config("cartpole-appo", {}), "inference.in_workers", 2) == [False]
 
 
 def test_autotune_fits_its_budget_and_its_settings_validate_and_run(tmp_path):

@@ -59,9 +59,11 @@ def steady_window(reports: list[dict], warmup_s: float, training: bool) -> tuple
                     warmup_s)
 
 
-def _component(timing: str) -> str:
-    """Breakdown name of a metrics timing: "inference_forward_s" -> "forward"."""
-    return timing.removeprefix("inference_").removesuffix("_s")
+def _component(group: str, timing: str) -> str:
+    """Breakdown name of a metrics timing: the batcher's "inference_forward_s" -> "forward", a
+    worker's "inference_s" (its own acting) -> "inference"."""
+    name = timing.removeprefix("inference_") if group == "inference" else timing
+    return name.removesuffix("_s")
 
 
 def breakdown(report_a: dict, report_b: dict, num_workers: int) -> dict:
@@ -88,7 +90,7 @@ def breakdown(report_a: dict, report_b: dict, num_workers: int) -> dict:
            "frames_per_s": delta("frames") / window}
     for group, timings in GROUPS.items():
         per = window * (num_workers if group == "rollout" else 1)
-        shares = {_component(name): delta(f"{group}/{name}") / per for name in timings}
+        shares = {_component(group, name): delta(f"{group}/{name}") / per for name in timings}
         timed = sum(shares.values())
         # Untimed: loop bookkeeping, pipes, and time the OS gave to other processes.
         shares["other"] = max(0.0, 1.0 - timed) if timed else 0.0
@@ -119,6 +121,10 @@ def _pct(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
+def _acting(acting: float) -> str:
+    return f" (acting {_pct(acting)})" if acting else ""
+
+
 def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = None) -> Diagnosis:
     """Name the bottleneck of a breakdown (see ``breakdown``) and the knob that moves it.
 
@@ -133,9 +139,15 @@ def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = 
       6. latency   workers wait for actions >= WAIT while the batcher is idle: round trips, not
                    compute, hold the workers back;
       7. balanced  none of the above; names the busiest stage.
+
+    When the workers act for themselves (``inference.in_workers``: ``rollout/inference`` > 0 and
+    no batcher), the policy's stage is the workers' acting share: rule 3 becomes workers busy
+    >= BUSY with more of it acting than stepping, and rule 4 the same with more stepping.
     """
     rollout, wait_slots, wait_actions = bd["rollout/busy"], bd["rollout/wait_slots"], bd["rollout/wait_actions"]
     learner, inference = bd["learner/busy"], bd["inference/busy"]
+    acting = bd.get("rollout/inference", 0.0)  # the workers' own forward passes (inference.in_workers)
+    stepping = rollout - acting
     saturated = bool(cores_used is not None and cpu_count and cores_used >= CPU_SATURATED * cpu_count)
     if wait_slots >= WAIT and learner >= BUSY:
         # Only the dqn learner spends time in its replay: its pace is set by the replay ratio.
@@ -150,18 +162,23 @@ def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = 
         return Diagnosis("inference", f"inference-bound: batcher busy {_pct(inference)}, workers waiting for "
                                       f"actions {_pct(wait_actions)} -> raise env.num_splits / "
                                       f"env.envs_per_worker (bigger batches) or use a GPU")
+    if acting and rollout >= BUSY and acting > stepping and not saturated:
+        return Diagnosis("inference", f"inference-bound: workers acting {_pct(acting)}, stepping {_pct(stepping)} "
+                                      f"-> raise env.envs_per_worker (bigger batches) or add env.num_workers; "
+                                      f"on a GPU, inference.in_workers=false")
     if rollout >= BUSY and not saturated:
-        return Diagnosis("env", f"env-bound: workers stepping {_pct(rollout)} -> add env.num_workers / "
-                                f"env.envs_per_worker")
+        return Diagnosis("env", f"env-bound: workers stepping {_pct(stepping)}{_acting(acting)} -> add "
+                                f"env.num_workers / env.envs_per_worker")
     if saturated:
+        policy = f"acting {_pct(acting)}" if acting else f"batcher {_pct(inference)}"
         return Diagnosis("cpu", f"cpu-bound: the run uses {cores_used:.2f} of {cpu_count} cores (workers stepping "
-                                f"{_pct(rollout)}, batcher {_pct(inference)}, learner {_pct(learner)}) -> more "
+                                f"{_pct(stepping)}, {policy}, learner {_pct(learner)}) -> more "
                                 f"cores, or rebalance with --autotune (env.num_workers, env.num_threads)")
     if wait_actions >= WAIT:
         return Diagnosis("latency", f"latency-bound: workers waiting for actions {_pct(wait_actions)} while the "
                                     f"batcher is busy {_pct(inference)} -> raise env.num_splits (more batches in "
                                     f"flight) or env.envs_per_worker")
-    busiest = max((("workers stepping", rollout), ("batcher", inference), ("learner", learner)),
-                  key=lambda item: item[1])
+    policy = ("workers acting", acting) if acting else ("batcher", inference)
+    busiest = max((("workers stepping", stepping), policy, ("learner", learner)), key=lambda item: item[1])
     return Diagnosis("balanced", f"no single bottleneck: busiest is {busiest[0]} {_pct(busiest[1])} -> "
                                  f"try --autotune")

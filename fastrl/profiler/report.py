@@ -31,11 +31,18 @@ def format_report(result: ProfileResult) -> str:
         startup = f"{result.startup_s[run]:>12.1f}" if run in result.startup_s else f"{'-':>12}"
         lines.append(f"{label:24}{fps:>14,.0f}{frames:>14,.0f}{ratio:>12.2f}{result.window_s[run]:>12.1f}{startup}")
     sample, train = result.breakdown["sample"], result.breakdown["train"]
+    # With inference.in_workers no batcher runs: its rows would be zeros, and the workers' acting
+    # time is rollout/inference.
+    batcher = not cfg.get("inference", {}).get("in_workers", False)
     lines += ["", f"{'breakdown (share of wall time; rollout per worker)':52}{'sampling':>10}{'training':>10}"]
     for key in share_keys(sample):
-        lines.append(f"  {key:50}{100 * sample[key]:>9.1f}%{100 * train[key]:>9.1f}%")
-    for key in ("inference/requests_per_batch", "inference/batches_per_s", "learner/updates_per_s"):
+        if batcher or not key.startswith("inference/"):
+            lines.append(f"  {key:50}{100 * sample[key]:>9.1f}%{100 * train[key]:>9.1f}%")
+    rates = ("inference/requests_per_batch", "inference/batches_per_s") if batcher else ()
+    for key in (*rates, "learner/updates_per_s"):
         lines.append(f"  {key:50}{sample[key]:>10.1f}{train[key]:>10.1f}")
+    if not batcher:
+        lines.append("  no batcher process: the workers act for themselves (inference.in_workers)")
     lag = result.policy_lag
     lines.append(f"  {'policy lag mean / min / max (training)':50}{'':>10}{lag['mean']:>4.1f} / {lag['min']:.0f} / "
                  f"{lag['max']:.0f}")

@@ -20,7 +20,7 @@ OVERHEAD_ESTIMATE_S = 5.0
 MIN_GAIN = 0.03  # autotune keeps a setting only if it beats the best so far by this (noise)
 
 TUNED_KEYS = ("env.num_workers", "env.envs_per_worker", "env.num_splits", "learner.batch_size",
-              "env.num_threads", "env.thread_affinity")
+              "env.num_threads", "env.thread_affinity", "inference.in_workers")
 ENVPOOL_ONLY = ("env.num_threads", "env.thread_affinity")
 
 
@@ -96,7 +96,7 @@ def candidate_values(cfg: Config, key: str, cores: int) -> list:
         values = [max(rollout, current // 2 // rollout * rollout), current * 2]
     elif key == "env.num_threads":
         values = [0, 1, max(1, cores // cfg.env.num_workers)]
-    else:  # env.thread_affinity
+    else:  # env.thread_affinity, inference.in_workers
         values = [False, True]
     return [v for v in dict.fromkeys(values) if v != current]
 
