@@ -170,8 +170,8 @@ def profile_main(argv=None) -> int:
     p.add_argument("--plot", dest="plot_path", metavar="OUT.png",
                    help="write a PNG of throughput and breakdown (needs matplotlib: pip install 'fastrl[plot]')")
     p.add_argument("--autotune", action="store_true",
-                   help="search env.num_workers, envs_per_worker, num_splits, num_threads, thread_affinity and "
-                        "learner.batch_size for the best training throughput")
+                   help="search env.num_workers, envs_per_worker, num_splits, num_threads, thread_affinity, "
+                        "learner.batch_size and inference.in_workers for the best training throughput")
     p.add_argument("--budget-seconds", type=float, help="wall-time budget of --autotune (default 300)")
     args = p.parse_args(argv)
     try:

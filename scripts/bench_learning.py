@@ -284,15 +284,15 @@ def env_step_window(text: str) -> tuple[int, int]:
     return low, high
 
 
-def positive(parse):
-    """An argparse type: ``parse(text)``, which must be > 0."""
+def positive(parse, zero_ok: bool = False):
+    """An argparse type: ``parse(text)``, which must be > 0 (>= 0 with ``zero_ok``)."""
     def checked(text: str):
         try:
             value = parse(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got '{text}'")
+        if not (value >= 0 if zero_ok else value > 0):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if zero_ok else '>'} 0, got '{text}'")
         return value
     return checked
 
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
                    help="profile names or TOML paths (repeatable)")
     p.add_argument("--seeds", type=positive(int), default=3,
                    help="runs per profile, seeds K..K+N-1 with K from --first-seed (default 3)")
-    p.add_argument("--first-seed", type=int, default=0, metavar="K",
+    p.add_argument("--first-seed", type=positive(int, zero_ok=True), default=0, metavar="K",
                    help="the first seed (default 0): more seeds later, beside runs already made, without redoing them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every run (e.g. device=cpu, report_every_s=1)")

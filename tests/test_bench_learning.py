@@ -204,6 +204,16 @@ def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, m
     assert err.startswith("bench_learning: error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--first-seed", "-1"], "argument --first-seed: must be >= 0, got '-1'"),
+    (["--seeds", "0"], "argument --seeds: must be > 0, got '0'"),
+])
+def test_bad_numbers_are_refused_by_the_command_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--profile", "cartpole-appo", "--out-dir", str(tmp_path), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_an_existing_run_is_not_overwritten_unless_asked(tmp_path, capsys):
     (tmp_path / "cartpole-appo" / "seed1").mkdir(parents=True)
     (tmp_path / "cartpole-appo" / "seed1" / "metrics.jsonl").write_text("")

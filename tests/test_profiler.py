@@ -111,7 +111,8 @@ def acting_shares(stepping, acting, learner=0.3, wait_slots=0.0):
 @pytest.mark.parametrize("bd, cores, bottleneck, says", [
     (acting_shares(stepping=0.3, acting=0.6), None, "inference",
      "inference-bound: workers acting 60%, stepping 30% -> raise env.envs_per_worker"),
-    (acting_shares(stepping=0.6, acting=0.3), None, "env", "env-bound: workers stepping 60% (acting 30%) -> add"),
+    (acting_shares(stepping=0.6, acting=0.3), None, "env",
+     "env-bound: workers busy 90% (stepping 60%, acting 30%) -> add"),
     (acting_shares(stepping=0.5, acting=0.45), (1.95, 2), "cpu",
      "(workers stepping 50%, acting 45%, learner 30%)"),
     (acting_shares(stepping=0.2, acting=0.3, learner=0.1), None, "balanced", "busiest is workers acting 30%"),
@@ -153,13 +154,17 @@ def synthetic_result(in_workers: bool) -> "profiler.ProfileResult":
                 "inference": {"in_workers": in_workers}})
 
 
-def test_report_of_workers_that_act_has_no_batcher_rows():
+def test_report_of_workers_that_act_has_no_batcher_rows(tmp_path):
     table = profiler.format_report(synthetic_result(in_workers=True))
-    assert "rollout/inference" in table and "30.0%" in table  # 6 s over 2 workers x 10 s
+    acting = next(line for line in table.splitlines() if line.strip().startswith("rollout/inference"))
+    assert acting.split()[1:] == ["30.0%", "30.0%"]  # 6 s over 2 workers x 10 s, sampling and training
     assert "inference/" not in table and "no batcher process" in table
     with_batcher = profiler.format_report(synthetic_result(in_workers=False))
     assert "inference/forward" in with_batcher and "inference/requests_per_batch" in with_batcher
     assert "no batcher process" not in with_batcher
+    pytest.importorskip("matplotlib")
+    profiler.plot_profile(synthetic_result(in_workers=True), tmp_path / "prof.png")
+    assert (tmp_path / "prof.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # --- steady state and GPU parsing -----------------------------------------------------------

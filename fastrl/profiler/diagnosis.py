@@ -121,9 +121,6 @@ def _pct(share: float) -> str:
     return f"{100 * share:.0f}%"
 
 
-def _acting(acting: float) -> str:
-    return f" (acting {_pct(acting)})" if acting else ""
-
 
 def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = None) -> Diagnosis:
     """Name the bottleneck of a breakdown (see ``breakdown``) and the knob that moves it.
@@ -167,8 +164,9 @@ def diagnose(bd: dict, cores_used: float | None = None, cpu_count: int | None = 
                                       f"-> raise env.envs_per_worker (bigger batches) or add env.num_workers; "
                                       f"on a GPU, inference.in_workers=false")
     if rollout >= BUSY and not saturated:
-        return Diagnosis("env", f"env-bound: workers stepping {_pct(stepping)}{_acting(acting)} -> add "
-                                f"env.num_workers / env.envs_per_worker")
+        busy = f"workers busy {_pct(rollout)} (stepping {_pct(stepping)}, acting {_pct(acting)})" if acting \
+            else f"workers stepping {_pct(rollout)}"
+        return Diagnosis("env", f"env-bound: {busy} -> add env.num_workers / env.envs_per_worker")
     if saturated:
         policy = f"acting {_pct(acting)}" if acting else f"batcher {_pct(inference)}"
         return Diagnosis("cpu", f"cpu-bound: the run uses {cores_used:.2f} of {cpu_count} cores (workers stepping "
