@@ -17,7 +17,7 @@ import numpy as np
 from .config import Config
 from .envs import make_vec_env
 from .metrics import WorkerTiming
-from .process_utils import ProcessExit, check_alive, ReadablePipes, WorkerChannels, configure_child
+from .process_utils import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from .shm import Arena, set_error
 from .spaces import ObsLayout
 

@@ -146,6 +146,11 @@ class ProfileResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def acting_in_workers(self) -> bool:
+        """The workers ran the policy themselves (inference.in_workers): no batcher process ran."""
+        return bool(self.config.get("inference", {}).get("in_workers", False))
+
 
 def profile(cfg: Config, seconds: float = DEFAULT_SECONDS, warmup_s: float | None = None,
             profile_name: str | None = None, overrides: dict | None = None, log=log_progress) -> ProfileResult:

@@ -52,8 +52,7 @@ def plot_profile(result: ProfileResult, path: str | Path) -> None:
     left.legend(loc="lower right", fontsize=8)
     parts = [key for key in share_keys(result.breakdown["train"]) if not key.endswith("/busy")]
     # No batcher runs when the workers act for themselves: their acting is a rollout segment.
-    in_workers = result.config.get("inference", {}).get("in_workers", False)
-    groups = [group for group in GROUPS if not (in_workers and group == "inference")]
+    groups = [group for group in GROUPS if not (result.acting_in_workers and group == "inference")]
     stacked_bars(plt, right, {f"{group} ({run})": {part: result.breakdown[run][part] for part in parts
                                                     if part.startswith(group + "/")}
                               for group in groups for run in ("sample", "train")})

@@ -33,7 +33,7 @@ def format_report(result: ProfileResult) -> str:
     sample, train = result.breakdown["sample"], result.breakdown["train"]
     # With inference.in_workers no batcher runs: its rows would be zeros, and the workers' acting
     # time is rollout/inference.
-    batcher = not cfg.get("inference", {}).get("in_workers", False)
+    batcher = not result.acting_in_workers
     lines += ["", f"{'breakdown (share of wall time; rollout per worker)':52}{'sampling':>10}{'training':>10}"]
     for key in share_keys(sample):
         if batcher or not key.startswith("inference/"):
