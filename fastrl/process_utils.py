@@ -75,8 +75,8 @@ class ReadablePipes:
 class WorkerChannels(NamedTuple):
     """One rollout worker's pipe ends (``_in`` receives, ``_out`` sends)."""
 
-    requests_out: Connection  # request ids of env batches ready to act on, to the batcher
-    actions_in: Connection  # request ids whose actions the batcher wrote
+    requests_out: Connection | None  # request ids of env batches ready to act on, to the batcher
+    actions_in: Connection | None  # request ids whose actions the batcher wrote (None: no batcher)
     full_out: Connection  # ids of full slots, to the learner
     free_in: Connection  # ids of slots the learner is done with
 
@@ -97,24 +97,31 @@ class LearnerChannels(NamedTuple):
 
 @dataclass(frozen=True)
 class RunChannels:
-    """Every pipe of one node: four one-way pipes per worker, two to the batcher, two to the learner.
+    """Every pipe of one node: four one-way pipes per worker, two to the batcher, two to the learner
+    (two per worker when no batcher runs).
 
     The ends are named tuples, so a process may also unpack its ends (``full_in, free_out = channels``)."""
 
     workers: list[WorkerChannels]
-    batcher: BatcherChannels
+    batcher: BatcherChannels | None  # None when the workers act for themselves (inference.in_workers)
     learner: LearnerChannels
 
 
-def make_channels(ctx, num_workers: int) -> RunChannels:
-    """The pipes of a run with ``num_workers`` rollout workers, made with the multiprocessing context ``ctx``."""
-    requests_in, requests_out = _one_way_pipes(ctx, num_workers)
-    actions_in, actions_out = _one_way_pipes(ctx, num_workers)
+def make_channels(ctx, num_workers: int, batcher: bool = True) -> RunChannels:
+    """The pipes of a run with ``num_workers`` rollout workers, made with the multiprocessing context ``ctx``.
+
+    ``batcher=False`` (the workers act for themselves) leaves out the batcher's two pipes per worker."""
     full_in, full_out = _one_way_pipes(ctx, num_workers)
     free_in, free_out = _one_way_pipes(ctx, num_workers)
+    learner = LearnerChannels(full_in, free_out)
+    if not batcher:
+        return RunChannels([WorkerChannels(None, None, full_out[w], free_in[w]) for w in range(num_workers)],
+                           None, learner)
+    requests_in, requests_out = _one_way_pipes(ctx, num_workers)
+    actions_in, actions_out = _one_way_pipes(ctx, num_workers)
     workers = [WorkerChannels(requests_out=requests_out[w], actions_in=actions_in[w], full_out=full_out[w],
                               free_in=free_in[w]) for w in range(num_workers)]
-    return RunChannels(workers, BatcherChannels(requests_in, actions_out), LearnerChannels(full_in, free_out))
+    return RunChannels(workers, BatcherChannels(requests_in, actions_out), learner)
 
 
 def _one_way_pipes(ctx, n: int) -> tuple[list[Connection], list[Connection]]:

@@ -254,11 +254,12 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
         check_alive(control, parent_pid)
 
 
-def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, actions_pipe: ReadablePipes, control,
-                          parent_pid: int, tag: int, S: int) -> None:
+def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int, tag: int,
+                          S: int) -> None:
     """The worker's loop with the batcher process: step every batch it can, send each one's request
     id, act on the answers meant for this generation (``tag``); until the run stops (ProcessExit)."""
     requests_out, actions_in = channels.requests_out, channels.actions_in
+    actions_pipe = ReadablePipes([actions_in])
     timings = worker.timings
     while True:
         while worker.can_recv():
@@ -314,7 +315,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     available = owned[arena.slot_queued[owned] == 0]
     held = set(available.tolist())  # slots this worker has: spare or filling
     spare = deque(available.tolist())
-    free_pipe, actions_pipe = ReadablePipes([free_in]), ReadablePipes([channels.actions_in])
+    free_pipe = ReadablePipes([free_in])
 
     def receive_free_slots() -> None:
         while free_pipe.ready():
@@ -346,7 +347,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
         if cfg.inference.in_workers:
             act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
         else:
-            serve_through_batcher(worker, channels, actions_pipe, control, parent_pid, tag, S)
+            serve_through_batcher(worker, channels, control, parent_pid, tag, S)
     except ProcessExit:
         pass
     finally:

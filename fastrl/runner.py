@@ -307,7 +307,6 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
     try:
         arena = _new_arena(layout, resume_state, shared=True, dist_info=dist_info)
         eval_results = EvalResults(arena)
-        channels = make_channels(ctx, cfg.env.num_workers)
 
         # Children build their networks from the config (a user's model travels as it is): spawn
         # writes each child's arguments into a pipe the parent itself keeps open, so a child that
@@ -315,6 +314,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         # would leave the parent blocked in Process.start() for ever.
         spaces = (spec.observation_space, spec.action_space)
         in_workers = cfg.inference.in_workers
+        channels = make_channels(ctx, cfg.env.num_workers, batcher=not in_workers)
 
         def make_worker(w: int, generation: int = 0):
             # The runner keeps every pipe end open, so a dead worker never shows up as EOF

@@ -36,6 +36,25 @@ def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
                 conn.close()
 
 
+def test_without_a_batcher_only_the_learner_pipes_are_made():
+    # inference.in_workers: no batcher process reads requests, so no pipe waits for one.
+    channels = make_channels(mp.get_context("spawn"), num_workers=2, batcher=False)
+    learner = channels.learner
+    try:
+        assert channels.batcher is None
+        for w, worker in enumerate(channels.workers):
+            assert worker.requests_out is None and worker.actions_in is None
+            worker.full_out.send_bytes(bytes([w]))
+            assert learner.full_in[w].recv_bytes() == bytes([w])
+            learner.free_out[w].send_bytes(bytes([w]))
+            assert worker.free_in.recv_bytes() == bytes([w])
+    finally:
+        for ends in (learner.full_in, learner.free_out, [w.full_out for w in channels.workers],
+                     [w.free_in for w in channels.workers]):
+            for conn in ends:
+                conn.close()
+
+
 def test_readable_pipes_name_the_ends_with_messages_and_the_closed_ones():
     ctx = mp.get_context("spawn")
     (a_in, a_out), (b_in, b_out) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
