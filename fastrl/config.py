@@ -89,8 +89,8 @@ class LearnerConfig:
     max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
     burn_in: int = 0  # recurrent cores: first steps of each trajectory only warm the state (no loss)
     torch_threads: int = 1
-    # float32 | bfloat16 | auto: appo/impala run the network's forward pass and the loss under bf16
-    # autocast (log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor
+    # float32 | bfloat16 | auto: appo/impala run the network's encoder under bf16 autocast (the
+    # policy and value heads, log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor
     # cores and on CPUs with native bf16. auto: bfloat16 on such a CPU only (fastrl.learner.precision)
     precision: str = "float32"
     # appo/impala on a CPU in float32: a plain MLP actor-critic over discrete actions (CartPole's)

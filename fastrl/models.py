@@ -16,6 +16,7 @@ A user's own ``nn.Module`` can replace the actor-critic if it keeps the feed-for
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import gymnasium
@@ -36,6 +37,21 @@ def is_image(obs_space: gymnasium.spaces.Box) -> bool:
     """A 3-D Box of uint8 pixels, or any 3-D Box of at least 7 x 7 (CHW or HWC)."""
     shape = tuple(obs_space.shape)
     return len(shape) == 3 and (obs_space.dtype == np.uint8 or min(image_hw(shape)) >= 7)
+
+
+@contextlib.contextmanager
+def float32_heads(*features: torch.Tensor):
+    """Under an autocast (the learner's bf16, fastrl.learner.precision) yields the tuple of
+    ``features`` as float32 with autocast off, so the policy and value layers run in float32;
+    otherwise yields them unchanged. The encoder is where bf16 pays; the heads cost nothing beside it,
+    while their outputs are the logits whose ratios against the float32 actor's V-trace weighs
+    and the values it bootstraps from, where bf16's 8-bit mantissa would add rounding noise."""
+    device_type = features[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        yield features
+        return
+    with torch.autocast(device_type, enabled=False):
+        yield tuple(f.float() for f in features)
 
 
 class ActorCritic(nn.Module):
@@ -200,7 +216,8 @@ class ActorCritic(nn.Module):
         return logits.masked_fill(~legal, MASKED_LOGIT)
 
     def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.action_params(features, obs), self.value(features).squeeze(-1)
+        with float32_heads(features) as (features,):
+            return self.action_params(features, obs), self.value(features).squeeze(-1)
 
     def policy_params(self, obs: torch.Tensor) -> torch.Tensor:
         """Feed-forward: the action parameters ``[B, P]`` alone, what acting needs (a separate
@@ -218,7 +235,8 @@ class ActorCritic(nn.Module):
         else:  # scaled and normalized once for both
             x = self.preprocess(obs)
             features, value_features = self.encoder(x), self.value_encoder(x)
-        return self.action_params(features, obs), self.value(value_features).squeeze(-1)
+        with float32_heads(features, value_features) as (features, value_features):
+            return self.action_params(features, obs), self.value(value_features).squeeze(-1)
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None):
         if self.core is None and self.value_encoder is not None:

@@ -257,8 +257,10 @@ def test_a_learner_set_to_auto_runs_in_the_precision_this_cpu_calls_for():
     assert learner.precision == learner_precision("auto", "appo", torch.device("cpu"), cpu_flags())
     batch = random_batch(T=16)
     with learner.autocast():
+        features = learner.model.encode(batch.obs.reshape(-1, 4))
         params, _ = learner.model(batch.obs.reshape(-1, 4))
-    assert params.dtype == (torch.bfloat16 if learner.precision == "bfloat16" else torch.float32)
+    assert features.dtype == (torch.bfloat16 if learner.precision == "bfloat16" else torch.float32)
+    assert params.dtype == torch.float32  # the heads run float32 either way (models.float32_heads)
 
 
 def test_a_nan_loss_skips_the_step_even_when_its_gradients_are_finite():

@@ -161,6 +161,29 @@ def test_a_conv_learner_trains_channels_last_to_the_same_numbers():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("separate_critic", [False, True])
+def test_under_bf16_autocast_the_encoder_runs_in_bf16_and_the_heads_in_float32(separate_critic):
+    """The learner's bf16 (learner.precision) speeds the encoder; the logits V-trace weighs
+    against the float32 actor and the values it bootstraps from keep float32 arithmetic."""
+    cfg = build_config("atari-appo", {"model.separate_critic": separate_critic}).model
+    torch.manual_seed(0)
+    model = ActorCritic(gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8), gymnasium.spaces.Discrete(6), cfg)
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        features = model.encode(obs)
+        value_features = features if not separate_critic else model.encode(obs, model.value_encoder)
+        params, value = model(obs)
+    assert features.dtype == value_features.dtype == torch.bfloat16
+    assert params.dtype == value.dtype == torch.float32
+    torch.testing.assert_close(params, model.policy(features.float()), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(value, model.value(value_features.float()).squeeze(-1), rtol=1e-6, atol=1e-7)
+    (params.sum() + value.sum()).backward()  # the gradient reaches the bf16 encoder through the casts
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 and bool(p.grad.abs().sum() > 0)
+               for p in model.parameters())
+    params_outside, _ = model(obs)  # no autocast: float32 throughout
+    assert model.encode(obs).dtype == params_outside.dtype == torch.float32
+
+
 # ---------------------------------------------------------------- separate critic
 
 def critic_model(observation_space, **overrides) -> ActorCritic:

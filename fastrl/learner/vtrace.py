@@ -190,7 +190,8 @@ class VTraceLearner(BaseLearner):
         else:
             network = self.model if self.numpy_mlp is None else self.numpy_mlp
             params, values = network(batch.obs.reshape(-1, *batch.obs.shape[2:]))
-        # learner.precision=bfloat16 runs the network in bf16; log-probs, V-trace and the losses stay float32.
+        # learner.precision=bfloat16 runs the encoder in bf16; the heads (models.float32_heads), log-probs,
+        # V-trace and the losses stay float32.
         params, values = params.float(), values.float()
         params = params.reshape(T + 1, B, -1)[:T]
         target_logp, entropy = self.head.log_prob_and_entropy(
