@@ -30,7 +30,8 @@ def assert_all_exited(run_dir):
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("cartpole")
-    cfg = build_config("cartpole-appo", {"train_for_env_steps": 1_600_000, "device": "cpu", "report_every_s": 1.0})
+    # 2.4M env steps: at 1.6M one fresh-clone CI run peaked at 169 (others well above 200).
+    cfg = build_config("cartpole-appo", {"train_for_env_steps": 2_400_000, "device": "cpu", "report_every_s": 1.0})
     result = train(cfg, run_dir=run_dir, quiet=True)
     return run_dir, result
 
@@ -39,7 +40,7 @@ def test_cartpole_learns_and_writes_its_run_dir(cartpole_run):
     run_dir, result = cartpole_run
     records = read_metrics(run_dir)
     assert REQUIRED_METRICS <= set(records[-1])
-    assert records[-1]["env_steps"] >= 1_600_000
+    assert records[-1]["env_steps"] >= 2_400_000
     # Random play scores ~22; the run must be far above that.
     assert max(r["episode_return_mean"] or 0 for r in records) > 200
     assert records[-1]["learner_updates"] > 50
