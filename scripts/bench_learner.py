@@ -3,6 +3,7 @@
     python scripts/bench_learner.py --pong --rounds 4          # Pong's CPU layout (bench_train's)
     python scripts/bench_learner.py --profile atari-appo-cpu --rounds 4
     python scripts/bench_learner.py --pong --compare nchw-input
+    python scripts/bench_learner.py --pong --arithmetic
 
 One process, one torch thread and the learner process's heap settings (``retain_freed_memory``).
 A batch has the profile's ``[T, B]`` shape and the env's observation space, with random
@@ -16,6 +17,11 @@ also times the variant named, side by side, and the ratio of the medians is prin
 - ``torch-ops``: the network's forward and backward passes, the categorical head's log-probs
   and entropies and APPO's loss by torch ops (before 2026-11-24) instead of numpy's BLAS and
   compiled kernels (fastrl.mlp_policy, fastrl.heads, fastrl.learner.losses).
+
+``--arithmetic`` also prints the floating-point work of one train() (torch's FlopCounterMode over
+the torch ops: a numpy/numba learner, CartPole's, is not counted), the rate the median call
+reaches, and a one-thread 2048x2048 matmul's rate in float32 and bf16 beside it: how near the
+learner runs to what this core's arithmetic allows.
 """
 from __future__ import annotations
 
@@ -84,6 +90,24 @@ def seconds_per_call(learner, batch, calls: int) -> tuple[float, float]:
     return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / calls
 
 
+def gflop_per_call(learner, batch) -> float:
+    """Floating-point operations of one ``learner.train(batch)`` in torch ops, in GFLOP."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        learner.train(batch)
+    return counter.get_total_flops() / 1e9
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, calls: int = 5) -> float:
+    """GFLOP/s of an ``n x n`` matmul in ``dtype`` on the current torch threads."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(calls):
+        a @ b
+    return 2 * n ** 3 * calls / (time.perf_counter() - start) / 1e9
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="atari-appo")
@@ -92,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compare", choices=["nchw-input", "torch-ops"], default=None)
+    p.add_argument("--arithmetic", action="store_true",
+                   help="also GFLOP per train(), the GFLOP/s reached and a one-thread matmul's")
     args = p.parse_args(argv)
     overrides = dict(PONG_ON_CPU) if args.pong else {"device": "cpu"}
     overrides.update(parse_override(item) for item in args.set)
@@ -121,6 +147,12 @@ def main(argv=None) -> int:
         print(f"  {v:<12} median {t * 1e3:8.1f} ms per train()  {steps / t:8,.0f} env steps/s (learner alone)")
     if args.compare:
         print(f"  default / {args.compare} speed: {medians[args.compare] / medians['default']:.2f}x")
+    if args.arithmetic:
+        with_variant("default")
+        gflop = gflop_per_call(learners["default"], batch)
+        print(f"  {gflop:.2f} GFLOP per train() in torch ops = {gflop / medians['default']:.0f} GFLOP/s at the "
+              f"median; a 2048x2048 matmul: {matmul_gflops(torch.float32):.0f} GFLOP/s float32, "
+              f"{matmul_gflops(torch.bfloat16):.0f} bf16")
     print(json.dumps({"profile": cfg.env.id, "seconds_per_call": medians, "env_steps_per_call": steps,
                       "hardware": hardware()}))
     return 0
