@@ -186,6 +186,10 @@ class Config:
     # Child processes keep freed heap blocks for their next batch (fastrl.allocator): no page
     # faults per batch, resident memory stays at its peak.
     retain_freed_memory: bool = True
+    # Added to the rollout workers' and the batcher's niceness (os.nice), so that when cores are
+    # short the learner, whose speed is the run's training speed, comes first; the actors still
+    # take any core it leaves idle. 0 shares cores evenly. See fastrl.process_utils.
+    actor_niceness: int = 10
     expected: str = ""  # the result this profile is expected to reach (documentation)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -265,6 +269,7 @@ RANGES = {
     "max_worker_restarts": NON_NEGATIVE,
     "restart_window_s": SECONDS,
     "dist_timeout_s": SECONDS,
+    "actor_niceness": Range(0, 19),  # Linux's range; an unprivileged process may only raise it
     "env.num_workers": AT_LEAST_1,
     "env.envs_per_worker": AT_LEAST_1,
     # A worker sends generation_tag * num_splits + request in one byte (fastrl.rollout): at most

@@ -11,7 +11,6 @@ with fewer cores than processes it takes what the actors and the learner leave.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
@@ -171,17 +170,18 @@ class Evaluator:
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
 
 
+def evaluator_niceness(cfg: Config) -> int:
+    """EVAL_NICENESS below the actors (which are ``actor_niceness`` below the learner), in Linux's range."""
+    return min(19, cfg.actor_niceness + EVAL_NICENESS)
+
+
 def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch.nn.Module | None,
                       run_dir: Path | None, parent_pid: int) -> None:
     """Main loop of the evaluator process: sleep (blocking, checking the stop flag), evaluate, repeat.
 
     The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
     interval pushes the next one back instead of running back to back."""
-    configure_child(parent_pid, cfg.retain_freed_memory)
-    try:
-        os.nice(EVAL_NICENESS)
-    except OSError:
-        pass  # not permitted here: evaluate at the same priority
+    configure_child(parent_pid, cfg.retain_freed_memory, evaluator_niceness(cfg))
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + SEED_OFFSET)
     arena = Arena.attach(layout, arena_name)

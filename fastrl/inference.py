@@ -288,7 +288,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
                       channels: BatcherChannels, parent_pid: int) -> None:
     """Main loop of the inference process: wait for requests, batch them, answer each worker
     (``spaces``, ``model``: see ``make_batcher``)."""
-    configure_child(parent_pid, cfg.retain_freed_memory)
+    configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
     torch.manual_seed(cfg.seed + 7919)
     arena = Arena.attach(layout, arena_name)
     requests_in, actions_out = channels.requests_in, channels.actions_out

@@ -304,7 +304,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     ``spaces`` (observation, action) and ``model`` (the user's network or None) are then the
     batcher's, see ``fastrl.inference.make_batcher``.
     """
-    configure_child(parent_pid, cfg.retain_freed_memory)
+    configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
     arena = Arena.attach(layout, arena_name)
     full_out, free_in = channels.full_out, channels.free_in
     control = arena.control
