@@ -187,9 +187,10 @@ class Config:
     # faults per batch, resident memory stays at its peak.
     retain_freed_memory: bool = True
     # Added to the rollout workers' and the batcher's niceness (os.nice), so that when cores are
-    # short the learner, whose speed is the run's training speed, comes first; the actors still
-    # take any core it leaves idle. 0 shares cores evenly. See fastrl.process_utils.
-    actor_niceness: int = 10
+    # short the learner comes first; the actors still take any core it leaves idle. It pays where
+    # a CPU learner bounds training (atari-appo on a CPU: 1.23x) and costs where the actors'
+    # round trips do (atari-appo-cpu, cartpole-appo): see fastrl.process_utils.configure_child.
+    actor_niceness: int = 0
     expected: str = ""  # the result this profile is expected to reach (documentation)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
