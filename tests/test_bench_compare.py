@@ -1,24 +1,13 @@
 """scripts/bench_compare.py without training: ABBA order, the baseline run in another checkout's
 interpreter, the median ratio, and one-line refusals of bad input."""
-import importlib.util
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_compare.py"
+from tests.scripts import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_compare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_script("bench_compare")
 
 
 def test_rounds_alternate_which_side_runs_first():

@@ -1,6 +1,4 @@
 """scripts/bench_learner.py's arithmetic count against the Nature CNN's by hand."""
-import importlib.util
-from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -8,15 +6,7 @@ import torch
 
 from fastrl.config import build_config
 from fastrl.learner import make_learner
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_learner.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_learner", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 def nature_cnn_flop_per_observation(actions: int) -> int:
@@ -29,7 +19,7 @@ def nature_cnn_flop_per_observation(actions: int) -> int:
 
 
 def test_one_train_call_counts_the_nature_cnn_s_forward_and_backward():
-    bench = load_script()
+    bench = load_script("bench_learner")
     cfg = build_config("atari-appo", {"device": "cpu", "learner.rollout": 4, "learner.batch_size": 8,
                                       "learner.num_minibatches": 1, "env.num_workers": 1, "env.envs_per_worker": 2,
                                       "env.num_splits": 1})

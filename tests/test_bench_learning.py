@@ -2,28 +2,15 @@
 line naming the profile), the command line's parts replace it, and time-to-target and the median
 over seeds on synthetic reports."""
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from fastrl.config import available_profiles, build_config, load_profile, to_toml
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_learning.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_script("bench_learning")
 Promise, PromiseError = bench.Promise, bench.PromiseError
 
 
