@@ -36,12 +36,12 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     start inherit it. Why: where a CPU learner bounds training, sharing the cores evenly with the
     envs and the batcher stretches its forward-backward. Pong in bench_train's CPU layout (2
     vCPUs, ``bench_compare.py --profile atari-appo --pong --base actor_niceness=0 --set
-    actor_niceness=10``): 1.23x training env steps/s (one 110 s run each: policy lag 3.8 -> 1.7);
-    pinning the learner to one core and the actors to the other gave less in one sitting (1,165
-    against 1,287 env steps/s, 983 with neither), as the actors then cannot use a core the
-    learner leaves idle. Where the actors' round trips bound training it costs: atari-appo-cpu
-    0.75, 0.79, 0.98 and cartpole-appo 0.84, 0.98, 0.98 by the same command, so the default is 0
-    and atari-appo sets it."""
+    actor_niceness=10``): 1.23x training env steps/s. Pinning the learner to one core and the
+    actors to the other instead gave less (a trainer's processes reniced or pinned from outside,
+    one 110 s run each: 1,287 niced, 1,165 pinned, 983 with neither), as the actors then cannot
+    use a core the learner leaves idle. Where the actors' round trips bound training it costs:
+    atari-appo-cpu 0.75, 0.79, 0.98 and cartpole-appo 0.84, 0.98, 0.98 by the same command, so
+    the default is 0 and atari-appo sets it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     threadpool_limits(1, user_api="blas")
