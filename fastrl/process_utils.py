@@ -58,16 +58,15 @@ def lower_priority(niceness: int) -> None:
     The threads already running (torch's and numba's, started when the process unpickled its
     arguments) are set one by one: on Linux ``os.nice`` changes the calling thread only."""
     target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, target)
-        threads = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else []
-        for tid in threads:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, target)
-            except ProcessLookupError:
-                pass  # a thread that has just exited
-    except PermissionError:
-        pass  # not permitted here (a sandbox): run at the same priority, which only costs speed
+    # Without /proc (not Linux) who=0 is the process, whose threads share one niceness there.
+    threads = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+        except ProcessLookupError:
+            pass  # a thread that has just exited
+        except PermissionError:
+            return  # not permitted here (a sandbox): run at the same priority, which only costs speed
 
 
 def check_alive(control, parent_pid: int) -> None:

@@ -1,5 +1,4 @@
 """scripts/bench_learner.py's arithmetic count against the Nature CNN's by hand."""
-
 import gymnasium
 import numpy as np
 import torch
