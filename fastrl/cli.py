@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,16 @@ from .metrics import finite_or_null
 def _fail(prog: str, exc: Exception) -> int:
     write_best_effort(sys.stderr, f"{prog}: error: {exc}")
     return 2
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is: a BaseException, as KeyboardInterrupt, so that no
+    ``except Exception`` takes it for an error, and every ``finally`` on the way out runs (an
+    unfinished video is removed)."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
 
 
 def _user_errors():
@@ -134,6 +145,7 @@ def eval_main(argv=None) -> int:
                         "(needs pip install 'fastrl[video]')")
     p.add_argument("--fps", type=int, help="frames per second of the video: one frame per env step (default 30)")
     args = p.parse_args(argv)
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         from .evaluate import evaluate_run
         from .video import VideoError, write_run_video
@@ -150,6 +162,11 @@ def eval_main(argv=None) -> int:
                                   args.best)
     except (*_user_errors(), VideoError) as exc:
         return _fail("fastrl-eval", exc)
+    except _Terminated:
+        write_best_effort(sys.stderr, "fastrl-eval: stopped by SIGTERM; no result")
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
     write_best_effort(sys.stdout, json.dumps(result))
     return 0
 

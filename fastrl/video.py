@@ -12,6 +12,8 @@ Encoding needs imageio with its ffmpeg plugin (a bundled ffmpeg binary): the ``[
 """
 from __future__ import annotations
 
+import os
+import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +30,7 @@ VIDEO_EXTRA = "pip install 'fastrl[video]'"
 # A frame per agent step: CartPole steps at 50 Hz and Atari (frame skip 4) at 15 Hz, so 30 fps
 # plays both near real time without a per-env table.
 DEFAULT_FPS = 30
+PARTIAL_SUFFIX = ".partial.mp4"  # a video being written, beside the path it will replace
 
 
 class VideoError(RuntimeError):
@@ -66,28 +69,38 @@ def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes:
     """Play ``episodes`` episodes with ``model`` on one rendered env of ``cfg.env`` and write them
     (their first ``max_frames`` frames, if given) to ``path`` as H.264 at ``fps`` (default
     DEFAULT_FPS). Returns evaluate_policy's result with ``video`` (the path) and ``video_frames``.
-    Raises VideoError (one line); no partial file is left."""
+    Raises VideoError (one line).
+
+    The frames go to a hidden file beside ``path`` that replaces it only once the video is
+    complete: whatever stops the recording (an error, Ctrl-C, SIGTERM raised as an exception)
+    removes that file and leaves a file already at ``path`` as it was."""
     path = check_video_output(path)
-    writer = _imageio().get_writer(path, format="FFMPEG", mode="I", fps=fps or DEFAULT_FPS, codec="libx264",
-                                   pixelformat="yuv420p", ffmpeg_log_level="error",
-                                   # H.264 needs even sides; the default 16 would rescale CartPole's 600x400.
-                                   macro_block_size=2)
-    frames = 0
-
-    def add_frame(frame: np.ndarray) -> None:
-        nonlocal frames
-        if max_frames is None or frames < max_frames:
-            writer.append_data(frame)
-            frames += 1
-
+    partial = _new_partial_file(path)
     try:
-        result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going)
-        writer.close()
-    except OSError as exc:  # ffmpeg could not write: a full disk, say
-        _discard(writer, path)
+        writer = _imageio().get_writer(partial, format="FFMPEG", mode="I", fps=fps or DEFAULT_FPS,
+                                       codec="libx264", pixelformat="yuv420p", ffmpeg_log_level="error",
+                                       # H.264 needs even sides; the default 16 would rescale CartPole's 600x400.
+                                       macro_block_size=2)
+        frames = 0
+
+        def add_frame(frame: np.ndarray) -> None:
+            nonlocal frames
+            if max_frames is None or frames < max_frames:
+                writer.append_data(frame)
+                frames += 1
+
+        try:
+            result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going)
+            writer.close()
+        except BaseException:
+            _close_quietly(writer)
+            raise
+        os.replace(partial, path)
+    except OSError as exc:  # ffmpeg could not write (a full disk, say), or the rename failed
+        partial.unlink(missing_ok=True)
         raise VideoError(f"cannot write the video '{path}' ({exc.strerror or exc})") from None
     except BaseException:
-        _discard(writer, path)
+        partial.unlink(missing_ok=True)
         raise
     return {**result, "video": str(path), "video_frames": frames}
 
@@ -182,10 +195,21 @@ def _imageio():
     return imageio
 
 
-def _discard(writer, path: Path) -> None:
-    """Close ``writer`` after a failure and remove what it wrote."""
+def _new_partial_file(path: Path) -> Path:
+    """A new hidden file beside ``path``, ending in its suffix (imageio and ffmpeg go by the
+    suffix), made with O_EXCL: never an existing file or a link."""
+    partial = path.with_name(f".{path.stem[:128]}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")  # within NAME_MAX
+    try:
+        partial.open("xb").close()
+    except OSError as exc:
+        raise VideoError(f"cannot write the video '{path}' ({exc.strerror or exc}): pick a path in a writable "
+                         f"directory") from None
+    return partial
+
+
+def _close_quietly(writer) -> None:
+    """Close ``writer`` after a failure: ffmpeg may already be gone (it may be what failed)."""
     try:
         writer.close()
-    except Exception:  # ffmpeg may already be gone (it is what failed)
+    except Exception:
         pass
-    path.unlink(missing_ok=True)

@@ -1,8 +1,13 @@
 """Videos and fastrl-eval --best: frames in step with the episodes, an MP4 that decodes to them,
 the best weights, and one-line errors for what a user can get wrong."""
 import importlib.util
+import itertools
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.models import build_model
 from fastrl.runner import train
+from fastrl import video as video_module
 from fastrl.video import VideoError, record_frames, write_video
 
 needs_imageio = pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
@@ -66,6 +72,39 @@ def test_a_video_has_one_frame_per_step_and_per_episode_start(tmp_path):
     assert decoded.shape == (4 * (LENGTH + 1), 32, 48, 3)
     # H.264 is lossy: each frame's grey level comes back within a few steps of 255.
     np.testing.assert_allclose(decoded.reshape(len(decoded), -1).mean(axis=1), expected_grey_levels(4), atol=4)
+
+
+OLD_VIDEO = b"the video of an earlier run"
+
+
+@needs_imageio
+@pytest.mark.parametrize("failure, raised", [(RuntimeError("the renderer crashed"), VideoError),
+                                             (KeyboardInterrupt(), KeyboardInterrupt)])
+def test_a_failed_video_leaves_the_file_it_would_replace_as_it_was(tmp_path, monkeypatch, failure, raised):
+    path = tmp_path / "episodes.mp4"
+    path.write_bytes(OLD_VIDEO)
+    opened = video_module.open_rendered_env
+
+    def fails_at_the_fourth_frame(cfg, seed):
+        env, render = opened(cfg, seed)
+        count = itertools.count()
+
+        def render_or_fail():
+            if next(count) == 3:
+                raise failure
+            return render()
+
+        return env, render_or_fail
+
+    monkeypatch.setattr(video_module, "open_rendered_env", fails_at_the_fourth_frame)
+    cfg = toy_config()
+    with pytest.raises(raised):
+        write_video(cfg, untrained_model(cfg), path, episodes=2)
+    assert path.read_bytes() == OLD_VIDEO
+    assert os.listdir(tmp_path) == ["episodes.mp4"]  # the unfinished video is gone
+    monkeypatch.undo()
+    write_video(cfg, untrained_model(cfg), path, episodes=1)  # a complete video replaces it
+    assert path.read_bytes()[4:8] == b"ftyp" and os.listdir(tmp_path) == ["episodes.mp4"]
 
 
 def test_envpool_renders_its_rgb_screen_not_the_observation():
@@ -161,3 +200,25 @@ def test_video_to_a_path_it_cannot_write_is_one_line(trained_run, capsys, tmp_pa
     (tmp_path / "folder.mp4").mkdir()
     code, out, err = run_eval(capsys, trained_run[0], "--video", tmp_path / name)
     assert code == 2 and out == [] and len(err) == 1 and says in err[0], err
+
+
+@needs_imageio
+def test_sigterm_to_fastrl_eval_video_leaves_the_file_it_would_replace_as_it_was(trained_run, tmp_path):
+    path = tmp_path / "episodes.mp4"
+    path.write_bytes(OLD_VIDEO)
+    command = [sys.executable, "-c", "import sys; from fastrl.cli import eval_main; sys.exit(eval_main())",
+               str(trained_run[0]), "--episodes", "100000", "--video", str(path)]  # hours of frames
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while len(os.listdir(tmp_path)) == 1 and path.read_bytes() == OLD_VIDEO:  # until frames are written
+            assert time.time() < deadline and proc.poll() is None, "fastrl-eval never started writing"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and out == ""
+    assert err.strip().splitlines() == ["fastrl-eval: stopped by SIGTERM; no result"]
+    assert path.read_bytes() == OLD_VIDEO and os.listdir(tmp_path) == ["episodes.mp4"]
