@@ -10,7 +10,9 @@ different prefixes:
   all ranks skip the same updates. A replay learner first all-reduces its plan for the batch
   (whether any rank dropped it, how many gradient steps every rank can take), so that all ranks
   make the same number of gradient all-reduces. Parameters start from rank 0's and stay
-  bit-identical.
+  bit-identical. With ``learner.normalize_returns`` every batch also all-gathers each rank's
+  return moments (count, mean, M2), merged in rank order, so that all ranks scale rewards alike
+  and their averaged gradients are of targets in the same units.
 - ``runner``: the runner processes. Every report all-gathers the counters; rank 0 writes
   metrics.jsonl (env steps and FPS summed, returns averaged over episodes) and checkpoints.
 
@@ -22,6 +24,7 @@ interface of the rank-0 host and trusts whoever connects: run multi-node jobs on
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -78,6 +81,17 @@ def broadcast_parameters(model: torch.nn.Module) -> None:
     """Every rank starts from rank 0's weights (and buffers)."""
     for tensor in list(model.parameters()) + list(model.buffers()):
         dist.broadcast(tensor.data, src=0)
+
+
+def join_data_parallel(learner, world_size: int) -> None:
+    """Make ``learner`` (a :class:`fastrl.learner.base.BaseLearner`, group joined) one of
+    ``world_size`` data-parallel ranks: rank 0's weights on every rank, gradients averaged, and
+    return-normalization moments pooled over the ranks."""
+    broadcast_parameters(learner.model)
+    learner.grad_sync = GradientAverager(learner.model, world_size)
+    return_scale = getattr(learner, "return_scale", None)
+    if return_scale is not None:
+        return_scale.gather = functools.partial(gather_counters, device=learner.device)
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
@@ -163,9 +177,10 @@ def gather_digests(model: torch.nn.Module) -> list[str]:
     return [int(t.item()).to_bytes(8, "big", signed=True).hex() for t in out]
 
 
-def gather_counters(local: np.ndarray) -> np.ndarray:
-    """All ranks' float64 counter vectors, ``[world_size, len(local)]``."""
-    tensor = torch.from_numpy(np.ascontiguousarray(local, dtype=np.float64))
+def gather_counters(local: np.ndarray, device: torch.device | str = "cpu") -> np.ndarray:
+    """All ranks' float64 vectors (counters, statistics), ``[world_size, len(local)]``; ``device``:
+    where the group's backend takes tensors (NCCL: this rank's GPU)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(local, dtype=np.float64)).to(device)
     out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(out, tensor)
-    return torch.stack(out).numpy()
+    return torch.stack(out).cpu().numpy()

@@ -88,8 +88,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     parallel = dist_info is not None and dist_info.enabled
     if parallel:
         distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
-        distributed.broadcast_parameters(learner.model)
-        learner.grad_sync = distributed.GradientAverager(learner.model, dist_info.world_size)
+        distributed.join_data_parallel(learner, dist_info.world_size)
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
     host = LearnerHost(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
     host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)

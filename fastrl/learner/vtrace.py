@@ -85,19 +85,25 @@ class VTraceLearner(BaseLearner):
               fresh: np.ndarray | None = None) -> dict:
         """One learner step on ``batch`` (all epochs and minibatches); returns statistics.
 
-        ``env_ids`` ``[B]`` (each trajectory's env) is needed only with ``replay.vtrace_fraction``:
+        ``env_ids`` ``[B]`` (each trajectory's env) is needed with ``replay.vtrace_fraction``:
         the batch is then stored for replay and completed with replayed trajectories; ``fresh``
         ``[B]`` marks an env's first trajectory after its worker restarted (see
-        :func:`fastrl.learner.replay_feed.add_trajectories`).
+        :func:`fastrl.learner.replay_feed.add_trajectories`). With ``normalize_returns`` they
+        carry each env's discounted return across batches (without ``env_ids`` every trajectory's
+        return starts at 0: :meth:`~fastrl.learner.return_scale.ReturnScale.update`).
 
         On the device path (:class:`~fastrl.learner.base.BaseLearner`), without replay and
         without return or observation normalization, the device is read once per gradient step
         (its gradient norm) and once for the statistics."""
         batch.validate()
         fresh_columns = batch.rewards.shape[1]
-        if self.return_scale is not None and batch.is_finite():
-            self.return_scale.update(self.transformed_rewards(batch.rewards).numpy(),
-                                     (batch.terminated | batch.truncated).numpy(), batch.valid.numpy(), env_ids, fresh)
+        if self.return_scale is not None:
+            if batch.is_finite():
+                self.return_scale.update(self.transformed_rewards(batch.rewards).numpy(),
+                                         (batch.terminated | batch.truncated).numpy(), batch.valid.numpy(), env_ids,
+                                         fresh)
+            else:  # left out, as its update will be: the streams restart after the missing steps
+                self.return_scale.skip(env_ids)
         if self.replay is not None:
             if batch.is_finite():
                 batch = self.with_replayed(batch, env_ids, fresh)
