@@ -81,7 +81,8 @@ class LearnerConfig:
     entropy_coef: float = 0.01
     max_grad_norm: float = 0.5
     normalize_advantages: bool = True
-    # appo/impala: divide rewards by the running std of the discounted return (per env stream)
+    # appo/impala: divide rewards by the running std of the discounted return (per env stream,
+    # pooled over torch.distributed ranks)
     normalize_returns: bool = False
     reward_clip: float = 0.0  # 0 = off; else rewards are clipped to [-reward_clip, reward_clip]
     reward_scale: float = 1.0
@@ -102,7 +103,7 @@ class LearnerConfig:
     epsilon: float = 0.4
     epsilon_alpha: float = 7.0
     target_update_every: int = 2500  # dqn: gradient steps between target-network copies
-    double_q: bool = True  # dqn: the online network picks the bootstrap action, the target rates it
+    double_q: bool = True  # dqn, r2d2: the online network picks the bootstrap action, the target rates it
 
 
 @dataclass
@@ -522,6 +523,10 @@ def validate(cfg: Config) -> None:
     if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32 (or auto)")
+    if cfg.learner.normalize_returns and cfg.learner.algo in Q_LEARNERS:
+        raise ConfigError(f"learner.normalize_returns is for appo/impala; {cfg.learner.algo} keeps rewards in its "
+                          f"replay as they arrived: set learner.normalize_returns=false (learner.reward_scale scales "
+                          f"them)")
     if cfg.inference.compile and cfg.serial:
         raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
                           "set serial=false or inference.compile=false")

@@ -73,6 +73,16 @@ def test_bfloat16_is_refused_where_it_would_be_ignored():
     assert build_config("cartpole-dqn", {"learner.precision": "auto"}).learner.precision == "auto"
 
 
+@pytest.mark.parametrize("profile", ["cartpole-dqn", "cartpole-r2d2"])
+def test_return_normalization_is_refused_where_it_would_be_ignored(profile):
+    algo = profile.split("-")[1]
+    with pytest.raises(ConfigError, match=rf"^learner.normalize_returns is for appo/impala; {algo} keeps rewards in "
+                                          rf"its replay as they arrived: set learner.normalize_returns=false "
+                                          rf"\(learner.reward_scale scales them\)$"):
+        build_config(profile, {"learner.normalize_returns": True})
+    assert build_config("cartpole-appo", {"learner.normalize_returns": True}).learner.normalize_returns
+
+
 def test_a_separate_critic_is_refused_where_there_is_no_critic_of_its_own_to_give():
     assert build_config("mujoco-appo", {"model.separate_critic": True}).model.separate_critic
     with pytest.raises(ConfigError, match="^model.separate_critic is for learner.algo=appo or impala; dqn's"):

@@ -135,6 +135,33 @@ def test_a_sequence_crossing_an_episode_end_resets_the_state_there():
     torch.testing.assert_close(q[6:], fresh)  # nothing of the old episode leaks into the new one
 
 
+def test_targets_bootstrap_from_the_online_networks_pick_or_without_double_q_the_targets_max():
+    for double_q in (True, False):
+        cfg = r2d2_config(**{"learner.double_q": double_q, "replay.n_step": 1})
+        learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for p in learner.target.parameters():
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
+        sample = sequence_sample(cfg, learner, seed=1)  # no episode end: one state unroll per sequence
+        _, stats, _ = learner.loss(sample)
+        obs, state = torch.from_numpy(sample.obs), torch.from_numpy(sample.initial_state)
+        with torch.no_grad():
+            online = learner.model(obs, state, None)[0]  # [L + 1, B, A]
+            target = learner.target(obs, state, None)[0]
+        L, B = sample.rewards.shape
+        picks_differ = False
+        for t in range(cfg.replay.burn_in, L):
+            for b in range(B):
+                next_online, next_target = online[t + 1, b], target[t + 1, b]
+                picks_differ |= int(next_online.argmax()) != int(next_target.argmax())
+                bootstrap = next_target[next_online.argmax()] if double_q else next_target.max()
+                y = value_rescale(sample.rewards[t, b] + cfg.learner.gamma * inverse_value_rescale(bootstrap))
+                td = float(y) - float(online[t, b, sample.actions[t, b]])
+                assert float(stats["td"][t, b]) == pytest.approx(td, rel=1e-4, abs=1e-5), (double_q, t, b)
+        assert picks_differ  # the two rules give different targets on this sample
+
+
 def test_the_training_loop_adds_sequences_with_states_and_takes_gradient_steps():
     cfg = r2d2_config(**{"replay.replay_ratio": 4.0})
     learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)

@@ -14,8 +14,9 @@ Each gradient step samples ``replay.batch_size`` sequences by priority and unrol
 the target network from the stored state over the whole sequence (the state is zeroed where an
 episode starts inside it). The first ``replay.burn_in`` steps only warm the state: no gradient,
 no loss. The other steps regress on n-step double-Q targets under the invertible value rescaling
-``h``: ``y_t = h(G_t + gamma^m h^-1(Q_target(s_{t+m}, argmax_a Q_online(s_{t+m}, a))))``, windows
-cut at episode ends and at the sequence end (:func:`fastrl.kernels.nstep_targets`). The loss is
+``h``: ``y_t = h(G_t + gamma^m h^-1(Q_target(s_{t+m}, argmax_a Q_online(s_{t+m}, a))))``
+(``learner.double_q = false``: ``max_a Q_target(s_{t+m}, a)``), windows cut at episode ends and at
+the sequence end (:func:`fastrl.kernels.nstep_targets`). The loss is
 the importance-weighted Huber loss; new priorities are ``0.9 max|delta| + 0.1 mean|delta|`` over a
 sequence's trained steps. The target network is copied every ``learner.target_update_every`` steps.
 
@@ -144,7 +145,7 @@ class R2D2Learner(ReplayQLearner):
         L = returns.shape[0]
         with torch.no_grad():
             q_target, _, _ = self.target(obs, state, starts)
-            best = q_online.detach().argmax(-1, keepdim=True)
+            best = (q_online.detach() if self.lcfg.double_q else q_target).argmax(-1, keepdim=True)
             bootstrap = inverse_value_rescale(q_target.gather(-1, best).squeeze(-1))  # [L + 1, B]
             targets = value_rescale(returns + boot_discounts * bootstrap.gather(0, ends))
         taken = q_online[:L].gather(-1, actions[..., None]).squeeze(-1)  # [L, B]
