@@ -140,9 +140,10 @@ def test_targets_bootstrap_from_the_online_networks_pick_or_without_double_q_the
         cfg = r2d2_config(**{"learner.double_q": double_q, "replay.n_step": 1})
         learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
         g = torch.Generator().manual_seed(5)
-        with torch.no_grad():
-            for p in learner.target.parameters():
-                p.add_(0.5 * torch.randn(p.shape, generator=g))
+        with torch.no_grad():  # two unrelated networks, so that their argmaxes differ
+            for network in (learner.model, learner.target):
+                for p in network.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g))
         sample = sequence_sample(cfg, learner, seed=1)  # no episode end: one state unroll per sequence
         _, stats, _ = learner.loss(sample)
         obs, state = torch.from_numpy(sample.obs), torch.from_numpy(sample.initial_state)
