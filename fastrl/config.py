@@ -170,6 +170,23 @@ class LoggingSettings:
 
 
 @dataclass
+class ExpectSettings:
+    """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
+    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
+    scripts/bench_learning.py checks it; training never reads it. All empty: no promise."""
+
+    metric: str = ""
+    threshold: float = 0.0
+    budget_env_steps: int = 0
+    budget_seconds: float = 0.0
+    hardware: str = ""  # what the budget holds on; required with budget_seconds (wall time depends on it)
+
+    @property
+    def stated(self) -> bool:
+        return self != ExpectSettings()
+
+
+@dataclass
 class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0
@@ -192,7 +209,6 @@ class Config:
     # a CPU learner bounds training (atari-appo on a CPU: 1.23x) and costs where the actors'
     # round trips do (atari-appo-cpu, cartpole-appo): see fastrl.process_utils.configure_child.
     actor_niceness: int = 0
-    expected: str = ""  # the result this profile is expected to reach (documentation)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -200,6 +216,7 @@ class Config:
     eval: EvalSettings = field(default_factory=EvalSettings)
     inference: InferenceSettings = field(default_factory=InferenceSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    expect: ExpectSettings = field(default_factory=ExpectSettings)
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -218,7 +235,7 @@ class Config:
 
 
 SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings,
-            "eval": EvalSettings, "inference": InferenceSettings, "logging": LoggingSettings}
+            "eval": EvalSettings, "inference": InferenceSettings, "logging": LoggingSettings, "expect": ExpectSettings}
 CHOICES = {
     "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
     "env.backend": ("auto", "envpool", "gymnasium", "factory"),
@@ -323,6 +340,9 @@ RANGES = {
     "eval.episodes": AT_LEAST_1,
     "eval.num_envs": AT_LEAST_1,
     "eval.video_every_s": Range(0, 10**9),  # 0 = off
+    "expect.threshold": Range(-math.inf),
+    "expect.budget_env_steps": NON_NEGATIVE,
+    "expect.budget_seconds": Range(0, 10**9),
 }
 # Keys only dqn reads: appo/impala ignore them, so there any finite value passes.
 DQN_ONLY = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
@@ -520,6 +540,7 @@ def validate(cfg: Config) -> None:
             f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
     _validate_replay(cfg)
     _validate_core(cfg)
+    _validate_expect(cfg.expect)
     if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32 (or auto)")
@@ -572,6 +593,22 @@ def _validate_core(cfg: Config) -> None:
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
 
 
+def _validate_expect(expect: ExpectSettings) -> None:
+    """A promise, when a profile states one, names its metric, one budget, and the hardware a
+    wall-time budget holds on."""
+    if not expect.stated:
+        return
+    fields = "[expect] metric, threshold, budget_env_steps or budget_seconds, hardware"
+    if not expect.metric:
+        raise ConfigError(f"expect.metric is empty: name the metrics key the promise is about ({fields})")
+    if bool(expect.budget_env_steps) == bool(expect.budget_seconds):
+        raise ConfigError(f"[expect] needs exactly one budget, budget_env_steps or budget_seconds, got "
+                          f"{expect.budget_env_steps} and {expect.budget_seconds} ({fields})")
+    if expect.budget_seconds and not expect.hardware:
+        raise ConfigError("expect.budget_seconds is wall time: say which hardware it holds on with expect.hardware "
+                          "(e.g. \"2-core CPU\")")
+
+
 def _validate_replay(cfg: Config) -> None:
     replay, lcfg = cfg.replay, cfg.learner
     uses_replay = lcfg.algo in Q_LEARNERS or replay.vtrace_fraction > 0
@@ -609,6 +646,10 @@ def load_run_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
         raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
+    data = tomllib.loads(path.read_text())
+    # Older run directories hold the promise as a line of text, `expected`: documentation that
+    # never changed a run, so it is not carried over.
+    data.pop("expected", None)
     cfg = Config()
-    apply_dict(cfg, tomllib.loads(path.read_text()))
+    apply_dict(cfg, data)
     return cfg

@@ -24,9 +24,9 @@ X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 # Budgets (train_for_env_steps, train_for_seconds) are not here: learner.lr_decay decays the
 # learning rate over the budget, so two budgets are two experiments.
 NOT_EXPERIMENT_KEYS = ("seed", "report_every_s", "checkpoint_every_s", "keep_checkpoints", "max_worker_restarts",
-                       "restart_window_s", "dist_timeout_s", "expected")
-# How a run is evaluated or logged never changes what it learns.
-NOT_EXPERIMENT_SECTIONS = ("logging", "eval")
+                       "restart_window_s", "dist_timeout_s")
+# How a run is evaluated or logged, and what its profile promises, never change what it learns.
+NOT_EXPERIMENT_SECTIONS = ("logging", "eval", "expect")
 # What a subplot's title says was measured, for the keys Reporter and the evaluator write.
 MEASURED = {
     "episode_return_mean": "episode return (mean of recent training episodes)",

@@ -1,15 +1,20 @@
-"""Learning benchmark: does a profile keep the promise of its ``expected`` line? Steps and wall
-time to the promised return, median over seeds, and the learning curves.
+"""Learning benchmark: does a profile keep the promise of its ``[expect]`` table? Steps and wall
+time to the promised threshold, median over seeds, and the learning curves.
 
     python scripts/bench_learning.py --profile cartpole-appo --seeds 3
     python scripts/bench_learning.py --profile mujoco-appo --set device=cpu
     python scripts/bench_learning.py --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
 
-The promise is read from the profile's ``expected`` line, e.g. ``episode_return_mean >= 475
-within 60 s wall ...`` or ``HalfCheetah-v5 episode_return_mean >= 1500 within 2M env steps``: a
-metrics key, a threshold, and a budget in env steps (K / M suffixes) or wall seconds (s, min,
-h). ``--metric``, ``--target``, ``--budget-steps`` and ``--budget-seconds`` replace its parts; a
-budget flag replaces the line's budget.
+The promise is the profile's ``[expect]`` table (fastrl.config.ExpectSettings), e.g.
+
+    [expect]
+    metric = "episode_return_mean"
+    threshold = 475
+    budget_seconds = 60        # or budget_env_steps = 2_000_000
+    hardware = "2-core CPU"
+
+``--metric``, ``--target``, ``--budget-steps`` and ``--budget-seconds`` replace its parts; a
+budget flag replaces the table's budget.
 
 Each seed trains the profile (plus ``--set``) with the budget as its limit on the budget's own
 clock: a step budget sets ``train_for_env_steps``, a time budget ``train_for_seconds`` (which
@@ -42,7 +47,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fastrl.config import build_config, load_profile, parse_override
+from fastrl.config import ExpectSettings, build_config, parse_override
 from fastrl.learner.host import NonFiniteTraining
 from fastrl.learning_curves import EVAL_X, load_run, plot_learning_curves
 from fastrl.plotting import pyplot
@@ -54,11 +59,7 @@ DEFAULT_METRIC = "episode_return_mean"
 # The bench owns these: seeds come from --seeds, the run's limit from the budget.
 BENCH_KEYS = ("seed", "train_for_env_steps", "train_for_seconds")
 SCALES = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
-SECONDS = {"s": 1.0, "sec": 1.0, "seconds": 1.0, "min": 60.0, "minutes": 60.0, "h": 3600.0, "hours": 3600.0}
 NUMBER = r"[-+]?\d[\d,_]*(?:\.\d+)?"
-PROMISE = re.compile(rf"(?P<metric>[A-Za-z_][\w/]*)\s*>=\s*(?P<threshold>{NUMBER})\s+within\s+"
-                     rf"(?P<amount>{NUMBER})\s*(?P<scale>[kKM]?)\s*"
-                     rf"(?P<unit>(?:env )?steps|{'|'.join(sorted(SECONDS, key=len, reverse=True))})\b")
 
 
 class PromiseError(ValueError):
@@ -71,45 +72,43 @@ class Promise:
     threshold: float  # reached when the metric >= threshold
     budget_steps: int = 0  # env steps; 0 = no step budget
     budget_seconds: float = 0.0  # wall seconds from the train() call; 0 = no time budget
+    hardware: str = ""  # what the profile says the budget holds on ("" = not said)
 
     def describe(self) -> str:
         budgets = ([f"{self.budget_steps:,} env steps"] if self.budget_steps else []) + \
                   ([f"{self.budget_seconds:g} s wall"] if self.budget_seconds else [])
-        return f"{self.metric} >= {self.threshold:g} within {' and '.join(budgets)}"
+        on = f" on {self.hardware}" if self.hardware else ""
+        return f"{self.metric} >= {self.threshold:g} within {' and '.join(budgets)}{on}"
 
 
 def _number(text: str) -> float:
     return float(text.replace(",", "").replace("_", ""))
 
 
-def parse_promise(profile: str, expected: str) -> Promise:
-    """The first ``METRIC >= VALUE within N[K|M] [env] steps`` or ``... within N s|min|h`` in a
-    profile's ``expected`` line; PromiseError (one line naming the profile) when there is none."""
-    match = PROMISE.search(expected)
-    if match is None:
-        raise PromiseError(f"profile '{profile}': cannot read a promise from its expected line '{expected}'; write "
-                           f"it as 'METRIC >= VALUE within N[K|M] env steps' or '... within N s wall', or pass "
-                           f"--target with --budget-steps or --budget-seconds")
-    amount = _number(match["amount"]) * SCALES[match["scale"]]
-    metric, threshold = match["metric"], _number(match["threshold"])
-    if match["unit"].endswith("steps"):
-        return Promise(metric, threshold, budget_steps=int(amount))
-    return Promise(metric, threshold, budget_seconds=amount * SECONDS[match["unit"]])
+def profile_promise(profile: str, expect: ExpectSettings) -> Promise:
+    """The promise of a profile's ``[expect]`` table (fastrl.config validated its form);
+    PromiseError (one line naming the profile) when it states none."""
+    if not expect.stated:
+        raise PromiseError(f"profile '{profile}' states no promise: add an [expect] table (metric, threshold, "
+                           f"budget_env_steps or budget_seconds, hardware), or pass --target with --budget-steps "
+                           f"or --budget-seconds")
+    return Promise(expect.metric, expect.threshold, expect.budget_env_steps, expect.budget_seconds, expect.hardware)
 
 
-def resolve_promise(profile: str, expected: str, metric: str | None = None, target: float | None = None,
+def resolve_promise(profile: str, expect: ExpectSettings, metric: str | None = None, target: float | None = None,
                     budget_steps: int | None = None, budget_seconds: float | None = None) -> Promise:
-    """The profile's promise with the command line's parts in place of its own; an expected line
-    that cannot be read is fine when ``target`` and a budget are given."""
+    """The profile's promise with the command line's parts in place of its own; a profile without
+    one is fine when ``target`` and a budget are given."""
     has_budget = budget_steps is not None or budget_seconds is not None
     try:
-        promise = parse_promise(profile, expected)
+        promise = profile_promise(profile, expect)
     except PromiseError:
         if target is None or not has_budget:
             raise
         promise = Promise(DEFAULT_METRIC, target)
     if has_budget:
-        promise = replace(promise, budget_steps=budget_steps or 0, budget_seconds=budget_seconds or 0.0)
+        # The profile's hardware was about its own budget, not this one.
+        promise = replace(promise, budget_steps=budget_steps or 0, budget_seconds=budget_seconds or 0.0, hardware="")
     return replace(promise, metric=metric or promise.metric,
                    threshold=promise.threshold if target is None else target)
 
@@ -186,7 +185,7 @@ def plan(args, settings: dict) -> list[dict]:
     plans = []
     for profile in args.profiles:
         name = Path(profile).stem
-        promise = resolve_promise(name, load_profile(profile).expected, args.metric, args.target,
+        promise = resolve_promise(name, build_config(profile, settings).expect, args.metric, args.target,
                                   args.budget_steps, args.budget_seconds)
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         configs = [build_config(profile, run_overrides(promise, seed, settings)) for seed in seeds]
@@ -253,13 +252,13 @@ def print_table(results: list[dict], machine: dict) -> None:
     print(f"\nhardware: {machine}")
     print("wall time counts from the train() call (start-up included); median over seeds, a seed that did not "
           "reach the target counting as never")
-    print(f"{'profile':<16} {'promise':<52} {'reached':>8} {'median env steps':>17} {'median wall s':>14} "
+    print(f"{'profile':<16} {'promise':<60} {'reached':>8} {'median env steps':>17} {'median wall s':>14} "
           f"{'holds':>6}")
     for r in results:
         promise = Promise(**r["promise"])
         steps = "-" if r["median_env_steps"] is None else f"{r['median_env_steps']:,.0f}"
         seconds = "-" if r["median_wall_time"] is None else f"{r['median_wall_time']:.1f}"
-        print(f"{r['profile']:<16} {promise.describe():<52} {r['seeds_reached']:>4}/{r['seeds']:<3} {steps:>17} "
+        print(f"{r['profile']:<16} {promise.describe():<60} {r['seeds_reached']:>4}/{r['seeds']:<3} {steps:>17} "
               f"{seconds:>14} {'yes' if r['holds'] else 'no':>6}")
         if r["plot"]:
             print(f"  curves: {r['plot']}")

@@ -1,13 +1,15 @@
-"""scripts/bench_learning.py without training: every profile's promise parses (or fails in one
-line naming the profile), the command line's parts replace it, and time-to-target and the median
-over seeds on synthetic reports."""
+"""scripts/bench_learning.py without training: every profile's promise is read from its [expect]
+table (or fails in one line naming the profile), the command line's parts replace it, and
+time-to-target and the median over seeds on synthetic reports."""
 import argparse
 import json
+import tomllib
+from importlib import resources
 from types import SimpleNamespace
 
 import pytest
 
-from fastrl.config import available_profiles, build_config, load_profile, to_toml
+from fastrl.config import ExpectSettings, available_profiles, build_config, to_toml
 from tests.scripts import load_script
 
 bench = load_script("bench_learning")
@@ -16,54 +18,73 @@ Promise, PromiseError = bench.Promise, bench.PromiseError
 
 @pytest.mark.parametrize("name", available_profiles())
 def test_every_profile_states_a_promise_the_bench_can_read(name):
-    expected = load_profile(name).expected
-    promise = bench.parse_promise(name, expected)
-    # The threshold as written, sign included (Pong's returns run from -21 to 21).
-    written = float(expected.split(">=")[1].split()[0].replace(",", "").replace("_", ""))
-    assert promise.metric == "episode_return_mean" and promise.threshold == written
+    promise = bench.profile_promise(name, build_config(name).expect)
+    written = tomllib.loads((resources.files("fastrl.profiles") / f"{name}.toml").read_text())["expect"]
+    assert promise.metric == written["metric"] == "episode_return_mean"
+    assert promise.threshold == written["threshold"]  # sign included: Pong's returns run from -21 to 21
     assert bool(promise.budget_steps) != bool(promise.budget_seconds)
+    assert (promise.budget_steps, promise.budget_seconds) == (written.get("budget_env_steps", 0),
+                                                              written.get("budget_seconds", 0))
+    assert promise.hardware == written.get("hardware", "") and (promise.hardware or promise.budget_steps)
 
 
-@pytest.mark.parametrize("line, promise", [
-    ("episode_return_mean >= 475 within 60 s wall on a 2-core CPU (reaches ~500)",
-     Promise("episode_return_mean", 475.0, budget_seconds=60.0)),
-    ("HalfCheetah-v5 episode_return_mean >= 1500 within 2M env steps",
-     Promise("episode_return_mean", 1500.0, 2_000_000)),
-    ("Pong episode_return_mean >= 18 within 10M env steps (40M frames) on one GPU; not yet verified",
-     Promise("episode_return_mean", 18.0, 10_000_000)),
-    ("eval_return_mean >= 1,500.5 within 500K steps", Promise("eval_return_mean", 1500.5, 500_000)),
-    ("Pong episode_return_mean >= -20 within 1.5 h on this CPU", Promise("episode_return_mean", -20.0,
-                                                                         budget_seconds=5400.0)),
-    ("episode_return_mean >= 300 within 5 min", Promise("episode_return_mean", 300.0, budget_seconds=300.0)),
-    ("episode_return_mean >= 300 within 2_000_000 env steps", Promise("episode_return_mean", 300.0, 2_000_000)),
-])
-def test_promise_lines(line, promise):
-    assert bench.parse_promise("p", line) == promise
+def profile_file(tmp_path, expect: str):
+    path = tmp_path / "my-profile.toml"
+    path.write_text(f'train_for_env_steps = 1000\n{expect}\n[env]\nid = "CartPole-v1"\n')
+    return path
 
 
-@pytest.mark.parametrize("line", ["", "reaches ~500 quickly", "episode_return_mean >= 18 within 40M frames",
-                                  "episode_return_mean > 18 within 2M env steps"])
-def test_an_unreadable_promise_is_one_line_naming_the_profile(line):
+def test_the_promise_is_the_profiles_expect_table(tmp_path):
+    path = profile_file(tmp_path, '[expect]\nmetric = "eval_return_mean"\nthreshold = -20.5\n'
+                                  'budget_seconds = 5400\nhardware = "8-core CPU"\n')
+    promise = bench.profile_promise("my-profile", build_config(str(path)).expect)
+    assert promise == Promise("eval_return_mean", -20.5, budget_seconds=5400.0, hardware="8-core CPU")
+    assert promise.describe() == "eval_return_mean >= -20.5 within 5400 s wall on 8-core CPU"
+    steps = Promise("episode_return_mean", 1500.0, 2_000_000)
+    assert steps.describe() == "episode_return_mean >= 1500 within 2,000,000 env steps"
+
+
+def test_a_profile_without_a_promise_is_one_line_naming_the_profile(tmp_path):
     with pytest.raises(PromiseError) as info:
-        bench.parse_promise("my-profile", line)
+        bench.profile_promise("my-profile", ExpectSettings())
     message = str(info.value)
-    assert message.startswith("profile 'my-profile': cannot read a promise") and "\n" not in message
+    assert message.startswith("profile 'my-profile' states no promise: add an [expect] table") and "\n" not in message
     assert "--target" in message and "--budget-steps" in message
 
 
+@pytest.mark.parametrize("expect, message", [
+    ('[expect]\nthreshold = 5\nbudget_env_steps = 100\n', "expect.metric is empty"),
+    ('[expect]\nmetric = "episode_return_mean"\nthreshold = 5\n', "needs exactly one budget"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_env_steps = 100\nbudget_seconds = 60\nhardware = "x"\n',
+     "needs exactly one budget"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_seconds = 60\n', "say which hardware"),
+    ('[expect]\nmetric = "m"\ntreshold = 5\nbudget_env_steps = 100\n', "did you mean expect.threshold"),
+    ('[expect]\nmetric = "m"\nthreshold = "high"\nbudget_env_steps = 100\n', "expects float"),
+    ('[expect]\nmetric = "m"\nthreshold = nan\nbudget_env_steps = 100\n', "'expect.threshold' must be finite"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_env_steps = -1\n', "'expect.budget_env_steps' must be >= 0"),
+])
+def test_a_malformed_promise_is_one_line_before_any_training(tmp_path, capsys, expect, message):
+    argv = ["--profile", str(profile_file(tmp_path, expect)), "--out-dir", str(tmp_path), "--no-plot"]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench_learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "my-profile").exists()
+
+
 def test_command_line_parts_replace_the_promises():
-    line = "Pong episode_return_mean >= 18 within 10M env steps"
-    assert bench.resolve_promise("p", line) == Promise("episode_return_mean", 18.0, 10_000_000)
-    # A budget flag replaces the line's budget: Atari on a CPU gets an hour instead of 10M steps.
-    assert bench.resolve_promise("p", line, budget_seconds=3600.0) == Promise("episode_return_mean", 18.0,
-                                                                              budget_seconds=3600.0)
-    assert bench.resolve_promise("p", line, metric="eval_return_mean", target=0.0, budget_steps=1000,
+    expect = ExpectSettings("episode_return_mean", 18.0, budget_env_steps=10_000_000, hardware="one GPU")
+    assert bench.resolve_promise("p", expect) == Promise("episode_return_mean", 18.0, 10_000_000, hardware="one GPU")
+    # A budget flag replaces the table's budget (Atari on a CPU gets an hour instead of 10M steps),
+    # and with it the hardware the table's budget was about.
+    assert bench.resolve_promise("p", expect, budget_seconds=3600.0) == Promise("episode_return_mean", 18.0,
+                                                                                budget_seconds=3600.0)
+    assert bench.resolve_promise("p", expect, metric="eval_return_mean", target=0.0, budget_steps=1000,
                                  budget_seconds=60.0) == Promise("eval_return_mean", 0.0, 1000, 60.0)
-    # An unreadable line is fine when the command line says everything.
-    assert bench.resolve_promise("p", "learns", target=5.0, budget_steps=100) == Promise("episode_return_mean", 5.0,
-                                                                                         100)
+    # A profile without a promise is fine when the command line says everything.
+    assert bench.resolve_promise("p", ExpectSettings(), target=5.0, budget_steps=100) == Promise(
+        "episode_return_mean", 5.0, 100)
     with pytest.raises(PromiseError, match="profile 'p'"):
-        bench.resolve_promise("p", "learns", target=5.0)
+        bench.resolve_promise("p", ExpectSettings(), target=5.0)
 
 
 def test_the_budget_is_the_runs_limit_on_its_own_clock():

@@ -1,17 +1,42 @@
 import tomllib
 
 import pytest
+import tomli_w
 
 from fastrl.config import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
                            set_key, to_toml, validate)
 
 
-def test_every_profile_loads_and_states_its_expected_result():
+def test_every_profile_loads_and_states_its_promise():
     names = available_profiles()
     assert {"cartpole-appo", "atari-appo", "atari-impala", "mujoco-appo"} <= set(names)
     for name in names:
-        cfg = build_config(name)
-        assert cfg.expected
+        expect = build_config(name).expect
+        assert expect.metric and bool(expect.budget_env_steps) != bool(expect.budget_seconds)
+        assert expect.hardware or not expect.budget_seconds
+
+
+@pytest.mark.parametrize("expect, message", [
+    ({"expect.threshold": 5.0, "expect.budget_env_steps": 100}, "expect.metric is empty: name the metrics key"),
+    ({"expect.metric": "m"}, "[expect] needs exactly one budget, budget_env_steps or budget_seconds, got 0 and 0.0"),
+    ({"expect.metric": "m", "expect.budget_seconds": 60.0}, "say which hardware it holds on with expect.hardware"),
+])
+def test_a_promise_without_its_parts_is_one_line(expect, message):
+    reset = {"expect.metric": "", "expect.threshold": 0.0, "expect.budget_seconds": 0.0, "expect.hardware": ""}
+    assert not build_config("cartpole-appo", reset).expect.stated  # no promise at all is fine (a user's own profile)
+    with pytest.raises(ConfigError) as info:
+        build_config("cartpole-appo", {**reset, **expect})
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_run_directory_that_holds_the_promise_as_a_line_still_loads(tmp_path):
+    cfg = build_config("cartpole-appo", {"learner.lr": 1e-4})
+    data = cfg.to_dict()
+    del data["expect"]
+    (tmp_path / "config.toml").write_text('expected = "episode_return_mean >= 475 within 60 s wall"\n'
+                                          + tomli_w.dumps(data), encoding="utf-8")
+    loaded = load_run_config(tmp_path)
+    assert loaded.learner.lr == 1e-4 and not loaded.expect.stated
 
 
 def test_set_parses_by_declared_type():
@@ -248,7 +273,7 @@ def round_trip(cfg, tmp_path):
 
 @pytest.mark.parametrize("kwargs", AWKWARD_KWARGS)
 def test_env_kwargs_round_trip_through_config_toml(kwargs, tmp_path):
-    cfg = build_config("cartpole-appo", {"env.kwargs": kwargs, "learner.lr": 1e-5, "expected": 'a "quoted"\nline'})
+    cfg = build_config("cartpole-appo", {"env.kwargs": kwargs, "learner.lr": 1e-5, "expect.hardware": 'a "quoted"\nline'})
     assert round_trip(cfg, tmp_path) == cfg
 
 
