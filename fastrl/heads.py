@@ -5,6 +5,8 @@
 :class:`FactorizedHead`, independent parts whose log-probs and entropies add up. Masked choices
 (an ``action_mask`` observation) reach a head as logits of :data:`MASKED_LOGIT`: probability
 exactly 0 in sampling, log-probs and entropies, with no NaN (``-inf`` would give ``0 * -inf``).
+Every head samples and scores actions as fastrl stores them (flat rows, categories from 0, see
+fastrl.spaces); the env backends give the env its declared shape and ``start``.
 """
 from __future__ import annotations
 

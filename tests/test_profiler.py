@@ -14,6 +14,7 @@ from fastrl.profiler import sampling
 from fastrl.cli import profile_main
 from fastrl.config import build_config, validate
 from fastrl.runner import train
+from fastrl.spaces import ActionLayout
 
 # cartpole-appo, small: 2 workers x 32 envs, batches of 1024 env steps.
 # The batcher process acting, as most profiles run: its figures are among those checked.
@@ -187,14 +188,18 @@ def test_steady_window_skips_start_up_and_warm_up():
 
 
 def test_random_actions_stay_in_the_action_space():
+    # The table holds actions as VecEnv.send takes them (flat, zero-based); the env gets them shifted.
     rng = np.random.default_rng(0)
-    discrete = profiler.random_action_table(gymnasium.spaces.Discrete(3, start=1), 8, 4, rng)
-    assert discrete.shape == (4, 8) and discrete.dtype == np.int64 and set(np.unique(discrete)) <= {1, 2, 3}
-    box = gymnasium.spaces.Box(low=np.array([-2.0, -np.inf], np.float32), high=np.array([2.0, np.inf], np.float32),
+    space = gymnasium.spaces.Discrete(3, start=1)
+    discrete = profiler.random_action_table(space, 8, 4, rng)
+    assert discrete.shape == (4, 8) and discrete.dtype == np.int64 and set(np.unique(discrete)) == {0, 1, 2}
+    assert set(np.unique(ActionLayout(space).to_env(discrete.reshape(-1)))) == {1, 2, 3}
+    box = gymnasium.spaces.Box(low=np.array([[-2.0, -np.inf]], np.float32), high=np.array([[2.0, np.inf]], np.float32),
                                dtype=np.float32)
     continuous = profiler.random_action_table(box, 8, 4, rng)
     assert continuous.shape == (4, 8, 2) and continuous.dtype == np.float32
     assert np.abs(continuous[..., 0]).max() <= 2.0 and np.abs(continuous[..., 1]).max() <= 1.0
+    assert all(box.contains(action) for action in ActionLayout(box).to_env(continuous.reshape(32, 2)))
 
 
 def test_nvidia_smi_rows_are_parsed():

@@ -19,12 +19,13 @@ that step is ignored. The learner must never train on that transition (see DESIG
 from __future__ import annotations
 
 import abc
+import functools
 from collections import deque
 
 import gymnasium
 import numpy as np
 
-from fastrl.spaces import box_bounds
+from fastrl.spaces import ActionLayout
 
 # (obs [B, *obs_shape], rewards float32 [B], terminated bool [B], truncated bool [B],
 #  env_ids int32 [B]) with B = batch_size.
@@ -54,15 +55,15 @@ class VecEnv(abc.ABC):
     Attributes:
         num_envs: envs in this group (one rollout worker owns one group).
         batch_size: envs returned by one `recv()`; `num_envs % batch_size == 0`.
-        observation_space: `gymnasium.spaces.Box` of ONE env.
-        action_space: `gymnasium.spaces.Discrete` or `Box` of ONE env.
+        observation_space: the observation space of ONE env (see fastrl.spaces.ObsLayout).
+        action_space: the action space of ONE env (see fastrl.spaces.ActionLayout).
         frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
     """
 
     num_envs: int
     batch_size: int
-    observation_space: gymnasium.spaces.Box
-    action_space: gymnasium.spaces.Discrete | gymnasium.spaces.Box
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
     frame_skip: int
 
     @abc.abstractmethod
@@ -75,8 +76,10 @@ class VecEnv(abc.ABC):
         """Start stepping exactly the envs `env_ids` with `actions`; returns without waiting.
 
         Args:
-            actions: [len(env_ids)] ints for Discrete, [len(env_ids), *action_shape] floats for
-                Box (unclipped Gaussian samples are fine: they are clipped to the bounds here).
+            actions: [len(env_ids), *action_layout.shape] rows as fastrl stores them: flat and
+                zero-based (fastrl.spaces.ActionLayout), converted to the space's declared
+                shape, dtype and start here; Box actions may be unclipped Gaussian samples
+                (they are clipped to the bounds here).
             env_ids: int [len(env_ids)], ids returned by an earlier `recv()` and not yet sent.
                 Split backends (sync mode) need the whole batch of one `recv()` at once.
         Raises:
@@ -109,14 +112,16 @@ class VecEnv(abc.ABC):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _prepare_actions(self, actions: np.ndarray):
-        """Clip Box actions to the space bounds; pass the others through (rows as
-        fastrl.spaces.ActionLayout stores them)."""
-        space = self.action_space
-        if isinstance(space, gymnasium.spaces.Box):
-            # Declared bounds that are placeholders (envpool's [2.2e-308, 1.8e308]) do not clip.
-            return np.clip(actions, *box_bounds(space)).astype(space.dtype, copy=False)
-        return np.asarray(actions)
+    @functools.cached_property
+    def action_layout(self) -> ActionLayout:
+        """How fastrl stores this group's actions: what `send()` takes."""
+        return ActionLayout(self.action_space)
+
+    def _env_actions(self, actions: np.ndarray):
+        """Actions as `send()` takes them -> as the env takes them (`ActionLayout.to_env`: the
+        declared shape, dtype and `start`, Box actions clipped to their bounds). Every backend
+        calls this as actions leave for its envs, and nothing else converts them."""
+        return self.action_layout.to_env(actions)
 
 
 class SplitVecEnv(VecEnv):
@@ -157,7 +162,7 @@ class SplitVecEnv(VecEnv):
                 f"sent; got {env_ids.tolist()[:8]}... ({len(env_ids)} ids, batch_size "
                 f"{self.batch_size})"
             )
-        self._send_split(split, self._prepare_actions(actions), local_ids)
+        self._send_split(split, actions, local_ids)
         self._acting[split] = False
         self._pending.append(split)
 
@@ -178,7 +183,8 @@ class SplitVecEnv(VecEnv):
 
     @abc.abstractmethod
     def _send_split(self, split: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
-        """Start stepping `split`; `actions[i]` goes to its env `local_ids[i]` in [0, batch_size)."""
+        """Start stepping `split`; `actions[i]` (as `send()` takes them: the backend converts them
+        with `_env_actions`) goes to its env `local_ids[i]` in [0, batch_size)."""
 
     @abc.abstractmethod
     def _recv_split(self, split: int) -> Batch:

@@ -192,7 +192,7 @@ class EnvpoolSplits(SplitVecEnv):
         self._pools[split].async_reset()
 
     def _send_split(self, split: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
-        self._io[split].send(actions, local_ids)
+        self._io[split].send(self._env_actions(actions), local_ids)
 
     def _recv_split(self, split: int) -> Batch:
         return self._io[split].recv()
@@ -233,7 +233,7 @@ class EnvpoolAsync(VecEnv):
                 "send() for envs that are not waiting for an action: send each env id "
                 "returned by recv() exactly once"
             )
-        self._io.send(self._prepare_actions(actions), env_ids)
+        self._io.send(self._env_actions(actions), env_ids)
         self._awaiting[env_ids] = False
         self._in_flight += len(env_ids)
 

@@ -14,7 +14,6 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from fastrl.envs.base import Batch, SplitVecEnv
-from fastrl.spaces import ActionLayout
 
 
 class GymnasiumSplits(SplitVecEnv):
@@ -47,8 +46,8 @@ class GymnasiumSplits(SplitVecEnv):
             for split in range(self.num_splits)
         ]
         self._resetting = np.zeros(self.num_splits, dtype=bool)
-        # Actions as fastrl stores them (fastrl.spaces.ActionLayout); converted per step.
-        layout = ActionLayout(self.action_space)
+        # Actions as send() takes them (fastrl.spaces.ActionLayout), converted for the env per step.
+        layout = self.action_layout
         self._actions = [np.zeros((batch_size, *layout.shape), dtype=layout.dtype) for _ in range(self.num_splits)]
         self._local_ids = np.arange(batch_size, dtype=np.int32)
 
@@ -68,16 +67,8 @@ class GymnasiumSplits(SplitVecEnv):
             no_flags = np.zeros(self.batch_size, dtype=bool)
             rewards = np.zeros(self.batch_size, dtype=np.float32)
             return obs, rewards, no_flags, no_flags.copy(), self._local_ids
-        obs, rewards, terminated, truncated, _ = vec.step(self._step_actions(self._actions[split]))
+        obs, rewards, terminated, truncated, _ = vec.step(self._env_actions(self._actions[split]))
         return obs, rewards, terminated, truncated, self._local_ids
-
-    def _step_actions(self, actions: np.ndarray):
-        space = self.action_space
-        if isinstance(space, gymnasium.spaces.Box):
-            return actions.astype(space.dtype, copy=False)
-        if isinstance(space, gymnasium.spaces.Tuple):
-            return ActionLayout(space).to_env(actions)
-        return actions
 
     def close(self) -> None:
         for vec in self._vecs:

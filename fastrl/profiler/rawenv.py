@@ -34,16 +34,17 @@ class EnvMeasurement:
 
 
 def random_action_table(space, batch_size: int, count: int, rng: np.random.Generator) -> np.ndarray:
-    """``count`` batches of uniform random actions: [count, batch_size, *space.shape]. Box bounds
-    that are infinite are replaced by [-1, 1]."""
+    """``count`` batches of uniform random actions as ``VecEnv.send`` takes them (flat and
+    zero-based, fastrl.spaces.ActionLayout): [count, batch_size, *layout.shape]. Box bounds that
+    are infinite are replaced by [-1, 1]."""
     if isinstance(space, gymnasium.spaces.Discrete):
-        return rng.integers(space.start, space.start + space.n, size=(count, batch_size), dtype=np.int64)
-    if isinstance(space, gymnasium.spaces.Box):
-        low, high = box_bounds(space)
-        low, high = np.where(np.isfinite(low), low, -1.0), np.where(np.isfinite(high), high, 1.0)
-        return rng.uniform(low, high, size=(count, batch_size, *space.shape)).astype(np.float32)
-    # MultiDiscrete / MultiBinary / Tuple: the space's own sampler, stored as fastrl stores actions.
+        return rng.integers(0, space.n, size=(count, batch_size), dtype=np.int64)
     layout = ActionLayout(space)
+    if isinstance(space, gymnasium.spaces.Box):
+        low, high = (bound.reshape(-1) for bound in box_bounds(space))
+        low, high = np.where(np.isfinite(low), low, -1.0), np.where(np.isfinite(high), high, 1.0)
+        return rng.uniform(low, high, size=(count, batch_size, *layout.shape)).astype(np.float32)
+    # MultiDiscrete / MultiBinary / Tuple: the space's own sampler, stored as fastrl stores actions.
     space.seed(int(rng.integers(2**31)))
     rows = [layout.encode(space.sample()) for _ in range(count * batch_size)]
     return np.stack(rows).reshape(count, batch_size, *layout.shape)
