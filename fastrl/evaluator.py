@@ -7,11 +7,17 @@ env steps, not in the training episode statistics), records the result in the ar
 ``eval_stats`` for the runner's next report, and keeps ``checkpoints/best.pt``: the weights with
 the best evaluated mean return. In its own process it runs at a lower CPU priority: on a machine
 with fewer cores than processes it takes what the actors and the learner leave.
+
+It is the run's most expendable process: whatever stops it (an env that fails only in evaluation,
+a kill, a full disk under best.pt) never stops training. It says why in one line through its
+``failures`` pipe; the runner restarts it up to MAX_RESTARTS times, then trains on without it.
 """
 from __future__ import annotations
 
 import math
+import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
@@ -22,11 +28,14 @@ from .evaluate import evaluate_policy
 from .models import build_model
 from .published_weights import PublishedWeights
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
-from .shm import Arena, set_error, total_env_steps
-from .video import VideoError, write_video  # imageio itself is imported only to write
+from .shm import Arena, total_env_steps
+from .video import VideoError, remove_partial_videos, write_video  # imageio itself is imported only to write
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
 SEED_OFFSET = 1_000_003  # evaluation episodes never replay the training envs' seeds
+# A run of a week can lose its evaluator to a stray kill or two; one that fails on every
+# evaluation (an env that breaks only there) is given up after these, with one notice.
+MAX_RESTARTS = 3
 
 
 class EvalStats:
@@ -94,12 +103,17 @@ class Evaluator:
         self.keep_going = keep_going
         self.weights = PublishedWeights(arena, self.model, torch.device(device))
         self.stats = arena.eval_stats
+        # An evaluator killed while writing a result left SEQ odd: back to the last complete one,
+        # else every later result would read as being written.
+        self.stats[EvalStats.SEQ] -= self.stats[EvalStats.SEQ] % 2
         self.evaluations = 0
         self.best = self._best_so_far()
         self.stats[EvalStats.BEST_RETURN] = self.best
         self.stats[EvalStats.CLIP_AT] = -1
         # The first evaluation brings a clip, then one every eval.video_every_s.
         self.next_clip = time.monotonic() if cfg.eval.video_every_s and self.run_dir is not None else math.inf
+        if self.run_dir is not None:
+            remove_partial_videos(self.run_dir / "videos")  # a killed evaluator's unfinished clip
 
     def _best_so_far(self) -> float:
         """A resumed run keeps its best.pt unless a better evaluation replaces it."""
@@ -176,11 +190,12 @@ def evaluator_niceness(cfg: Config) -> int:
 
 
 def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch.nn.Module | None,
-                      run_dir: Path | None, parent_pid: int) -> None:
+                      run_dir: Path | None, parent_pid: int, failures: Connection) -> None:
     """Main loop of the evaluator process: sleep (blocking, checking the stop flag), evaluate, repeat.
 
     The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
-    interval pushes the next one back instead of running back to back."""
+    interval pushes the next one back instead of running back to back. On an error it sends
+    one line (failure_line) through ``failures`` and exits with code 1."""
     configure_child(parent_pid, cfg.retain_freed_memory, evaluator_niceness(cfg))
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + SEED_OFFSET)
@@ -190,9 +205,10 @@ def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch
     def keep_going() -> None:
         check_alive(control, parent_pid)
 
-    model = build_model(*spaces, cfg.model, model, cfg.learner.algo)  # weights come from the arena
-    evaluator = Evaluator(cfg, arena, model, run_dir, "cpu", keep_going)
+    evaluator = None
     try:
+        model = build_model(*spaces, cfg.model, model, cfg.learner.algo)  # weights come from the arena
+        evaluator = Evaluator(cfg, arena, model, run_dir, "cpu", keep_going)
         due = time.monotonic() + cfg.eval.every_s
         while True:
             while time.monotonic() < due:
@@ -204,13 +220,19 @@ def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch
             due = max(due + cfg.eval.every_s, time.monotonic() + cfg.eval.every_s / 2)
     except ProcessExit:
         pass
-    except (CheckpointError, VideoError) as exc:
-        set_error(arena, f"{exc} (turn clips off with --set eval.video_every_s=0)" if isinstance(exc, VideoError)
-                  else str(exc))
-        raise
     except Exception as exc:
-        set_error(arena, f"evaluation during training stopped: {exc} (turn it off with --set eval.every_s=0)")
-        raise
+        failures.send(failure_line(exc))
+        sys.exit(1)  # the runner says why, in one line: no traceback
     finally:
-        del evaluator
+        del evaluator  # its views of the arena go first
         arena.close()
+
+
+def failure_line(exc: Exception) -> str:
+    """Why the evaluator stopped, as the runner's notice says it."""
+    if isinstance(exc, VideoError):
+        return f"{exc} (turn clips off with --set eval.video_every_s=0)"
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first_line}"

@@ -32,6 +32,7 @@ from .console import Console
 from .learner.precision import learner_precision
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
+from .evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
 from .evaluator import EvalResults, Evaluator, evaluator_process
 from .inference import InferenceBatcher, batcher_epsilons, inference_process
 from .main_guard import unguarded_main_call
@@ -233,10 +234,13 @@ def _raise_interrupt(signum, frame):
 
 
 class Supervisor:
-    """Watches the children: restarts crashed rollout workers, stops the run on anything else."""
+    """Watches the children: restarts crashed rollout workers, and the evaluator (an observer: up
+    to EVALUATOR_MAX_RESTARTS times, then the run goes on without it); stops the run on anything
+    else. ``evaluator_failures`` is the read end of the pipe every evaluator says its failure on."""
 
     def __init__(self, cfg: Config, arena: Arena, make_worker, procs: dict, run_dir: Path | None,
-                 console: Console, process_file: str = "processes.json"):
+                 console: Console, process_file: str = "processes.json", make_evaluator=None,
+                 evaluator_failures=None):
         self.cfg = cfg
         self.console = console
         self.arena = arena
@@ -244,9 +248,18 @@ class Supervisor:
         self.procs = procs
         self.run_dir = run_dir
         self.process_file = process_file
+        self.make_evaluator = make_evaluator
+        self.evaluator_failures = evaluator_failures
         self.restart_times: deque[float] = deque()
-        self.worker_restarts = 0
+        self.restarts = {"rollout": 0, "evaluator": 0}
         self.generations = [0] * len(procs["rollout"])
+
+    def restart_counts(self) -> dict:
+        """The metrics' restart counters (evaluator_restarts where this rank evaluates)."""
+        counts = {"worker_restarts": self.restarts["rollout"]}
+        if "evaluator" in self.procs:
+            counts["evaluator_restarts"] = self.restarts["evaluator"]
+        return counts
 
     def everyone(self) -> list:
         return [p for group in self.procs.values() for p in group]
@@ -268,6 +281,8 @@ class Supervisor:
             p.join(1.0)  # reap it, so that exitcode is known
             if p in self.procs["rollout"]:
                 self.restart_worker(self.procs["rollout"].index(p), p)
+            elif p in self.procs.get("evaluator", ()):
+                self.restart_evaluator(p)
             else:
                 raise RunError(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
                                f"(the last checkpoint is kept)")
@@ -282,13 +297,38 @@ class Supervisor:
                            f"{self.cfg.restart_window_s:.0f} s (last: {dead.name}, exit code {dead.exitcode}); "
                            f"stopping (raise max_worker_restarts to tolerate more, or fix the env)")
         self.generations[w] += 1
-        replacement = self.make_worker(w, self.generations[w])
+        self._replace("rollout", w, dead, self.make_worker(w, self.generations[w]), f"exited with code {dead.exitcode}")
+
+    def restart_evaluator(self, dead) -> None:
+        """Start a new evaluator, or after EVALUATOR_MAX_RESTARTS go on without one (one notice)."""
+        why = self._evaluator_failure(dead)
+        if self.restarts["evaluator"] >= EVALUATOR_MAX_RESTARTS:
+            self.procs["evaluator"] = []
+            self.write_process_file()
+            self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why} after {EVALUATOR_MAX_RESTARTS} restarts; "
+                                f"training goes on without evaluation (best.pt keeps the best so far)")
+            return
+        self._replace("evaluator", 0, dead, self.make_evaluator(), why, limit=EVALUATOR_MAX_RESTARTS)
+
+    def _evaluator_failure(self, dead) -> str:
+        """The line a dead evaluator sent (fastrl.evaluator.failure_line), else how it ended."""
+        said = None
+        while self.evaluator_failures.poll():
+            said = self.evaluator_failures.recv()
+        if said is not None:
+            return f"failed ({said})"
+        if dead.exitcode is not None and dead.exitcode < 0:
+            return f"was killed by {signal.Signals(-dead.exitcode).name}"
+        return f"exited with code {dead.exitcode}"
+
+    def _replace(self, role: str, index: int, dead, replacement, why: str, limit: int | None = None) -> None:
         replacement.start()
-        self.procs["rollout"][w] = replacement
-        self.worker_restarts += 1
+        self.procs[role][index] = replacement
+        self.restarts[role] += 1
         self.write_process_file()
-        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as "
-                            f"pid {replacement.pid} (restart {self.worker_restarts})")
+        of = f" of {limit}" if limit is not None else ""
+        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why}; restarted as pid {replacement.pid} "
+                            f"(restart {self.restarts[role]}{of})")
 
 
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
@@ -332,11 +372,17 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                 cfg, layout, arena.name, spaces, model, inference_device, channels.batcher, parent))],
             "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
         }
+        evaluator_failures, failures_out = ctx.Pipe(duplex=False)
+
+        def make_evaluator():
+            return ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
+                cfg, layout, arena.name, spaces, model, run_dir, parent, failures_out))
+
         if cfg.eval.every_s and main:
-            procs["evaluator"] = [ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
-                cfg, layout, arena.name, spaces, model, run_dir, parent))]
+            procs["evaluator"] = [make_evaluator()]
         process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
-        supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file)
+        supervisor = Supervisor(cfg, arena, make_worker, procs, run_dir, console, process_file, make_evaluator,
+                                evaluator_failures)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():
             p.start()
@@ -354,7 +400,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
                 break
             supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
             if time.time() >= next_report:
-                reporter.report({"worker_restarts": supervisor.worker_restarts, **eval_results.new()})
+                reporter.report({**supervisor.restart_counts(), **eval_results.new()})
                 next_report += cfg.report_every_s
                 # Distributed: every rank leaves at the same report, on the same aggregated figures.
                 if dist_info.enabled and reporter.stop_agreed:
@@ -374,7 +420,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         try:
             # A last report is a collective in a distributed run: only when every rank gets there.
             if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
-                reporter.report({"worker_restarts": supervisor.worker_restarts, **eval_results.new()})
+                reporter.report({**supervisor.restart_counts(), **eval_results.new()})
         except (MetricsWriteError, OSError) as exc:
             late_error = str(exc)
         finally:

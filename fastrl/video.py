@@ -207,6 +207,13 @@ def _new_partial_file(path: Path) -> Path:
     return partial
 
 
+def remove_partial_videos(directory: Path) -> None:
+    """Remove the unfinished videos a killed process left in ``directory`` (SIGKILL leaves no
+    chance to clean up); call it only where no other process is writing one."""
+    for partial in Path(directory).glob(f".*{PARTIAL_SUFFIX}"):
+        partial.unlink(missing_ok=True)
+
+
 def _close_quietly(writer) -> None:
     """Close ``writer`` after a failure: ffmpeg may already be gone (it may be what failed)."""
     try:

@@ -1,6 +1,10 @@
 """Evaluation during training (fastrl.evaluator): its own envs and counters, the newest
 published weights, checkpoints/best.pt, the cadence, and the runner's metrics."""
 import json
+import os
+import signal
+import threading
+import time
 
 import numpy as np
 import psutil
@@ -8,13 +12,15 @@ import pytest
 import torch
 
 from fastrl import evaluator as evaluator_module
+from fastrl import runner as runner_module
 from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.evaluator import EvalResults, Evaluator
+from fastrl.evaluator import EvalResults, EvalStats, Evaluator
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer
+from tests.test_reliability import metrics, start_cli, wait_for
 
 COUNTDOWN = {"env.id": "fastrl.envs.toy:make_countdown", "env.kwargs": {"length": 7}, "device": "cpu",
              "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "env.num_threads": 0,
@@ -56,6 +62,17 @@ def test_an_evaluation_plays_its_own_episodes_and_leaves_the_training_counters_a
     assert row.new() == {}  # each result is reported once
     evaluator.evaluate()
     assert row.new()["eval_env_steps"] == 112  # cumulative over the session
+
+
+def test_an_evaluator_that_replaces_one_killed_mid_write_reports_its_results(tmp_path):
+    cfg, model, arena = _countdown_setup(tmp_path)
+    row = EvalResults(arena)
+    arena.eval_stats[EvalStats.SEQ] += 1  # the killed evaluator's result, half written
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    assert row.new() == {}  # the half-written result is never read
+    _publish(arena, model, version=1)
+    evaluator.evaluate()
+    assert row.new()["eval_weights_version"] == 1
 
 
 def _spaces(cfg):
@@ -156,3 +173,74 @@ def test_clips_need_evaluation_on():
 
     with pytest.raises(ConfigError, match="eval.every_s"):
         build_config("cartpole-appo", {"eval.video_every_s": 30.0})
+
+
+def _notices(run_dir, text):
+    return [line for line in (run_dir / "train.log").read_text().splitlines() if text in line]
+
+
+def _evaluated_after(rows, predicate):
+    """Whether a report after the first one that satisfies ``predicate`` brings an evaluation."""
+    first = next((i for i, r in enumerate(rows) if predicate(r)), len(rows))
+    return any("eval_return_mean" in r for r in rows[first + 1:])
+
+
+def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
+    # Stopped by Ctrl-C once the replacement has evaluated: a time budget could run out first
+    # on a loaded machine, where a process takes seconds to start.
+    proc = start_cli(tmp_path, "--train-for-env-steps", "1000000000", "--set", "eval.every_s=0.5",
+                     "--set", "eval.episodes=2")
+    try:
+        wait_for(lambda: any("eval_return_mean" in r for r in metrics(tmp_path)), 120, "a first evaluation")
+        (victim,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: _evaluated_after(metrics(tmp_path), lambda r: r["evaluator_restarts"] == 1), 120,
+                 "an evaluation by the restarted evaluator")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert metrics(tmp_path)[-1]["evaluator_restarts"] == 1
+    (replacement,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
+    assert replacement != victim
+    [notice] = _notices(tmp_path, "fastrl-evaluator")
+    assert f"(pid {victim}) was killed by SIGKILL; restarted as pid {replacement} (restart 1 of 3)" in notice
+
+
+def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner_module, "EVALUATOR_MAX_RESTARTS", 1)
+    cfg = build_config("cartpole-appo", {**COUNTDOWN, "env.id": "fastrl.envs.toy:make_raises_in",
+                                         "env.kwargs": {"process": "fastrl-evaluator", "length": 7},
+                                         "train_for_env_steps": 0, "train_for_seconds": 300.0, "report_every_s": 0.5,
+                                         "eval.every_s": 0.5})
+    run_dir = tmp_path / "run"
+    given_up = "training goes on without evaluation"
+
+    def reports_after_giving_up():
+        log = run_dir / "train.log"
+        return log.exists() and given_up in log.read_text() and len(metrics(run_dir)) >= 3 and \
+            metrics(run_dir)[-3].get("evaluator_restarts") == 1 and metrics(run_dir)[-3]["env_steps"] > 0
+
+    # Ctrl-C once the run has trained on after giving the evaluator up (the budget is a safety net).
+    stopper = threading.Thread(target=_interrupt_when, args=(reports_after_giving_up, 240), daemon=True)
+    stopper.start()
+    result = train(cfg, run_dir=run_dir, quiet=True)
+    stopper.join()
+    assert result.final["evaluator_restarts"] == 1
+    assert result.final["env_steps"] > result.reports[-3]["env_steps"]  # training went on
+    failed = "failed (RuntimeError: injected fault: RaisesAtEnv step 1)"
+    [restarted] = _notices(run_dir, "restarted as pid")
+    [gave_up] = _notices(run_dir, given_up)
+    assert failed in restarted and "(restart 1 of 1)" in restarted
+    assert failed in gave_up and "after 1 restarts" in gave_up
+    assert json.loads((run_dir / "processes.json").read_text())["evaluator"] == []
+    assert not any("eval_return_mean" in r for r in result.reports)
+
+
+def _interrupt_when(predicate, timeout: float) -> None:
+    """Send this process SIGINT (as Ctrl-C) once ``predicate()`` holds, or after ``timeout``."""
+    deadline = time.time() + timeout
+    while not predicate() and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)

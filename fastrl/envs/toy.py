@@ -5,6 +5,8 @@ spawned worker processes can build them by name.
 
 from __future__ import annotations
 
+import multiprocessing
+
 import gymnasium
 import numpy as np
 from gymnasium import spaces
@@ -130,6 +132,14 @@ def make_countdown(
 
 def make_raises_at(step: int, length: int = 5) -> RaisesAtEnv:
     return RaisesAtEnv(step, length)
+
+
+def make_raises_in(process: str, length: int = 5) -> CountdownEnv:
+    """A countdown env that raises on its first step in the process named ``process`` (e.g.
+    "fastrl-evaluator": an env that fails only in evaluation), a plain one elsewhere."""
+    if multiprocessing.current_process().name == process:
+        return RaisesAtEnv(1, length)
+    return CountdownEnv(length)
 
 
 def make_nan_obs(every: int = 3, length: int = 5) -> NanObsEnv:
