@@ -115,6 +115,10 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
                               f"plain data ({type(exc).__name__})") from None
     if not isinstance(state, dict) or "learner" not in state or "counters" not in state:
         raise CheckpointError(f"checkpoint '{path}' is not a fastrl checkpoint")
+    steps = state["counters"].get("env_steps") if isinstance(state["counters"], dict) else None
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise CheckpointError(f"checkpoint '{path}' has no env step count (counters.env_steps), so fastrl did "
+                              f"not write it: move it out of the run's checkpoints/ and use another")
     return state
 
 

@@ -147,21 +147,27 @@ def eval_main(argv=None) -> int:
     args = p.parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        from .evaluate import evaluate_run
+        from .evaluate import evaluate_run, evaluation_device
         from .video import VideoError, write_run_video
 
         if args.episodes <= 0:
             raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
         if args.fps is not None and args.fps <= 0:
             raise ConfigError(f"--fps must be > 0, got {args.fps}")
-        if args.video:
-            result = write_run_video(Path(args.run_dir), args.video, args.episodes, args.deterministic, args.device,
+        if args.video is not None and not args.video.strip():
+            raise ConfigError("--video needs a file path ending in .mp4, got an empty one")
+        device = evaluation_device(args.device)
+        if args.video is not None:
+            result = write_run_video(Path(args.run_dir), args.video, args.episodes, args.deterministic, device,
                                      args.seed, args.best, args.fps)
         else:
-            result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, args.device, args.seed,
+            result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, device, args.seed,
                                   args.best)
     except (*_user_errors(), VideoError) as exc:
         return _fail("fastrl-eval", exc)
+    except KeyboardInterrupt:
+        write_best_effort(sys.stderr, "fastrl-eval: interrupted; no result (run it again for one)")
+        return 130
     except _Terminated:
         write_best_effort(sys.stderr, "fastrl-eval: stopped by SIGTERM; no result")
         return 128 + signal.SIGTERM

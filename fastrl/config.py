@@ -276,6 +276,9 @@ class Range:
 POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
 # A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
 SECONDS = Range(0, 10**9, low_open=True)
+# Units of one layer: beyond this, one layer's weight matrix alone outgrows any host (65536^2
+# float32 is 16 GiB).
+LAYER_WIDTH = Range(1, 65536)
 # Every numeric key's allowed values (for a list key: each entry's), checked by check_section().
 RANGES = {
     "seed": Range(0, 2**32 - 1),  # numpy's np.random.seed takes 32 bits
@@ -295,8 +298,8 @@ RANGES = {
     # 128 splits leave two tags, so a restarted worker ignores replies meant for the one it replaced.
     "env.num_splits": Range(1, 128),
     "env.num_threads": NON_NEGATIVE,  # 0 = envpool's default
-    "model.hidden_sizes": AT_LEAST_1,
-    "model.core_size": AT_LEAST_1,
+    "model.hidden_sizes": LAYER_WIDTH,
+    "model.core_size": LAYER_WIDTH,
     "model.core_layers": AT_LEAST_1,
     "model.initial_log_std": Range(-5.0, 2.0, low_open=True, high_open=True),  # inside fastrl.heads.LOG_STD_RANGE
     "learner.rollout": AT_LEAST_1,
@@ -458,20 +461,31 @@ def load_profile(name: str) -> Config:
     """Load a named profile (profiles/NAME.toml) or a path to a TOML file."""
     path = Path(name)
     if path.suffix == ".toml" and path.exists():
-        text = path.read_text()
+        source = path
     else:
-        resource = resources.files("fastrl.profiles") / f"{name}.toml"
-        if not resource.is_file():
+        source = resources.files("fastrl.profiles") / f"{name}.toml"
+        if not source.is_file():
             close = difflib.get_close_matches(name, available_profiles(), n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ConfigError(f"unknown profile '{name}': {hint}available: {', '.join(available_profiles())}")
-        text = resource.read_text()
+    return config_from_toml(source, f"profile '{name}'")
+
+
+def config_from_toml(source, label: str, ignored: tuple[str, ...] = ()) -> Config:
+    """The config in ``source`` (a Path or a package resource), top-level keys ``ignored`` left
+    out; ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not
+    TOML in UTF-8 or holds a key or value that no config takes."""
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{label} is not valid TOML: {exc}; correct it") from None
+    for key in ignored:
+        data.pop(key, None)
     cfg = Config()
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"profile '{name}' is not valid TOML: {exc}") from None
-    apply_dict(cfg, data)
+        apply_dict(cfg, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
     return cfg
 
 
@@ -513,10 +527,15 @@ def check_section(settings, section: str) -> None:
             raise ConfigError(f"config key '{key}' must be {allowed}, got {value!r}")
 
 
+def is_device_name(name: str) -> bool:
+    """auto (a GPU if one is visible), cpu, cuda or cuda:N: the devices a run or an evaluation takes."""
+    return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError for values that cannot work, before any process starts."""
     dev = cfg.device
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+    if not is_device_name(dev):
         raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
     dev = cfg.inference.device
     if not (dev in ("", "cpu") or (dev.startswith("cuda:") and dev[5:].isdigit())):
@@ -642,14 +661,35 @@ def to_toml(cfg: Config) -> str:
                           f"numbers, booleans, lists and tables") from None
 
 
+def flat_config(config: dict) -> dict:
+    """{"learner": {"lr": 0.001}} -> {"learner.lr": 0.001}; tables inside a section (env.kwargs)
+    stay one value, as they are one setting."""
+    flat = {}
+    for key, value in config.items():
+        if key in SECTIONS:
+            flat.update({f"{key}.{name}": setting for name, setting in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+# Config keys a checkpoint's weights depend on: a resumed or evaluated run must keep them.
+WEIGHTS_KEY_SECTIONS = ("model",)
+WEIGHTS_KEYS = ("env.id", "env.kwargs", "learner.algo")
+
+
+def weights_mismatch(saved: dict, cfg: Config) -> str:
+    """``key: saved -> asked`` for every key that shapes the weights and differs between
+    ``saved`` (a checkpoint's config, as Config.to_dict() wrote it) and ``cfg``; "" if none."""
+    before, now = flat_config(saved), flat_config(cfg.to_dict())
+    keys = [k for k in now if k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS]
+    return ", ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in keys if before.get(k) != now[k])
+
+
 def load_run_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
         raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
-    data = tomllib.loads(path.read_text())
     # Older run directories hold the promise as a line of text, `expected`: documentation that
     # never changed a run, so it is not carried over.
-    data.pop("expected", None)
-    cfg = Config()
-    apply_dict(cfg, data)
-    return cfg
+    return config_from_toml(path, f"'{path}'", ignored=("expected",))

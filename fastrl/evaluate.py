@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import (CheckpointError, best_checkpoint_path, load_checkpoint, load_latest_checkpoint,
-                         load_model_state, model_fit_check)
-from .config import Q_LEARNERS, Config, load_run_config
+from .checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_path, load_checkpoint,
+                         load_latest_checkpoint, load_model_state)
+from .config import Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
 from .envs import make_vec_env, probe_env
 from .models import action_head, build_model
 from .spaces import ObsLayout
@@ -98,6 +98,15 @@ def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.
     cfg = load_run_config(run_dir)
     spec = probe_env(cfg)
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+
+    def check(state: dict, path_hint: str = "the checkpoint") -> None:
+        differs = weights_mismatch(state.get("config", {}), cfg)
+        if differs:
+            raise CheckpointMismatch(f"'{Path(run_dir) / 'config.toml'}' differs from the config its checkpoints "
+                                     f"were trained with ({differs}; checkpoint -> config.toml): put the "
+                                     f"checkpoints' values back in config.toml to evaluate them")
+        load_model_state(model, state, path_hint)
+
     if best:
         path = best_checkpoint_path(run_dir)
         if not path.is_file():
@@ -105,10 +114,28 @@ def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.
                                   f"eval.every_s=60) or had not finished one yet; run fastrl-eval without --best "
                                   f"for the latest checkpoint")
         state = load_checkpoint(path)
-        load_model_state(model, state, path_hint=f"'{path}'")
+        check(state, path_hint=f"'{path}'")
     else:
-        path, state = load_latest_checkpoint(run_dir, check=model_fit_check(model))
+        path, state = load_latest_checkpoint(run_dir, check=check)
     return cfg, model, {"checkpoint": str(path), "env_steps": state["counters"]["env_steps"]}
+
+
+def evaluation_device(name: str) -> str:
+    """fastrl-eval's --device as torch takes it: auto (a GPU if one is visible), cpu, cuda or
+    cuda:N; ConfigError (one line) for another name or a GPU this machine does not have."""
+    if not is_device_name(name):
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got '{name}'")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+    count = torch.cuda.device_count()
+    if torch.device(name).index is not None and torch.device(name).index >= count:
+        raise ConfigError(f"--device {name}: {count} GPU(s) are visible (cuda:0 to cuda:{count - 1}); pick one of "
+                          f"those, or check CUDA_VISIBLE_DEVICES")
+    return name
 
 
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",

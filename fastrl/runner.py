@@ -27,7 +27,7 @@ from threadpoolctl import threadpool_limits
 from . import distributed
 from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
                          remove_partial_checkpoints, set_aside_newer_checkpoints)
-from .config import SECTIONS, Config, to_toml, validate
+from .config import Config, to_toml, validate, weights_mismatch
 from .console import Console
 from .learner.precision import learner_precision
 from .distributed import DistInfo
@@ -110,31 +110,12 @@ def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int =
         state_size=state_size)
 
 
-# Config keys a checkpoint's weights depend on: a resumed run must keep them.
-MODEL_KEY_SECTIONS = ("model",)
-MODEL_KEYS = ("env.id", "env.kwargs", "learner.algo")
-
-
-def _flat_config(data: dict) -> dict:
-    flat = {k: v for k, v in data.items() if k not in SECTIONS}
-    for section in SECTIONS:
-        flat.update({f"{section}.{k}": v for k, v in data.get(section, {}).items()})
-    return flat
-
-
-def resume_mismatch(saved: dict, cfg: Config) -> str:
-    """``key: saved -> asked`` for every key that shapes the weights and differs; "" if none."""
-    before, now = _flat_config(saved), _flat_config(cfg.to_dict())
-    keys = [k for k in now if k in MODEL_KEYS or k.split(".")[0] in MODEL_KEY_SECTIONS]
-    return ", ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in keys if before.get(k) != now[k])
-
-
 def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> dict:
     """The newest checkpoint of ``run_dir`` that fits ``cfg`` and ``template`` (checked on a copy)."""
     probe = copy.deepcopy(template)
 
     def check(state: dict) -> None:
-        differs = resume_mismatch(state.get("config", {}), cfg)
+        differs = weights_mismatch(state.get("config", {}), cfg)
         if differs:
             raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
                                      f"drop those overrides to continue it, or start a new run with another --run-dir")

@@ -52,6 +52,17 @@ def test_a_crafted_newest_checkpoint_falls_back_to_the_previous_one_with_one_war
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("counters", [{}, {"env_steps": None}, {"env_steps": "100"}, [100]])
+def test_a_newest_checkpoint_without_an_env_step_count_falls_back_to_the_previous_one(tmp_path, capsys, counters):
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path, minimal_state(model, 100), 100, keep=3)
+    save_checkpoint(tmp_path, {**minimal_state(model), "counters": counters}, 200, keep=3)
+    path, state = load_latest_checkpoint(tmp_path)
+    assert path.name == "ckpt_000000000100.pt" and state["counters"]["env_steps"] == 100
+    err = capsys.readouterr().err
+    assert err.count("falling back") == 1 and "ckpt_000000000200.pt' has no env step count" in err
+
+
 def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     torch.manual_seed(3)
     np.random.seed(4)

@@ -179,7 +179,8 @@ BAD_INTS = {
     "env.envs_per_worker": [0],
     "env.num_splits": [0, 256, 512],  # 1024 envs divide evenly: only the range stops them
     "env.num_threads": [-1],
-    "model.hidden_sizes": [[64, 0], [-1]],
+    "model.hidden_sizes": [[64, 0], [-1], [64, 65537]],
+    "model.core_size": [0, 65537, 10**12],  # torch would try to allocate the weights
     "learner.rollout": [0],
     "learner.num_epochs": [0],
     "learner.num_minibatches": [0],

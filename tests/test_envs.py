@@ -198,8 +198,20 @@ def test_backend_resolution_order():
 
 
 def test_factory_must_return_a_gymnasium_env():
-    with pytest.raises(TypeError, match="not a gymnasium.Env"):
+    with pytest.raises(ValueError, match="returned dict, not a gymnasium.Env: make it return the env"):
         make_vec_env("builtins:dict", 2, 2, seed=0)
+
+
+@pytest.mark.parametrize("env_id, backend", [("CartPole-v1", "envpool"), ("CartPole-v1", "gymnasium"),
+                                             (COUNTDOWN, "factory"), (COUNTDOWN_GYM_ID, "gymnasium")])
+def test_an_env_kwarg_the_env_does_not_take_is_named_with_the_env(env_id, backend):
+    with pytest.raises(ValueError, match=f"env.kwargs: '{env_id}' takes no argument 'lenght'; remove it"):
+        make_vec_env(env_id, 2, 2, seed=0, backend=backend, env_kwargs={"lenght": 5})
+
+
+def test_a_type_error_of_the_env_itself_is_not_taken_for_an_unknown_kwarg():
+    with pytest.raises(TypeError):
+        make_vec_env(COUNTDOWN, 2, 2, seed=0, env_kwargs={"length": "five"})
 
 
 def pool_ios(env):

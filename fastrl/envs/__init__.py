@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,18 +77,33 @@ def make_vec_env(
         )
     env_kwargs = dict(env_kwargs or {})
     backend = resolve_backend(env_id, backend)
-    if backend == "envpool":
-        # envpool is optional, and importing it loads every env family (seconds): only when used.
-        from fastrl.envs.envpool_backend import make_envpool_vec_env
+    try:
+        if backend == "envpool":
+            # envpool is optional, and importing it loads every env family (seconds): only when used.
+            from fastrl.envs.envpool_backend import make_envpool_vec_env
 
-        env = make_envpool_vec_env(
-            env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
-        )
-    else:
-        env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
-        env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
+            env = make_envpool_vec_env(
+                env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
+            )
+        else:
+            env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
+            env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
+    except TypeError as exc:
+        unknown = _unknown_kwarg(exc, env_kwargs)
+        if unknown is None:
+            raise
+        raise ValueError(f"env.kwargs: {env_id!r} takes no argument {unknown!r}; remove it from env.kwargs or "
+                         f"correct its name") from None
     _check_spaces(env, env_id)
     return env
+
+
+def _unknown_kwarg(exc: TypeError, env_kwargs: dict[str, Any]) -> str | None:
+    """The key of ``env_kwargs`` that ``exc`` says a constructor does not take (envpool,
+    gymnasium and a plain factory all raise Python's TypeError for it); None for any other
+    TypeError, a fault of the env's own."""
+    match = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+    return match.group(1) if match and match.group(1) in env_kwargs else None
 
 
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
@@ -168,8 +184,8 @@ def _gymnasium_env_fn(
         def make_checked() -> gymnasium.Env:
             env = factory(**env_kwargs)
             if not isinstance(env, gymnasium.Env):
-                raise TypeError(f"Env factory {env_id!r} returned {type(env).__name__}, "
-                                "not a gymnasium.Env")
+                raise ValueError(f"Env factory {env_id!r} returned {type(env).__name__}, not a gymnasium.Env: "
+                                 f"make it return the env (an instance of a gymnasium.Env subclass)")
             return env
 
         return make_checked, 1
