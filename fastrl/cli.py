@@ -224,11 +224,11 @@ def plot_main(argv=None) -> int:
     p.add_argument("--out", required=True, metavar="PATH.png", help="the figure to write")
     args = p.parse_args(argv)
     try:
-        groups = plot_learning_curves([Path(d) for d in args.run_dirs], args.x_key, args.y_keys, Path(args.out))
+        path, groups = plot_learning_curves([Path(d) for d in args.run_dirs], args.x_key, args.y_keys, Path(args.out))
     except (ValueError, OSError) as exc:  # PlotError, ConfigError, unreadable files; _user_errors() imports torch
         return _fail("fastrl-plot", exc)
     lines = [f"{group.legend(len(group.runs))}: {', '.join(str(run.path) for run in group.runs)}" for group in groups]
-    write_best_effort(sys.stdout, "\n".join([f"wrote {args.out}", *lines]))
+    write_best_effort(sys.stdout, "\n".join([f"wrote {path}", *lines]))
     return 0
 
 

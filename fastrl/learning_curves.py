@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import SECTIONS, load_run_config
-from .plotting import PlotError, engineering_axis, pyplot, save
+from .config import flat_config, load_run_config
+from .plotting import PlotError, engineering_axis, figure_path, pyplot, save
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 # Budgets (train_for_env_steps, train_for_seconds) are not here: learner.lr_decay decays the
@@ -41,10 +43,21 @@ MEASURED = {
 
 
 @dataclass
+class Metrics:
+    """Columns of a run's reports: ``columns[key]`` float64 [R] for the keys read, one entry per
+    report, NaN where that report holds no finite number for it; ``keys``, every key that holds
+    a number in some report."""
+
+    columns: dict[str, np.ndarray]
+    keys: set[str]
+    reports: int
+
+
+@dataclass
 class Run:
     path: Path
     config: dict  # flat: {"seed": 1, "learner.lr": 0.001, ...}
-    rows: list[dict]  # metrics.jsonl, one dict per report; a value may be None (null)
+    metrics: Metrics
 
 
 @dataclass
@@ -69,40 +82,57 @@ class Band:
     high: np.ndarray
 
 
-def load_run(run_dir: Path) -> Run:
-    """A run directory's flat config and metrics; PlotError (one line) when it has no metrics."""
+def load_run(run_dir: Path, keys: Iterable[str] = ()) -> Run:
+    """A run directory's flat config and its metrics, with the columns of ``keys``; PlotError
+    (one line) when it has no metrics."""
     path = Path(run_dir)
     if not path.is_dir():
         raise PlotError(f"run directory '{run_dir}' does not exist; check the path")
-    metrics = path / "metrics.jsonl"
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise PlotError(f"{metrics} line {number} is not JSON; was the file edited by hand?") from None
-            continue  # a run killed while writing a report leaves a partial last line: the rest is fine
-        if not isinstance(row, dict):
-            raise PlotError(f"{metrics} line {number} is not a JSON object; was the file edited by hand?")
-        rows.append(row)
-    if not rows:
+    metrics = read_metrics(metrics_rows(path), keys)
+    if not metrics.reports:
         raise PlotError(f"no metrics in '{run_dir}': metrics.jsonl is missing or empty; pass a run directory "
                         f"that fastrl-train has reported into")
-    return Run(path, flat_config(load_run_config(path).to_dict()), rows)
+    return Run(path, flat_config(load_run_config(path).to_dict()), metrics)
 
 
-def flat_config(config: dict) -> dict:
-    """{"learner": {"lr": 0.001}} -> {"learner.lr": 0.001}; tables inside a section (env.kwargs)
-    stay one value, as they are one setting."""
-    flat = {}
-    for key, value in config.items():
-        if key in SECTIONS:
-            flat.update({f"{key}.{name}": setting for name, setting in value.items()})
-        else:
-            flat[key] = value
-    return flat
+def metrics_rows(run_dir: Path) -> Iterator[dict]:
+    """The reports in a run directory's metrics.jsonl, one dict at a time: the file is read line
+    by line, as a long run's reports do not fit in memory as dicts. A run killed while writing a
+    report leaves a partial last line, which is skipped; PlotError (one line naming the file and
+    the line) for any other line that is not a JSON object in UTF-8."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return
+    unparsed = 0  # the number of a line that was not JSON: only the last line may be
+    with open(metrics, "rb") as lines:
+        for number, line in enumerate(lines, 1):
+            if unparsed:
+                raise PlotError(f"{metrics} line {unparsed} is not JSON; was the file edited by hand?")
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise PlotError(f"{metrics} line {number} is not UTF-8 text; was the file edited by hand?") from None
+            try:
+                row = json.loads(text)
+            except ValueError:  # not JSON, or an integer too long for Python to read
+                unparsed = number
+                continue
+            if not isinstance(row, dict):
+                raise PlotError(f"{metrics} line {number} is not a JSON object; was the file edited by hand?")
+            yield row
+
+
+def read_metrics(rows: Iterable[dict], keys: Iterable[str]) -> Metrics:
+    """The columns ``keys`` of ``rows`` (reports, read one at a time), and every key with a number."""
+    values = {key: array("d") for key in keys}
+    numeric: set[str] = set()
+    reports = 0
+    for row in rows:
+        reports += 1
+        numeric.update(key for key, value in row.items() if _is_number(value))
+        for key, column in values.items():
+            column.append(_number(row.get(key)))
+    return Metrics({key: np.asarray(column, dtype=np.float64) for key, column in values.items()}, numeric, reports)
 
 
 def experiment(config: dict) -> dict:
@@ -131,36 +161,47 @@ def group_by_seed(runs: list[Run]) -> list[SeedGroup]:
 EVAL_X = {"env_steps": "eval_at_env_steps"}  # see fastrl.evaluator
 
 
-def series(rows: list[dict], x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(x [K], y [K]) float64 of the rows where both are numbers, x increasing.
+def series_keys(x_key: str, y_keys: list[str]) -> set[str]:
+    """The metrics columns that ``series`` reads to draw ``y_keys`` against ``x_key``."""
+    return {x_key, *y_keys, *(EVAL_X[x_key] for y_key in y_keys if y_key.startswith("eval_") and x_key in EVAL_X)}
+
+
+def series(metrics: Metrics, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x [K], y [K]) float64 of the reports where both are numbers, x increasing.
 
     A resumed run continues from its last checkpoint, so its metrics.jsonl can step back in x:
-    the reports of the first attempt beyond that point were redone, and the later ones count.
+    the reports of the first attempt beyond that point were redone, and the later ones count. A
+    report is kept when every later report is further along in x.
 
     An evaluation (``eval_*`` keys) is drawn at the env steps where its weights were taken, not at
     the later report that carried it."""
+    x, y = metrics.columns[x_key], metrics.columns[y_key]
     if y_key.startswith("eval_") and x_key in EVAL_X:
-        rows = [row for row in rows if _is_number(row.get(y_key)) and _is_number(row.get(EVAL_X[x_key]))]
-        x_key = EVAL_X[x_key]
-    points: list[tuple[float, float | None]] = []
-    for row in rows:
-        x = row.get(x_key)
-        if not _is_number(x):
-            continue
-        while points and points[-1][0] >= x:
-            points.pop()
-        y = row.get(y_key)
-        points.append((float(x), float(y) if _is_number(y) else None))
-    kept = [(x, y) for x, y in points if y is not None]
-    return np.array([x for x, _ in kept], np.float64), np.array([y for _, y in kept], np.float64)
+        x = np.where(np.isnan(y), np.nan, metrics.columns[EVAL_X[x_key]])
+    reported = np.flatnonzero(~np.isnan(x))
+    later = np.append(np.minimum.accumulate(x[reported][::-1])[::-1][1:], np.inf)  # min x of the later reports
+    kept = reported[x[reported] < later]
+    kept = kept[~np.isnan(y[kept])]
+    return x[kept], y[kept]
 
 
 def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
+def _number(value) -> float:
+    """``value`` as a float; NaN for null, text, booleans, infinities and integers beyond a float's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return not math.isnan(_number(value))
 
 
 def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
@@ -176,22 +217,23 @@ def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
 
 
 def metric_keys(runs: list[Run]) -> list[str]:
-    """Every key that holds a number in some row of some run, sorted."""
-    return sorted({key for run in runs for row in run.rows for key, value in row.items() if _is_number(value)})
+    """Every key that holds a number in some report of some run, sorted."""
+    return sorted(set().union(*(run.metrics.keys for run in runs)))
 
 
 def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], out: Path,
-                         targets: dict[str, float] | None = None, x_limit: float | None = None) -> list[SeedGroup]:
+                         targets: dict[str, float] | None = None,
+                         x_limit: float | None = None) -> tuple[Path, list[SeedGroup]]:
     """Draw ``y_keys`` (one subplot each) against ``x_key`` for the runs in ``run_dirs`` into
-    ``out`` (a PNG, or any format matplotlib infers from the suffix); returns the groups drawn.
+    ``out`` (a PNG, or any format matplotlib infers from the suffix; ``.png`` is added to a name
+    without one); returns the file written (absolute) and the groups drawn.
     ``targets`` ({y_key: value}) and ``x_limit`` draw reference lines, a promise's return and its
     budget on the x axis (scripts/bench_learning.py). Raises PlotError or ConfigError (one line)."""
     plt = pyplot("fastrl-plot")
     if x_key not in X_AXES:
         raise PlotError(f"--x {x_key}: choose one of {', '.join(X_AXES)}")
-    if not Path(out).resolve().parent.is_dir():
-        raise PlotError(f"--out {out}: the directory does not exist")
-    runs = [load_run(Path(run_dir)) for run_dir in run_dirs]
+    path = figure_path(out, "--out")
+    runs = [load_run(Path(run_dir), series_keys(x_key, y_keys)) for run_dir in run_dirs]
     present = metric_keys(runs)
     for y_key in y_keys:
         if y_key not in present:
@@ -203,7 +245,7 @@ def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], ou
     colors = plt.get_cmap("tab10").colors
     for ax, y_key in zip(axes.flat, y_keys):
         for index, group in enumerate(groups):
-            curves = [curve for curve in (series(run.rows, x_key, y_key) for run in group.runs) if len(curve[0])]
+            curves = [curve for curve in (series(run.metrics, x_key, y_key) for run in group.runs) if len(curve[0])]
             if not curves:
                 continue  # this group's runs never reported this key (e.g. evaluation was off)
             band = seed_band(curves)
@@ -226,5 +268,5 @@ def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], ou
         ax.set_visible(False)
     fig.suptitle(f"{_count(len(runs), 'run')} in {_count(len(groups), 'group')}\nline: mean over seeds; band: "
                  f"min to max; both where every seed has data", fontsize=10)
-    save(plt, fig, out)
-    return groups
+    save(plt, fig, path)
+    return path, groups

@@ -28,6 +28,24 @@ def pyplot(option: str):
     return plt
 
 
+def figure_path(out: str | Path, option: str) -> Path:
+    """The file savefig writes for ``out``, made absolute: with ``.png`` added where the name has
+    no suffix, as savefig adds it. PlotError naming ``option`` for a format matplotlib cannot
+    write or a directory that does not exist."""
+    from matplotlib.backend_bases import FigureCanvasBase  # the optional `plot` extra
+
+    path = Path(out).absolute()
+    if not path.suffix:
+        path = path.with_name(path.name.rstrip(".") + ".png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise PlotError(f"{option} {out}: matplotlib cannot write '{path.suffix}' files; end the name in one of "
+                        f"{', '.join('.' + name for name in formats)}")
+    if not path.parent.is_dir():
+        raise PlotError(f"{option} {out}: the directory does not exist")
+    return path
+
+
 def engineering_axis(axis) -> None:
     """Tick labels like 2.5k, 100k, 1M: for counts and rates such as env steps."""
     from matplotlib.ticker import EngFormatter  # the optional `plot` extra

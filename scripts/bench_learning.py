@@ -49,7 +49,7 @@ from pathlib import Path
 
 from fastrl.config import ExpectSettings, build_config, parse_override
 from fastrl.learner.host import NonFiniteTraining
-from fastrl.learning_curves import EVAL_X, load_run, plot_learning_curves
+from fastrl.learning_curves import EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.plotting import pyplot
 from fastrl.profiler import hardware
 from fastrl.run_dir import holds_run
@@ -223,7 +223,7 @@ def bench(args) -> int:
         for seed, cfg, run_dir in zip(p["seeds"], p["configs"], p["run_dirs"]):
             if not args.no_train:
                 train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite)
-            rows = load_run(run_dir).rows
+            rows = list(metrics_rows(run_dir))
             outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(rows, p["promise"])}
             if args.window:
                 outcome.update(window=args.window, window_mean=window_mean(rows, p["promise"].metric, args.window))

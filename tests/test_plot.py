@@ -8,7 +8,7 @@ import pytest
 
 from fastrl.cli import plot_main
 from fastrl.config import build_config, to_toml
-from fastrl.learning_curves import group_by_seed, load_run, seed_band, series
+from fastrl.learning_curves import group_by_seed, load_run, read_metrics, seed_band, series
 
 
 def make_run(path, rows, **overrides):
@@ -71,7 +71,7 @@ def test_series_skips_nulls_and_keeps_the_resumed_attempt():
             {"env_steps": 300, "episode_return_mean": 2.0}, {"env_steps": 400},
             # resumed from the checkpoint at 250: the reports at 300 and 400 were redone
             {"env_steps": 250, "episode_return_mean": 5.0}, {"env_steps": 350, "episode_return_mean": 6.0}]
-    x, y = series(rows, "env_steps", "episode_return_mean")
+    x, y = series(read_metrics(rows, ["env_steps", "episode_return_mean"]), "env_steps", "episode_return_mean")
     assert x.tolist() == [200, 250, 350] and y.tolist() == [1.0, 5.0, 6.0]
 
 
@@ -95,6 +95,8 @@ def test_plot_main_draws_one_subplot_per_key(tmp_path, capsys):
      "wall_time"),
     (lambda d: make_run(d, ["{oops", *ROWS]), [], "line 1 is not JSON"),
     (lambda d: make_run(d, ["[1, 2]", *ROWS]), [], "line 1 is not a JSON object"),
+    (lambda d: (make_run(d, []) / "metrics.jsonl").write_bytes(b'{"env_steps": 1}\n{"fps": "\xff"}\n{}\n'), [],
+     "metrics.jsonl line 2 is not UTF-8 text"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, make, extra, message):
     make(tmp_path / "run")
@@ -102,6 +104,28 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, make, extra, me
     err = capsys.readouterr().err
     assert err.startswith("fastrl-plot: error: ") and message in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.png").exists()
+
+
+def test_plot_main_prints_the_file_it_wrote_and_refuses_a_format_matplotlib_cannot_write(tmp_path, monkeypatch,
+                                                                                          capsys):
+    make_run(tmp_path / "run", ROWS)
+    monkeypatch.chdir(tmp_path)
+    assert plot_main(["run", "--out", "curves"]) == 0  # savefig adds .png
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.splitlines()[0] == f"wrote {tmp_path / 'curves.png'}"
+    assert plot_main(["run", "--out", "curves.xyz"]) == 2
+    err = capsys.readouterr().err
+    assert "--out curves.xyz: matplotlib cannot write '.xyz' files; end the name in one of" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "curves.xyz").exists()
+
+
+def test_a_number_beyond_a_float_is_skipped_as_a_null_is(tmp_path, capsys):
+    rows = [ROWS[0], {"env_steps": 1500, "episode_return_mean": 10**400}, *ROWS[1:]]
+    make_run(tmp_path / "run", rows)
+    assert plot_main([str(tmp_path / "run"), "--out", str(tmp_path / "p.png")]) == 0
+    x, y = series(load_run(tmp_path / "run", ["env_steps", "episode_return_mean"]).metrics, "env_steps",
+                  "episode_return_mean")
+    assert x.tolist() == [1000, 2000, 3000] and y.tolist() == [10.0, 20.0, 30.0]
 
 
 def test_without_matplotlib_the_error_names_the_extra(tmp_path, monkeypatch, capsys):
@@ -113,13 +137,31 @@ def test_without_matplotlib_the_error_names_the_extra(tmp_path, monkeypatch, cap
 
 
 def test_evaluations_are_drawn_where_their_weights_were_taken():
-    from fastrl.learning_curves import series
-
     rows = [{"env_steps": 100, "episode_return_mean": 1.0},
             {"env_steps": 200, "episode_return_mean": 2.0, "eval_return_mean": 9.0, "eval_at_env_steps": 120},
             {"env_steps": 300, "episode_return_mean": 3.0},
             {"env_steps": 400, "episode_return_mean": 4.0, "eval_return_mean": 11.0, "eval_at_env_steps": 310}]
-    x, y = series(rows, "env_steps", "eval_return_mean")
+    metrics = read_metrics(rows, ["env_steps", "wall_time", "eval_return_mean", "eval_at_env_steps"])
+    x, y = series(metrics, "env_steps", "eval_return_mean")
     assert x.tolist() == [120.0, 310.0] and y.tolist() == [9.0, 11.0]
-    x, y = series(rows, "wall_time", "eval_return_mean")  # no wall time in these rows
+    x, y = series(metrics, "wall_time", "eval_return_mean")  # no wall time in these rows
     assert x.size == 0
+
+
+def test_metrics_are_read_a_report_at_a_time_into_the_columns_asked_for(tmp_path):
+    import tracemalloc
+
+    rows = [{"env_steps": step, **{f"key_{k}": step * k / 7 for k in range(60)}} for step in range(2000)]
+    make_run(tmp_path / "run", rows)
+    size = (tmp_path / "run" / "metrics.jsonl").stat().st_size
+    tracemalloc.start()
+    try:
+        run = load_run(tmp_path / "run", ["env_steps", "key_7"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert set(run.metrics.columns) == {"env_steps", "key_7"} and run.metrics.reports == 2000
+    assert run.metrics.columns["key_7"].dtype == np.float64
+    assert run.metrics.columns["key_7"].tolist() == [row["key_7"] for row in rows]
+    assert len(run.metrics.keys) == 61
+    assert peak < size / 4  # neither the file nor its reports as dicts are ever held whole
