@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .console import write_best_effort
+from .run_dir import make_dir
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -85,7 +86,7 @@ def write_checkpoint_file(path: Path, state: dict) -> None:
     directory = path.parent
     tmp = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dir(directory)  # never through a link: pruning would delete in its target
         # mkstemp creates the file exclusively (O_EXCL, no symlink followed) under a fresh name.
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.stem}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:

@@ -103,7 +103,7 @@ def train_main(argv=None) -> int:
         return 0
     made_dir = None
     try:
-        from .run_dir import RunDirError, default_run_dir
+        from .run_dir import RunDirError, default_run_dir, remove_unused_run_dir
         from .runner import train
 
         cfg = resolve_train_config(args)
@@ -112,20 +112,13 @@ def train_main(argv=None) -> int:
         result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
     except (*_user_errors(), RunDirError) as exc:
         if made_dir is not None:
-            _remove_if_empty(made_dir)
+            remove_unused_run_dir(made_dir)
         return _fail("fastrl-train", exc)
     final = result.final
     summary = {"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
                "episode_return_mean": final.get("episode_return_mean"), "wall_time": final.get("wall_time")}
     write_best_effort(sys.stdout, json.dumps(finite_or_null(summary)))
     return 0
-
-
-def _remove_if_empty(directory: Path) -> None:
-    try:
-        directory.rmdir()
-    except OSError:
-        pass  # not empty: the run wrote something the user may want
 
 
 def eval_main(argv=None) -> int:

@@ -16,6 +16,8 @@ import select
 import sys
 from pathlib import Path
 
+from .run_dir import open_for_append
+
 LOG_NAME = "train.log"
 # train.log is rotated once past this size: train.log.1 keeps the previous part, so a run that
 # goes on for weeks holds at most twice this on disk.
@@ -75,7 +77,7 @@ class Console:
         self.log = None
         if self.log_path is not None:
             try:
-                self.log = open(self.log_path, "a", encoding="utf-8")
+                self.log = open_for_append(self.log_path)
             except OSError as exc:
                 self.notice(f"[fastrl] cannot write {self.log_path} ({exc.strerror}); status lines go to the "
                             f"console only")
@@ -106,7 +108,7 @@ class Console:
             if self.log.tell() >= self.max_log_bytes:
                 self.log.close()
                 os.replace(self.log_path, self.log_path.with_name(LOG_NAME + ".1"))
-                self.log = open(self.log_path, "a", encoding="utf-8")
+                self.log = open_for_append(self.log_path)
             self.log.write(text + "\n")
             self.log.flush()
         except OSError as exc:

@@ -28,6 +28,7 @@ from .evaluate import evaluate_policy
 from .models import build_model
 from .published_weights import PublishedWeights
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
+from .run_dir import make_dir
 from .shm import Arena, total_env_steps
 from .video import VideoError, remove_partial_videos, write_video  # imageio itself is imported only to write
 
@@ -148,7 +149,9 @@ class Evaluator:
     def _clip(self, at_env_steps: int) -> int:
         """Write one episode's clip of the evaluated weights (its first CLIP_FRAMES frames)."""
         self.next_clip = time.monotonic() + self.cfg.eval.video_every_s
-        write_video(self.cfg, self.model, self.run_dir / clip_path(at_env_steps), episodes=1,
+        path = self.run_dir / clip_path(at_env_steps)
+        make_dir(path.parent)  # the clips' folder, never through a link
+        write_video(self.cfg, self.model, path, episodes=1,
                     deterministic=self.cfg.eval.deterministic, seed=self.cfg.seed + SEED_OFFSET,
                     max_frames=CLIP_FRAMES, keep_going=self.keep_going)
         return at_env_steps

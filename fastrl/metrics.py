@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .console import Console
+from .run_dir import make_dir, open_for_append
 from .shm import EPISODE_RING, Arena, Control, total_env_steps
 from .wandb_logger import open_wandb_logger
 
@@ -220,7 +221,7 @@ class Reporter:
 
     def _append(self, record: dict) -> None:
         try:
-            with open(self.path, "a") as f:
+            with open_for_append(self.path) as f:
                 f.write(json.dumps(finite_or_null(record)) + "\n")
         except OSError as exc:
             self.metrics_ok = False  # one error, not one per report while the run stops
@@ -259,4 +260,4 @@ def _tensorboard_writer(run_dir):
         from torch.utils.tensorboard import SummaryWriter
     except Exception:  # tensorboard is the optional extra fastrl[tb]
         return None
-    return SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+    return SummaryWriter(log_dir=str(make_dir(Path(run_dir) / "tb")))

@@ -4,14 +4,25 @@ A run writes ``config.toml``, ``metrics.jsonl``, ``train.log``, ``processes*.jso
 ``checkpoints/`` into its directory. Starting a second run over them would mix two runs'
 metrics and let the pruning of old checkpoints (by step number) delete the new run's own, so a
 directory that holds a run is refused unless the user says ``--resume`` or ``--overwrite``.
+
+The rules:
+
+- One run at a time: a run holds an exclusive lock on ``RUN_DIR/.lock`` (:class:`RunDirLock`)
+  from its first check of the directory to its last write; another start there is refused.
+- Never through a link: a run refuses a directory where one of these names is a symbolic link
+  (writing there would change the link's target, and ``--overwrite`` would delete through it), and
+  opens what it appends to with ``O_NOFOLLOW``, so a link made during the run is not followed
+  either. The run directory itself may be a link (to a bigger disk, say).
 """
 from __future__ import annotations
 
-import json
+import errno
+import fcntl
 import os
 import shutil
 import tempfile
 import time
+from multiprocessing import reduction
 from pathlib import Path
 
 import psutil
@@ -20,8 +31,11 @@ import psutil
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log", "train.log.1")
 RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
 RUN_FILE_PATTERNS = ("processes*.json",)
-# Any of these means an earlier run lives here.
-RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints")
+# Any of these means an earlier run lives here. Not processes.rankN.json: the other ranks of a
+# distributed run write theirs without waiting for rank 0, which checks the directory.
+RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints", "processes.json")
+# Kept (never removed): removing a lock file lets a waiting opener and a new one lock two files.
+LOCK_FILE = ".lock"
 
 
 class RunDirError(RuntimeError):
@@ -30,6 +44,32 @@ class RunDirError(RuntimeError):
 
 def holds_run(run_dir: Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in RUN_MARKERS)
+
+
+def own_paths(run_dir: Path) -> list[Path]:
+    """The paths of ``run_dir`` that fastrl writes or removes by name (whether they exist or not)."""
+    run_dir = Path(run_dir)
+    return ([run_dir / name for name in (*RUN_FILES, *RUN_DIRS, LOCK_FILE)]
+            + [path for pattern in RUN_FILE_PATTERNS for path in sorted(run_dir.glob(pattern))])
+
+
+def link_error(path: Path) -> OSError:
+    """The OSError (one line, naming the fix) for a symbolic link where fastrl writes."""
+    path = Path(path)
+    target = f" to '{os.readlink(path)}'" if path.is_symlink() else ""
+    return OSError(errno.ELOOP, f"'{path}' is a symbolic link{target}, and fastrl never writes through one: remove "
+                                f"it, or link the run directory itself instead", str(path))
+
+
+def refuse_links(run_dir: Path) -> None:
+    """RunDirError naming the first of fastrl's own paths in ``run_dir`` that is a symbolic link."""
+    for path in own_paths(run_dir):
+        if path.is_symlink():
+            raise _link_refusal(run_dir, path)
+
+
+def _link_refusal(run_dir: Path, path: Path) -> RunDirError:
+    return RunDirError(f"cannot use run directory '{run_dir}': {link_error(path).strerror}")
 
 
 def default_run_dir(profile: str, root: Path = Path("runs")) -> Path:
@@ -52,12 +92,26 @@ def default_run_dir(profile: str, root: Path = Path("runs")) -> Path:
     raise RunDirError(f"could not create a new run directory under '{root}'; pass --run-dir DIR")
 
 
-def check_run_dir(run_dir: Path, resume: bool, overwrite: bool, check_existing: bool = True) -> None:
+def remove_unused_run_dir(run_dir: Path) -> None:
+    """Remove a run directory made for a run that could not start, if it holds nothing but its
+    lock file: anything else may be what the user wants."""
+    run_dir = Path(run_dir)
+    try:
+        if {path.name for path in run_dir.iterdir()} <= {LOCK_FILE}:
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            run_dir.rmdir()
+    except OSError:
+        pass
+
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool, check_existing: bool = True) -> RunDirLock | None:
     """Raise RunDirError unless a run can start in ``run_dir`` as asked; deletes nothing, so it
-    runs before everything else is checked (the directory is created if missing).
+    runs before everything else is checked (the directory is created if missing). Returns the
+    directory's lock, taken before the checks of what it holds: the caller releases it after its
+    last write.
 
     ``check_existing`` is False on the ranks of a distributed run other than rank 0: rank 0 owns
-    the directory and may already have written into it."""
+    the directory (and its lock) and may already have written into it; they get None."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory '{run_dir}' is a file; pass another --run-dir")
@@ -66,13 +120,7 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool, check_existing: 
     if resume and not run_dir.is_dir():
         raise RunDirError(f"run directory '{run_dir}' does not exist; check the path given to --resume")
     if check_existing and run_dir.is_dir():
-        running = live_runner(run_dir)
-        if running is not None:
-            raise RunDirError(f"run directory '{run_dir}' is in use by a running fastrl-train (pid {running}); "
-                              f"stop it first, or pass another --run-dir")
-        if not resume and not overwrite and holds_run(run_dir):
-            raise RunDirError(f"run directory '{run_dir}' already holds a run: pass --resume to continue it, "
-                              f"--overwrite to replace it, or another --run-dir")
+        refuse_links(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=run_dir, prefix=".fastrl-write-test-")
@@ -80,6 +128,15 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool, check_existing: 
     except OSError as exc:
         raise RunDirError(f"cannot write into run directory '{run_dir}' ({exc.strerror}); pass a writable "
                           f"--run-dir") from None
+    if not check_existing:
+        return None
+    lock = RunDirLock.take(run_dir)
+    if not resume and not overwrite and holds_run(run_dir):
+        lock.release()
+        raise RunDirError(f"run directory '{run_dir}' already holds a run: pass --resume to continue it, "
+                          f"--overwrite to replace it, or another --run-dir")
+    lock.record_pid()  # only now: a refused start leaves the directory as it found it
+    return lock
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -88,37 +145,141 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         remove_run_files(run_dir)
 
 
-def live_runner(run_dir: Path) -> int | None:
-    """The pid of a runner still working in ``run_dir`` (from its processes.json), if any."""
-    path = Path(run_dir) / "processes.json"
+class RunDirLock:
+    """An exclusive ``flock`` on ``RUN_DIR/.lock``: one run works in a directory at a time.
+
+    The kernel drops the lock when the last descriptor of its open file closes, so a killed run
+    leaves nothing to clean up. The descriptor is close-on-exec and spawn passes a child only the
+    descriptors it is given, so children do not hold the lock unless given it: pickled while a
+    child is spawned, a RunDirLock passes its descriptor on. The learner is given it, so that the
+    final checkpoint it writes when the runner was killed is still the run's, not a race with the
+    next run's pruning. A child left hanging would then keep the directory locked: the refusal
+    names its pid. The file records the pid of the runner that holds the lock."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def take(cls, run_dir: Path) -> RunDirLock:
+        """The lock of ``run_dir``; RunDirError naming who holds it when another process does."""
+        path = Path(run_dir) / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _link_refusal(run_dir, path) from None
+            raise RunDirError(f"cannot lock run directory '{run_dir}' ({exc.strerror}); pass a writable "
+                              f"--run-dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirError(f"run directory '{run_dir}' is in use by {lock_holder(path)}; stop it first, or pass "
+                              f"another --run-dir") from None
+        return cls(path, fd)
+
+    def record_pid(self) -> None:
+        """Write this process's pid into the lock file, for the refusals of other starts."""
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __reduce__(self):
+        # reduction.DupFd during a spawn adds the descriptor to those the child keeps.
+        return _adopt_lock, (self.path, reduction.DupFd(self.fd))
+
+
+def _adopt_lock(path: Path, dup) -> RunDirLock:
+    """A spawned child's share of the runner's lock; held until the child exits."""
+    fd = dup.detach()
+    os.set_inheritable(fd, False)  # the child's own children do not get it
+    return RunDirLock(path, fd)
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock file at ``path``, in words: the runner whose pid it records while that
+    process lives; else the processes that have it open (a child its runner left behind)."""
     try:
-        pid = json.loads(path.read_text())["runner"][0]  # none once the run stopped
-        if pid == os.getpid():
-            return None  # an earlier train() of this process: it returns once its run stopped
+        pid = int(path.read_text())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and pid != os.getpid() and _runs_since(pid, path.stat().st_mtime):
+        return f"a running fastrl-train (pid {pid})"
+    target = os.path.realpath(path)
+    holders = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and any(f.path == target for f in process.open_files()):
+                holders.append(str(process.pid))
+        except psutil.Error:
+            continue
+    if holders:
+        left_by = f" (pid {pid})" if pid is not None else ""
+        return f"pid {', '.join(holders)}, left running by a fastrl-train that has exited{left_by}"
+    if pid == os.getpid():
+        return f"another train() of this process (pid {pid})"
+    return f"another process (it holds '{path}')"
+
+
+def _runs_since(pid: int, since: float) -> bool:
+    """Whether process ``pid`` lives and was started by ``since`` (a pid the OS gave to a newer
+    process after the one recorded exited is not that process)."""
+    try:
         process = psutil.Process(pid)
-        # A pid the OS gave to a newer process after the run ended is not the run.
-        if process.create_time() <= path.stat().st_mtime + 1 and process.status() != psutil.STATUS_ZOMBIE:
-            return pid
-    except (OSError, ValueError, KeyError, IndexError, TypeError, psutil.Error):
-        pass
-    return None
+        return process.create_time() <= since + 1 and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def remove_run_files(run_dir: Path) -> None:
-    """Remove what an earlier run wrote into ``run_dir`` (only fastrl's own files)."""
+    """Remove what an earlier run wrote into ``run_dir`` (only fastrl's own files). Everything is
+    checked first, so that a path it cannot remove stops it before anything is deleted."""
     run_dir = Path(run_dir)
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for pattern in RUN_FILE_PATTERNS:
-        for path in run_dir.glob(pattern):
-            path.unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        if (run_dir / name).is_dir():
-            shutil.rmtree(run_dir / name)
+    refuse_links(run_dir)
+    files = [run_dir / name for name in RUN_FILES]
+    files += [path for pattern in RUN_FILE_PATTERNS for path in run_dir.glob(pattern)]
+    dirs = [run_dir / name for name in RUN_DIRS]
+    for path, want_dir in [*((path, False) for path in files), *((path, True) for path in dirs)]:
+        if path.exists() and path.is_dir() != want_dir:
+            raise RunDirError(f"--overwrite: '{path}' is a {'file' if want_dir else 'folder'} where fastrl keeps a "
+                              f"{'folder' if want_dir else 'file'}; move it out of the run directory")
+    for path in files:
+        path.unlink(missing_ok=True)
+    for path in dirs:
+        if path.is_dir():
+            shutil.rmtree(path)
+
+
+def open_for_append(path: Path):
+    """``path`` opened to append text, created if missing; never through a symbolic link
+    (O_NOFOLLOW), so a link made there during the run is not followed either."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise link_error(path) from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def make_dir(path: Path) -> Path:
+    """``path`` as a folder of the run, made if missing; OSError if it is a symbolic link."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        raise link_error(path)
+    return path
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part.
+    A symbolic link at ``path`` is replaced, not written through (the temporary file is made with
+    O_EXCL | O_NOFOLLOW)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -42,7 +42,7 @@ from .models import build_model, num_state_values
 from .process_utils import make_channels
 from .resources import ResourceError, check_resources
 from .rollout import RolloutWorker, make_worker_env, rollout_process, worker_slot_ids
-from .run_dir import RunDirError, check_run_dir, prepare_run_dir, write_atomic
+from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
 from .shm import Arena, Control, get_error, remove_stale_segments, trajectory_layout
 from .spaces import ActionLayout, ObsLayout
 from .video import require_video_extra
@@ -153,8 +153,20 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
                        f"\"__main__\":`, and every process fastrl starts re-runs that script: put the call under "
                        f"that guard")
     try:
-        if run_dir is not None:
-            check_run_dir(run_dir, resume, overwrite, check_existing=dist_info.is_main)
+        lock = check_run_dir(run_dir, resume, overwrite, dist_info.is_main) if run_dir is not None else None
+    except RunDirError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        return _prepare_and_run(cfg, run_dir, resume, model, quiet, overwrite, launched_at, dist_info, lock)
+    finally:
+        if lock is not None:
+            lock.release()  # after the last write: the children have stopped, the console is closed
+
+
+def _prepare_and_run(cfg: Config, run_dir: Path | None, resume: bool, model: torch.nn.Module | None, quiet: bool,
+                     overwrite: bool, launched_at: float, dist_info: DistInfo, lock: RunDirLock | None) -> RunResult:
+    """train() once the run directory is checked and locked: the remaining checks, then the run."""
+    try:
         device = resolve_device(cfg.device, dist_info)
         inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
@@ -181,10 +193,12 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         console.record(line)
     counters = resume_state["counters"] if resume_state else {}
     clocks = (counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0)))
-    run = _serial_run if cfg.serial else _process_run
     try:
-        return run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks, dist_info,
-                   inference_device)
+        if cfg.serial:
+            return _serial_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks,
+                               dist_info, inference_device)
+        return _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console, launched_at, clocks,
+                            dist_info, inference_device, lock)
     except RunError as exc:
         console.record(f"[fastrl] the run stopped: {exc}")  # the command prints it; a detached run reads it here
         raise
@@ -245,13 +259,12 @@ class Supervisor:
     def everyone(self) -> list:
         return [p for group in self.procs.values() for p in group]
 
-    def write_process_file(self, stopped: bool = False) -> None:
-        """processes.json: every pid of the run by role. The runner's pid marks the directory as
-        in use while that process lives (fastrl.run_dir); ``stopped`` leaves it out."""
+    def write_process_file(self) -> None:
+        """processes.json: every pid of the run by role, the runner's too (for the profiler and
+        scripts/soak.py; the directory's lock is what marks it in use, fastrl.run_dir)."""
         if self.run_dir is not None:
             pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
-            (self.run_dir / self.process_file).write_text(
-                json.dumps({**pids, "runner": [] if stopped else [os.getpid()]}))
+            write_atomic(self.run_dir / self.process_file, json.dumps({**pids, "runner": [os.getpid()]}))
 
     def watch(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
@@ -313,7 +326,8 @@ class Supervisor:
 
 
 def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, console: Console, launched_at,
-                 clocks: tuple[float, float], dist_info: DistInfo, inference_device: str) -> RunResult:
+                 clocks: tuple[float, float], dist_info: DistInfo, inference_device: str,
+                 lock: RunDirLock | None) -> RunResult:
     ctx = mp.get_context("spawn")
     main = dist_info.is_main
     parent = os.getpid()
@@ -347,7 +361,7 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
         procs = {
             "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
                 cfg, layout, arena.name, spaces, model, device,
-                channels.learner, parent, run_dir if main else None, resume_state, dist_info))],
+                channels.learner, parent, run_dir if main else None, resume_state, dist_info, lock))],
             # inference.in_workers: each worker acts for itself, no batcher process.
             "inference": [] if in_workers else [ctx.Process(target=inference_process, name="fastrl-inference", args=(
                 cfg, layout, arena.name, spaces, model, inference_device, channels.batcher, parent))],
@@ -408,7 +422,6 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
             try:
                 if procs is not None:
                     _stop_processes(arena, procs, console)
-                    _mark_stopped(supervisor)
                 if arena is not None and arena.control[Control.ERROR]:
                     # The learner's final checkpoint is written while the others stop: its error.
                     late_error = get_error(arena)
@@ -425,13 +438,6 @@ def _process_run(cfg, run_dir, spec, layout, model, device, resume_state, consol
     if late_error:
         raise RunError(late_error)
     return result
-
-
-def _mark_stopped(supervisor: Supervisor) -> None:
-    try:
-        supervisor.write_process_file(stopped=True)
-    except OSError:
-        pass  # a full disk: the runner's pid, gone with it, marks the directory free all the same
 
 
 def _close_quietly(reporter: Reporter) -> None:

@@ -21,6 +21,7 @@ WANDB_EXTRA = "pip install 'fastrl[wandb]'"
 WANDB_DIR = "wandb"  # in RUN_DIR; wandb.init(dir=RUN_DIR) writes its run folders there
 RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
 # W&B retries an unreachable server for 90 s by default; the runner's reports wait meanwhile.
+from .run_dir import make_dir, write_atomic
 INIT_TIMEOUT_S = 30.0
 
 
@@ -116,9 +117,7 @@ def _saved_run_id(run_dir: Path) -> str | None:
 
 
 def _save_run_id(run_dir: Path, run_id: str) -> None:
-    path = run_dir / WANDB_DIR / RUN_ID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(run_id + "\n")
+    write_atomic(make_dir(run_dir / WANDB_DIR) / RUN_ID_FILE, run_id + "\n")
 
 
 def _failure_notice(what: str, exc: Exception) -> str:

@@ -21,10 +21,23 @@ def segments():
     return {n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid_namespace()}_")}
 
 
-def start_cli(run_dir, *args):
+def start_cli(run_dir, *args, env=None):
     cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
            "--set", "device=cpu", "--set", "report_every_s=0.5", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+# Loaded by the interpreter at start-up (sitecustomize): metrics.jsonl opens /dev/full, where every write fails
+# with ENOSPC. A link to /dev/full would be refused: fastrl never writes through one.
+FULL_DISK_UNDER_METRICS = """
+import os
+_open = os.open
+def _open_full(path, flags, *args, **kwargs):
+    if os.fspath(path).endswith("metrics.jsonl"):
+        return _open("/dev/full", os.O_WRONLY | os.O_CLOEXEC)
+    return _open(path, flags, *args, **kwargs)
+os.open = _open_full
+"""
 
 
 def wait_for(predicate, timeout, what):
@@ -145,9 +158,11 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothin
     first = start_cli(tmp_path, "--train-for-env-steps", "100000")
     first.communicate(timeout=180)
     assert first.returncode == 0 and list_checkpoints(tmp_path)
-    (tmp_path / "metrics.jsonl").unlink()
-    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write fails with ENOSPC
-    proc = start_cli(tmp_path, "--resume", "--train-for-env-steps", "100000000")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_DISK_UNDER_METRICS)
+    path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    proc = start_cli(tmp_path, "--resume", "--train-for-env-steps", "100000000", env={**os.environ, "PYTHONPATH": path})
     try:
         _, err = proc.communicate(timeout=180)
     finally:
@@ -165,8 +180,9 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothin
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_one_line(tmp_path):
     before = segments()
+    proc = start_cli(tmp_path, "--train-for-env-steps", "100000")
+    wait_for(lambda: (tmp_path / "config.toml").exists(), 90, "the run to start")
     (tmp_path / "checkpoints").write_text("a file where the checkpoint folder should be")
-    proc = start_cli(tmp_path, "--overwrite", "--train-for-env-steps", "100000")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0 and "cannot write checkpoint" in err, err

@@ -1,7 +1,16 @@
 """Run directories: a run is never started over another, resumes are checked before anything is written."""
+import contextlib
+import io
+import json
+import multiprocessing as mp
 import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -157,14 +166,188 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(finished_run,
     assert sorted(p.name for p in run_dir.iterdir()) == before and list_checkpoints(run_dir)
 
 
-def test_a_directory_a_live_run_works_in_is_refused_even_with_overwrite(tmp_path):
-    import json
+def hold_lock(run_dir, seconds):
+    """Another process that holds ``run_dir``'s lock (as a running fastrl-train does) for ``seconds``."""
+    code = ("import sys, time; from fastrl.run_dir import check_run_dir; "
+            "lock = check_run_dir(sys.argv[1], False, True); print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
 
-    (tmp_path / "processes.json").write_text(json.dumps({"runner": [os.getppid()]}))  # a live process
-    with pytest.raises(RunDirError, match=f"in use by a running fastrl-train \\(pid {os.getppid()}\\)"):
-        check_run_dir(tmp_path, resume=False, overwrite=True)
-    with pytest.raises(RunDirError, match="in use"):
-        check_run_dir(tmp_path, resume=True, overwrite=False)
+
+def test_a_directory_a_live_run_works_in_is_refused_even_with_overwrite(tmp_path):
+    holder = hold_lock(tmp_path, 60)
+    try:
+        for resume, overwrite in ((False, True), (True, False)):
+            with pytest.raises(RunDirError, match=f"in use by a running fastrl-train \\(pid {holder.pid}\\); stop it "
+                                                  f"first, or pass another --run-dir"):
+                check_run_dir(tmp_path, resume=resume, overwrite=overwrite)
+    finally:
+        holder.kill()
+        holder.wait()
+    check_run_dir(tmp_path, resume=False, overwrite=True).release()  # the kernel dropped the dead holder's lock
+
+
+def keep_lock_for(lock, seconds):
+    """A spawned child given the run directory's lock (as the learner is)."""
+    time.sleep(seconds)
+
+
+def test_a_child_given_the_lock_holds_it_after_the_runner_lets_go_and_is_named(tmp_path):
+    lock = check_run_dir(tmp_path, resume=False, overwrite=False)
+    child = mp.get_context("spawn").Process(target=keep_lock_for, args=(lock, 60))
+    child.start()
+    try:
+        lock.release()  # the runner is gone; its learner is still writing
+        with pytest.raises(RunDirError, match=f"in use by pid {child.pid}, left running by a fastrl-train that has "
+                                              f"exited \\(pid {os.getpid()}\\)"):
+            check_run_dir(tmp_path, resume=True, overwrite=False)
+    finally:
+        child.kill()
+        child.join()
+    check_run_dir(tmp_path, resume=True, overwrite=False).release()
+
+
+def metrics_lines(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().splitlines(keepends=True) if path.exists() else []
+
+
+def has_trained(run_dir):
+    return any(json.loads(line)["learner_updates"] > 0 for line in metrics_lines(run_dir) if line.endswith("\n"))
+
+
+def start_run(run_dir):
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
+           "--train-for-seconds", "60", "--set", "device=cpu", "--set", "env.num_workers=1", "--set",
+           "report_every_s=0.2"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_runs_started_on_one_run_dir_one_is_refused_in_one_line_and_the_other_goes_on(tmp_path):
+    runs = [start_run(tmp_path), start_run(tmp_path)]
+    try:
+        deadline = time.time() + 120
+        while all(run.poll() is None for run in runs) and time.time() < deadline:
+            time.sleep(0.05)
+        refused = next(run for run in runs if run.poll() is not None)
+        first = next(run for run in runs if run is not refused)
+        assert first.poll() is None
+        _, err = refused.communicate()
+        assert refused.returncode == 2 and err.count("\n") == 1, err
+        assert f"in use by a running fastrl-train (pid {first.pid}); stop it first" in err
+        deadline = time.time() + 60
+        while not (tmp_path / "config.toml").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        config = (tmp_path / "config.toml").read_text()
+        for flags in (["--overwrite"], ["--resume"]):  # in this process, so that it cannot outrun the first
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = train_main(["--profile", "cartpole-appo", "--run-dir", str(tmp_path), "--quiet", "--set",
+                                   "device=cpu", "--set", "serial=true", "--train-for-env-steps", "2048", *flags])
+            assert code == 2 and err.getvalue().count("\n") == 1, err.getvalue()
+            assert f"in use by a running fastrl-train (pid {first.pid})" in err.getvalue()
+        assert (tmp_path / "config.toml").read_text() == config
+        deadline = time.time() + 90
+        while time.time() < deadline and first.poll() is None and not has_trained(tmp_path):
+            time.sleep(0.1)
+        first.send_signal(signal.SIGINT)
+        out, err = first.communicate(timeout=90)
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    assert first.returncode == 0, err
+    assert json.loads(out)["run_dir"] == str(tmp_path)
+    steps = [json.loads(line)["env_steps"] for line in metrics_lines(tmp_path)]
+    assert steps and steps == sorted(steps)  # one run's reports, in order
+    assert (tmp_path / "config.toml").read_text() == config and list_checkpoints(tmp_path)
+    check_run_dir(tmp_path, resume=True, overwrite=False).release()  # free once the first run ended
+
+
+def test_a_dir_holding_only_processes_json_holds_a_run(tmp_path):
+    (tmp_path / "processes.json").write_text(json.dumps({"runner": [12345], "learner": [12346]}))
+    with pytest.raises(RunDirError, match="already holds a run: pass --resume to continue it, --overwrite"):
+        check_run_dir(tmp_path, resume=False, overwrite=False)
+
+
+def test_a_symlinked_metrics_file_is_refused_before_anything_is_written(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's file\n")
+    (run_dir / "metrics.jsonl").unlink()
+    (run_dir / "metrics.jsonl").symlink_to(outside)
+    before = {p.name: p.lstat().st_mtime_ns for p in run_dir.iterdir()}
+    cfg = load_run_config(run_dir)
+    cfg.serial = True
+    cfg.train_for_env_steps = 8192
+    with pytest.raises(RunError, match=f"'{run_dir / 'metrics.jsonl'}' is a symbolic link to '{outside}', and "
+                                       f"fastrl never writes through one: remove it") as info:
+        train(cfg, run_dir=run_dir, resume=True, quiet=True)
+    assert "\n" not in str(info.value)
+    assert outside.read_text() == "someone else's file\n"
+    assert {p.name: p.lstat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+
+def test_overwrite_with_a_symlinked_checkpoints_folder_deletes_nothing(finished_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    outside = tmp_path / "elsewhere"
+    shutil.move(run_dir / "checkpoints", outside)
+    (run_dir / "checkpoints").symlink_to(outside, target_is_directory=True)
+    kept = sorted(p.name for p in outside.iterdir())
+    before = sorted(p.name for p in run_dir.iterdir())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = train_main(["--profile", "cartpole-appo", "--run-dir", str(run_dir), "--overwrite", "--set",
+                           "device=cpu"])
+    assert code == 2 and err.getvalue().count("\n") == 1 and "checkpoints' is a symbolic link" in err.getvalue()
+    assert sorted(p.name for p in run_dir.iterdir()) == before and sorted(p.name for p in outside.iterdir()) == kept
+
+
+def test_overwrite_checks_every_path_before_it_deletes_one(tmp_path):
+    (tmp_path / "config.toml").write_text("old")
+    (tmp_path / "tb").write_text("a file where fastrl keeps a folder")
+    with pytest.raises(RunDirError, match="'.*tb' is a file where fastrl keeps a folder; move it out"):
+        prepare_run_dir(tmp_path, resume=False, overwrite=True)
+    assert (tmp_path / "config.toml").read_text() == "old"
+
+
+def test_the_writers_never_follow_a_link_made_during_the_run(tmp_path):
+    from fastrl.checkpoint import CheckpointError, save_checkpoint
+    from fastrl.console import Console
+    from fastrl.metrics import MetricsWriteError, Reporter
+    from fastrl.wandb_logger import _save_run_id
+
+    from .test_metrics import small_arena
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.txt").write_text("kept\n")
+    (outside / "ckpt_000000000001.pt").write_text("kept\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("metrics.jsonl", "train.log"):
+        (run_dir / name).symlink_to(outside / "target.txt")
+    (run_dir / "checkpoints").symlink_to(outside, target_is_directory=True)
+    (run_dir / "wandb").mkdir()
+    (run_dir / "wandb" / "run_id").symlink_to(outside / "target.txt")
+
+    reporter = Reporter(small_arena(num_workers=1), run_dir, frame_skip=1, target_env_steps=0, target_seconds=0.0)
+    with pytest.raises(MetricsWriteError, match="metrics.jsonl' is a symbolic link"):
+        reporter.report()
+    reporter.close()
+    console = Console(run_dir, quiet=True)
+    console.status("a line")
+    assert console.log is None
+    with pytest.raises(CheckpointError, match="checkpoints' is a symbolic link"):
+        save_checkpoint(run_dir, {"learner": {}, "counters": {}}, env_steps=2, keep=1)
+    _save_run_id(run_dir, "abc123")  # replaces the link itself
+    assert (run_dir / "wandb" / "run_id").read_text() == "abc123\n" and not (run_dir / "wandb" / "run_id").is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["ckpt_000000000001.pt", "target.txt"]
+    assert (outside / "target.txt").read_text() == "kept\n"
 
 
 def test_a_file_where_the_runs_folder_should_be_is_one_line(tmp_path):

@@ -67,10 +67,12 @@ class DistributedStop:
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
-                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None) -> None:
+                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None) -> None:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
     one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
-    checkpoint into (fastrl.distributed)."""
+    checkpoint into (fastrl.distributed). ``run_dir_lock`` is the runner's lock on ``run_dir``
+    (fastrl.run_dir.RunDirLock): received, this process holds it too until it exits, so the final
+    checkpoint it writes after the runner was killed still belongs to this run."""
     configure_child(parent_pid, cfg.retain_freed_memory)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
