@@ -228,7 +228,7 @@ def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], ou
     ``out`` (a PNG, or any format matplotlib infers from the suffix; ``.png`` is added to a name
     without one); returns the file written (absolute) and the groups drawn.
     ``targets`` ({y_key: value}) and ``x_limit`` draw reference lines, a promise's return and its
-    budget on the x axis (scripts/bench_learning.py). Raises PlotError or ConfigError (one line)."""
+    budget on the x axis (scripts/bench.py learning). Raises PlotError or ConfigError (one line)."""
     plt = pyplot("fastrl-plot")
     if x_key not in X_AXES:
         raise PlotError(f"--x {x_key}: choose one of {', '.join(X_AXES)}")

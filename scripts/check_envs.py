@@ -8,7 +8,7 @@ bounds a hung one) that measures, in steady state and on the same process layout
 
   raw env    the rollout workers' env groups stepped with random actions (fastrl.profiler.measure_env)
   training   fastrl's train() on the cartpole-appo profile with ``model.kind=auto`` (the
-             atari-appo profile with bench_train's CPU layout for Atari ids)
+             atari-appo profile in scripts/layouts/pong-cpu.toml for Atari ids)
 
 The layout comes from the env, not from a table: 16 envs on one thread are stepped for a second
 and each worker gets the power of two of envs that steps in about BATCH_SECONDS, within the arena
@@ -33,8 +33,9 @@ from fastrl.config import build_config
 from fastrl.envs import make_vec_env
 from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, measure_env, measure_run_patiently,
                              random_action_table)
-from fastrl.profiler.measure import PONG_ON_CPU
 from fastrl.spaces import ObsLayout
+
+from benchmarks.options import load_layout
 
 # One representative id per envpool family (envpool.registration.registry.specs[id][0]), each
 # checked to construct here; procgen needs the Qt 5 runtime and is kept to report that. pgx's
@@ -134,7 +135,8 @@ def check_one(env_id: str, seconds: float, startup_s: float) -> dict:
                calibration_fps=steps_per_s)
     overrides = {"device": "cpu", "env.id": env_id, "model.kind": "auto"}
     if row["family"] == "atari":
-        cfg = build_config("atari-appo", {**PONG_ON_CPU, **overrides})
+        pong = load_layout("pong-cpu")
+        cfg = build_config(pong.profile, {**pong.overrides, **overrides})
     else:
         cfg = build_config("cartpole-appo", {**layout(steps_per_s, obs_space), **overrides})
     row["layout"] = f"{cfg.env.num_workers} x {cfg.env.envs_per_worker} / {cfg.env.num_splits}"

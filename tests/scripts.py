@@ -1,9 +1,13 @@
-"""Loading a file of scripts/ as a module, for the tests of the benchmark scripts."""
+"""scripts/ as modules, for the tests of the benchmarks: the entry point scripts/bench.py and the
+benchmark modules of scripts/benchmarks/ it dispatches to."""
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.append(str(SCRIPTS))  # as when a script runs as a file: benchmarks/ is importable
 
 
 def load_script(name: str):
@@ -13,3 +17,8 @@ def load_script(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def load_benchmark(name: str):
+    """scripts/benchmarks/NAME.py, the module scripts/bench.py runs for a subcommand."""
+    return importlib.import_module(f"benchmarks.{name}")

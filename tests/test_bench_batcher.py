@@ -1,14 +1,14 @@
-"""scripts/bench_batcher.py: it times the batcher's infer() in a profile's layout, and refuses a
+"""scripts/bench.py batcher: it times the batcher's infer() in a profile's layout, and refuses a
 --base-code that holds no fastrl in one line."""
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_batcher.py"
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
 
 def test_it_times_one_request_and_one_per_worker(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), "--calls", "20", "--rounds", "1"],
+    out = subprocess.run([sys.executable, str(BENCH), "batcher", "--calls", "20", "--rounds", "1"],
                          check=True, capture_output=True, text=True).stdout
     line = out.strip().splitlines()[0]
     assert line.startswith("this tree") and "1 request of 512" in line and "2 requests of 512" in line
@@ -17,6 +17,7 @@ def test_it_times_one_request_and_one_per_worker(tmp_path):
 
 
 def test_a_base_code_without_fastrl_is_refused_in_one_line(tmp_path):
-    run = subprocess.run([sys.executable, str(SCRIPT), "--base-code", str(tmp_path)], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(BENCH), "batcher", "--base-code", str(tmp_path)], capture_output=True,
+                         text=True)
     assert run.returncode == 2
     assert "holds no fastrl package" in run.stderr.strip().splitlines()[-1]

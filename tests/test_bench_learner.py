@@ -1,11 +1,11 @@
-"""scripts/bench_learner.py's arithmetic count against the Nature CNN's by hand."""
+"""scripts/bench.py learner's arithmetic count against the Nature CNN's by hand."""
 import gymnasium
 import numpy as np
 import torch
 
 from fastrl.config import build_config
 from fastrl.learner import make_learner
-from tests.scripts import load_script
+from tests.scripts import load_benchmark
 
 
 def nature_cnn_flop_per_observation(actions: int) -> int:
@@ -18,7 +18,7 @@ def nature_cnn_flop_per_observation(actions: int) -> int:
 
 
 def test_one_train_call_counts_the_nature_cnn_s_forward_and_backward():
-    bench = load_script("bench_learner")
+    bench = load_benchmark("learner")
     cfg = build_config("atari-appo", {"device": "cpu", "learner.rollout": 4, "learner.batch_size": 8,
                                       "learner.num_minibatches": 1, "env.num_workers": 1, "env.envs_per_worker": 2,
                                       "env.num_splits": 1})

@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py without training: every profile's promise is read from its [expect]
+"""scripts/bench.py learning without training: every profile's promise is read from its [expect]
 table (or fails in one line naming the profile), the command line's parts replace it, and
 time-to-target and the median over seeds on synthetic reports."""
 import argparse
@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from fastrl.config import ExpectSettings, available_profiles, build_config, to_toml
-from tests.scripts import load_script
+from tests.scripts import load_benchmark, load_script
 
-bench = load_script("bench_learning")
+bench = load_benchmark("learning")
+entry = load_script("bench")
 Promise, PromiseError = bench.Promise, bench.PromiseError
 
 
@@ -65,9 +66,9 @@ def test_a_profile_without_a_promise_is_one_line_naming_the_profile(tmp_path):
 ])
 def test_a_malformed_promise_is_one_line_before_any_training(tmp_path, capsys, expect, message):
     argv = ["--profile", str(profile_file(tmp_path, expect)), "--out-dir", str(tmp_path), "--no-plot"]
-    assert bench.main(argv) == 2
+    assert entry.main(["learning", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench_learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("bench.py learning: error: ") and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "my-profile").exists()
 
 
@@ -167,8 +168,8 @@ def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
         run_dir.mkdir(parents=True)
         (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
-    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--no-train", "--out-dir", str(tmp_path),
-                       "--window", "2K:3K"]) == 0
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--no-train",
+                       "--out-dir", str(tmp_path), "--window", "2K:3K"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == ("cartpole-appo seed 0: episode_return_mean >= 475 at 2,000 env steps, 5.0 s wall; "
                         "final 500.0, max 500.0, mean 490.0 over 2,000-3,000 env steps")
@@ -186,7 +187,7 @@ def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
     argv = ["--profile", "cartpole-appo", "--first-seed", "1", "--seeds", "2", "--no-train", "--no-plot",
             "--out-dir", str(tmp_path)]
-    assert bench.main(argv) == 0
+    assert entry.main(["learning", *argv]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("cartpole-appo seed 1: not reached") and lines[1].startswith("cartpole-appo seed 2: ")
     seeds = [r["seed"] for r in json.loads(lines[-1])["profiles"][0]["runs"]]
@@ -207,9 +208,9 @@ def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
     (["--no-train"], "holds no metrics.jsonl; run without --no-train first"),
 ])
 def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, message):
-    assert bench.main(["--profile", "cartpole-appo", "--out-dir", str(tmp_path), "--no-plot", *argv]) == 2
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--out-dir", str(tmp_path), "--no-plot", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench_learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("bench.py learning: error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -218,14 +219,15 @@ def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, m
 ])
 def test_bad_numbers_are_refused_by_the_command_line(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
-        bench.main(["--profile", "cartpole-appo", "--out-dir", str(tmp_path), *argv])
+        entry.main(["learning", "--profile", "cartpole-appo", "--out-dir", str(tmp_path), *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_an_existing_run_is_not_overwritten_unless_asked(tmp_path, capsys):
     (tmp_path / "cartpole-appo" / "seed1").mkdir(parents=True)
     (tmp_path / "cartpole-appo" / "seed1" / "metrics.jsonl").write_text("")
-    assert bench.main(["--profile", "cartpole-appo", "--seeds", "2", "--out-dir", str(tmp_path), "--no-plot"]) == 2
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--out-dir", str(tmp_path),
+                       "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert "seed1' already holds a run: pass --overwrite" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cartpole-appo" / "seed0").exists()  # refused before the first seed trained
@@ -237,7 +239,8 @@ def test_runs_that_never_reported_the_metric_are_judged_without_a_curve(tmp_path
     (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo")))
     (run_dir / "metrics.jsonl").write_text(json.dumps({"env_steps": 0, "wall_time": 15.0,
                                                        "episode_return_mean": None}) + "\n")
-    assert bench.main(["--profile", "cartpole-appo", "--seeds", "1", "--no-train", "--out-dir", str(tmp_path)]) == 0
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "1", "--no-train",
+                       "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "cartpole-appo seed 0: not reached within budget (0 env steps, 15.0 s wall); never reported" in out
     assert "cartpole-appo: no curve to draw, no run reported episode_return_mean" in out

@@ -21,10 +21,6 @@ DEFAULT_SECONDS = 10.0
 # processes, import torch, build envs): 5-8 s on an idle 2-vCPU VM, 10-12 s while other jobs load
 # it. A run lasts this allowance + warm-up + the measured seconds; later runs use what was measured.
 STARTUP_ESTIMATE_S = 12.0
-# atari-appo's own layout is sized for a GPU; every script that measures Pong on a CPU at the
-# profile's model uses this one, so their figures compare.
-PONG_ON_CPU = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-               "learner.batch_size": 512}
 
 
 def log_progress(message: str) -> None:

@@ -1,14 +1,17 @@
 """The inference batcher's ``infer()`` alone: microseconds per batch in a profile's layout.
 
-    python scripts/bench_batcher.py [--profile cartpole-appo] [--rounds 3]
-    git worktree add ../fastrl-base 0f2cfb3 && python scripts/bench_batcher.py --base-code ../fastrl-base
+    python scripts/bench.py batcher [--profile cartpole-appo] [--rounds 3]
+    git worktree add ../fastrl-base 0f2cfb3 && python scripts/bench.py batcher --base-code ../fastrl-base
 
 One process, one thread (as the batcher process runs), the profile's arena with random
 observations and every env's cursor at a random slot, so that the gather and the write-back miss
 the cache as they do in a run. Batches of one request and of one request per worker. Each
 measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR`` measures that
 checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round), the two
-alternating ``--rounds`` times. Prints one line per measurement, then one JSON line.
+alternating ``--rounds`` times. Prints one line per measurement.
+
+Nothing of fastrl is imported before ``measure`` runs: under ``--base-code`` this module runs
+again in an interpreter that imports the other checkout's fastrl, whose names may differ.
 """
 import argparse
 import copy
@@ -20,6 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .options import add_rounds
+
+BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
 def measure(profile: str, calls: int) -> dict[str, float]:
@@ -73,35 +80,35 @@ def measure_with(code: Path | None, profile: str, calls: int) -> dict[str, float
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
-    out = subprocess.run([sys.executable, __file__, "--profile", profile, "--calls", str(calls), "--once"],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, str(BENCH), "batcher", "--profile", profile, "--calls", str(calls),
+                          "--once"], env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--profile", default="cartpole-appo")
     p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--rounds", type=int, default=3)
+    add_rounds(p, 3, "measurements of each side, alternating")
     p.add_argument("--base-code", type=Path, metavar="DIR")
     p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)  # one measurement, JSON only
-    args = p.parse_args()
+
+
+ERRORS = (ValueError,)
+
+
+def run(args) -> dict:
     if args.once:
-        print(json.dumps(measure(args.profile, args.calls)))
-        return
+        return measure(args.profile, args.calls)
     if args.base_code is not None and not (args.base_code / "fastrl" / "__init__.py").is_file():
-        p.error(f"--base-code {args.base_code} holds no fastrl package (expected {args.base_code}/fastrl/__init__.py)")
+        raise ValueError(f"--base-code {args.base_code} holds no fastrl package "
+                         f"(expected {args.base_code}/fastrl/__init__.py)")
     sides = {"this tree": None}
     if args.base_code is not None:
-        sides = {"base": args.base_code.resolve(), "this tree": Path(__file__).resolve().parents[1]}
+        sides = {"base": args.base_code.resolve(), "this tree": BENCH.parents[1]}
     rounds = {name: [] for name in sides}
     for _ in range(args.rounds):
         for name, code in sides.items():
             result = measure_with(code, args.profile, args.calls)
             rounds[name].append(result)
             print(f"{name:10s} " + "  ".join(f"{k}: {v:.1f} us" for k, v in result.items()), flush=True)
-    print(json.dumps({"profile": args.profile, "us_per_infer": rounds}))
-
-
-if __name__ == "__main__":
-    main()
+    return {"profile": args.profile, "us_per_infer": rounds}

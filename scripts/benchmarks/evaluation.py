@@ -1,7 +1,7 @@
 """What evaluation during training costs: training env steps/s with ``eval.every_s`` on and off.
 
-    flock /tmp/fastrl-bench.lock python scripts/bench_eval.py --seconds 40 --every 10 --rounds 2
-    flock /tmp/fastrl-bench.lock python scripts/bench_eval.py --pong --seconds 60 --every 20
+    flock /tmp/fastrl-bench.lock python scripts/bench.py eval --seconds 40 --every 10 --rounds 2
+    flock /tmp/fastrl-bench.lock python scripts/bench.py eval --pong --seconds 60 --every 20
 
 Each round trains the profile with evaluation off, then on (same config otherwise), and measures
 the steady-state training throughput with the profiler's measurement (start-up and warm-up left
@@ -11,13 +11,13 @@ several evaluations inside ``--seconds``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 
-from fastrl.config import build_config, parse_override
+from fastrl.config import build_config
 from fastrl.profiler import hardware
-from fastrl.profiler.measure import PONG_ON_CPU, STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
+from fastrl.profiler.measure import STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
+
+from .options import add_rounds, add_set, load_layout, overrides
 
 
 def training_rate(profile: str, overrides: dict, seconds: float, startup_s: float) -> tuple[float, float]:
@@ -41,30 +41,27 @@ def compare(profile: str, overrides: dict, every_s: float, seconds: float, round
             "median_ratio": statistics.median(ratios)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=40.0, help="measured seconds of each training run")
     p.add_argument("--every", type=float, default=10.0, help="eval.every_s of the runs with evaluation on")
-    p.add_argument("--rounds", type=int, default=2, help="off/on pairs per profile")
-    p.add_argument("--pong", action="store_true", help="also Pong (atari-appo in bench_train's CPU layout)")
+    add_rounds(p, 2, "off/on pairs per profile")
+    p.add_argument("--pong", action="store_true", help="also Pong (atari-appo in the pong-cpu layout)")
     p.add_argument("--no-cartpole", action="store_true", help="skip cartpole-appo")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
-    args = p.parse_args(argv)
-    overrides = dict(parse_override(text) for text in args.set)
+    add_set(p)
+
+
+def run(args) -> list[dict]:
+    settings = overrides(args.set)
     rows = []
     if not args.no_cartpole:
-        rows.append(compare("cartpole-appo", {"device": "cpu", **overrides}, args.every, args.seconds, args.rounds))
+        rows.append(compare("cartpole-appo", {"device": "cpu", **settings}, args.every, args.seconds, args.rounds))
     if args.pong:
-        rows.append(compare("atari-appo", {**PONG_ON_CPU, **overrides}, args.every, args.seconds, args.rounds))
+        pong = load_layout("pong-cpu")
+        rows.append(compare(pong.profile, {**pong.overrides, **settings}, args.every, args.seconds, args.rounds))
     print(f"\nhardware: {hardware()}")
     print(f"training env steps/s, evaluation off vs on (eval.every_s={args.every:g}), {args.seconds:g} s measured")
     for r in rows:
         for off, on in zip(r["off_env_steps_per_s"], r["on_env_steps_per_s"]):
             print(f"  {r['profile']:<14} off {off:>10,.0f}  on {on:>10,.0f}  on/off {on / off:.2f}")
         print(f"  {r['profile']:<14} median on/off {r['median_ratio']:.2f}")
-    print(json.dumps(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return rows

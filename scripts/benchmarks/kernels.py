@@ -1,11 +1,11 @@
 """Benchmark fastrl.kernels against the loops they replace, side by side, on one thread.
 
-    python scripts/bench_kernels.py [--rounds 15]
+    python scripts/bench.py kernels [--rounds 15]
 
 V-trace and GAE (float32, T=128, B in {256, 2048}) against a TorchBeast-style PyTorch loop over
 time and the same reverse loop in numpy; SumTree.sample(512) and update(512) at capacity 2^20
 against a vectorized numpy binary sum tree. Implementations are timed in interleaved rounds so
-that load from other processes falls on all of them alike. Prints a table, then one JSON line.
+that load from other processes falls on all of them alike.
 """
 import os
 
@@ -13,14 +13,14 @@ import os
 os.environ["NUMBA_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fastrl.kernels import SumTree, gae, vtrace  # noqa: E402
+
+from .options import add_rounds  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -192,11 +192,11 @@ def bench_sumtree(rounds):
     return time_interleaved(functions, rounds, calls)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
-    args = parser.parse_args()
+def add_arguments(p) -> None:
+    add_rounds(p, 15, "interleaved timing rounds")
 
+
+def run(args) -> dict:
     returns = bench_returns(args.rounds)
     tree = bench_sumtree(args.rounds)
 
@@ -235,8 +235,4 @@ def main():
         report["targets_met"][name] = met
         print(f"  {what:46} {measured[name]:8.1f} {unit:2}  target {relation} {bound:g} {unit:2}  "
               f"{'met' if met else 'MISSED'}")
-    print(json.dumps(report))
-
-
-if __name__ == "__main__":
-    main()
+    return report

@@ -1,9 +1,9 @@
 """The learner alone: Learner.train() calls per second on synthetic batches of a profile's shape.
 
-    python scripts/bench_learner.py --pong --rounds 4          # Pong's CPU layout (bench_train's)
-    python scripts/bench_learner.py --profile atari-appo-cpu --rounds 4
-    python scripts/bench_learner.py --pong --compare nchw-input
-    python scripts/bench_learner.py --pong --arithmetic
+    python scripts/bench.py learner --layout pong-cpu --rounds 4
+    python scripts/bench.py learner --profile atari-appo-cpu --rounds 4
+    python scripts/bench.py learner --layout pong-cpu --compare nchw-input
+    python scripts/bench.py learner --layout pong-cpu --arithmetic
 
 One process, one torch thread and the learner process's heap settings (``retain_freed_memory``).
 A batch has the profile's ``[T, B]`` shape and the env's observation space, with random
@@ -12,11 +12,11 @@ off glibc or under the user's own glibc variables) and the precision the learner
 Each round times ``--calls`` train() calls after one warm-up call. With ``--compare``, each round
 also times the variant named, side by side, and the ratio of the medians is printed:
 
-- ``nchw-input``: the learner scales images into NCHW memory (before 2026-11-24) instead of
-  straight into the NHWC memory its channels-last conv weights use (fastrl.encoders.scale_obs).
+- ``nchw-input``: the learner scales images into NCHW memory instead of straight into the NHWC
+  memory its channels-last conv weights use (fastrl.encoders.scale_obs).
 - ``torch-ops``: the network's forward and backward passes, the categorical head's log-probs
-  and entropies and APPO's loss by torch ops (before 2026-11-24) instead of numpy's BLAS and
-  compiled kernels (fastrl.mlp_policy, fastrl.heads, fastrl.learner.losses).
+  and entropies and APPO's loss by torch ops instead of numpy's BLAS and compiled kernels
+  (fastrl.mlp_policy, fastrl.heads, fastrl.learner.losses).
 
 ``--arithmetic`` also prints the floating-point work of one train() (torch's FlopCounterMode over
 the torch ops: a numpy/numba learner, CartPole's, is not counted), the rate the median call
@@ -25,8 +25,6 @@ learner runs to what this core's arithmetic allows.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import statistics
 import sys
@@ -36,12 +34,14 @@ import torch
 
 from fastrl import models
 from fastrl.allocator import retain_freed_memory
-from fastrl.config import build_config, parse_override
+from fastrl.config import build_config
 from fastrl.encoders import scale_obs
 from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
-from fastrl.profiler.measure import PONG_ON_CPU
+
+from .options import add_layout, add_rounds, add_set, load_layout, overrides
+
 
 def random_batch(cfg, spec, seed: int) -> Trajectories:
     T, B = cfg.learner.rollout, cfg.trajectories_per_batch
@@ -61,7 +61,7 @@ def random_batch(cfg, spec, seed: int) -> Trajectories:
 
 
 def nchw_scaling(obs, scale, dtype=torch.float32, channels_last=False):
-    """fastrl.encoders.scale_obs as it was before 2026-11-24: always NCHW memory."""
+    """fastrl.encoders.scale_obs into NCHW memory, whatever the weights' memory format."""
     return scale_obs(obs, scale, dtype)
 
 
@@ -108,20 +108,21 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, calls: int = 5) -> float:
     return 2 * n ** 3 * calls / (time.perf_counter() - start) / 1e9
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--profile", default="atari-appo")
-    p.add_argument("--pong", action="store_true", help="atari-appo in bench_train.py's Pong CPU layout")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+def add_arguments(p) -> None:
+    p.add_argument("--profile", default="atari-appo", help="the profile, on the CPU (default atari-appo)")
+    add_layout(p, "the profile and overrides of this layout, in place of --profile on the CPU")
+    add_set(p, "override on top of the profile's or the layout's")
     p.add_argument("--calls", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
+    add_rounds(p, 3, "timings of each variant, alternating")
     p.add_argument("--compare", choices=["nchw-input", "torch-ops"], default=None)
     p.add_argument("--arithmetic", action="store_true",
                    help="also GFLOP per train(), the GFLOP/s reached and a one-thread matmul's")
-    args = p.parse_args(argv)
-    overrides = dict(PONG_ON_CPU) if args.pong else {"device": "cpu"}
-    overrides.update(parse_override(item) for item in args.set)
-    cfg = build_config("atari-appo" if args.pong else args.profile, overrides)
+
+
+def run(args) -> dict:
+    layout = load_layout(args.layout) if args.layout else None
+    profile = layout.profile if layout else args.profile
+    cfg = build_config(profile, {**(layout.overrides if layout else {"device": "cpu"}), **overrides(args.set)})
     torch.set_num_threads(cfg.learner.torch_threads)
     heap_retained = cfg.retain_freed_memory and retain_freed_memory()
     spec = probe_env(cfg)
@@ -153,10 +154,4 @@ def main(argv=None) -> int:
         print(f"  {gflop:.2f} GFLOP per train() in torch ops = {gflop / medians['default']:.0f} GFLOP/s at the "
               f"median; a 2048x2048 matmul: {matmul_gflops(torch.float32):.0f} GFLOP/s float32, "
               f"{matmul_gflops(torch.bfloat16):.0f} bf16")
-    print(json.dumps({"profile": cfg.env.id, "seconds_per_call": medians, "env_steps_per_call": steps,
-                      "hardware": hardware()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"profile": cfg.env.id, "seconds_per_call": medians, "env_steps_per_call": steps, "hardware": hardware()}

@@ -1,35 +1,31 @@
 """Recurrent-core benchmark: what an LSTM costs on cartpole-appo, and how fast LSTM / GRU APPO
 solve the memory task.
 
-    flock /tmp/fastrl-bench.lock python scripts/bench_recurrent.py --seconds 30 --seeds 3
+    flock /tmp/fastrl-bench.lock python scripts/bench.py recurrent --seconds 30 --seeds 3
 
 Throughput: ``cartpole-appo`` as it is and with ``model.core=lstm`` (plus any ``--set`` overrides,
 applied to both), each trained for the same ``--seconds`` in this invocation. Env steps/s and
 learner updates/s are steady-state rates: counted from the first report with a learner update to
 the last report, so process start-up is left out.
 
-Time-to-solve: APPO with an LSTM and with a GRU core, and R2D2 (LSTM), on MemoryEnv
-(fastrl.envs.toy: a cue on the first step, to be named ``--length`` steps later; feed-forward
-expected return 0), one run per seed; wall-clock from the train() call (start-up included) to the
-first report with episode_return_mean > ``--target`` (for R2D2 that training mean includes its
-actors' epsilon-greedy exploration).
+Time-to-solve: APPO with an LSTM and with a GRU core (scripts/layouts/memory-appo.toml), and
+R2D2 (LSTM, memory-r2d2.toml), on MemoryEnv (fastrl.envs.toy: a cue on the first step, to be
+named ``--length`` steps later; feed-forward expected return 0), one run per seed; wall-clock from
+the train() call (start-up included) to the first report with episode_return_mean >= ``--target``
+(benchmarks.threshold; for R2D2 that training mean includes its actors' epsilon-greedy exploration).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import tempfile
 
-from fastrl.config import build_config, parse_override
+from fastrl.config import build_config
 from fastrl.profiler import hardware
 from fastrl.runner import train
 
-MEMORY_SETTINGS = {
-    "env.id": "fastrl.envs.toy:make_memory", "env.num_workers": 1, "env.envs_per_worker": 64,
-    "env.num_splits": 2, "env.num_threads": 0, "model.hidden_sizes": [32], "model.core_size": 32,
-    "learner.rollout": 8, "learner.batch_size": 512, "learner.lr": 3e-3, "learner.entropy_coef": 0.01,
-    "learner.reward_scale": 1.0, "slots_per_env": 2, "device": "cpu", "checkpoint_every_s": 1000.0}
+from .options import add_set, load_layout, overrides
+from .threshold import first_reaching, median_to_threshold
+
+METRIC = "episode_return_mean"
 
 
 def run_reports(profile: str, overrides: dict) -> list[dict]:
@@ -53,31 +49,23 @@ def throughput(name: str, overrides: dict, seconds: float) -> dict:
             "final_return": last["episode_return_mean"]}
 
 
-# R2D2 on the same task: 8-step sequences every 4 steps, 2 of them burn-in.
-R2D2_MEMORY_SETTINGS = {
-    "env.id": "fastrl.envs.toy:make_memory", "env.num_workers": 1, "env.envs_per_worker": 64, "device": "cpu",
-    "model.hidden_sizes": [32], "model.core_size": 32, "learner.rollout": 4, "learner.batch_size": 256,
-    "learner.target_update_every": 100, "replay.sequence_length": 8, "replay.burn_in": 2,
-    "replay.min_fill": 2000, "replay.capacity": 50_000, "checkpoint_every_s": 1000.0}
 LEARNERS = ("lstm", "gru", "r2d2")
 
 
 def time_to_solve(core: str, seed: int, length: int, target: float, max_steps: int, limit_s: float) -> dict:
     """``core`` lstm / gru (APPO) or r2d2 (its LSTM)."""
-    profile, settings = ("cartpole-r2d2", R2D2_MEMORY_SETTINGS) if core == "r2d2" else \
-        ("cartpole-appo", {**MEMORY_SETTINGS, "model.core": core})
-    reports = run_reports(profile, {**settings, "env.kwargs": {"length": length}, "seed": seed,
-                                    "train_for_env_steps": max_steps, "train_for_seconds": limit_s})
-    hit = next((r for r in reports if (r["episode_return_mean"] or 0) > target), None)
+    layout = load_layout("memory-r2d2" if core == "r2d2" else "memory-appo")
+    settings = layout.overrides if core == "r2d2" else {**layout.overrides, "model.core": core}
+    reports = run_reports(layout.profile, {**settings, "env.kwargs": {"length": length}, "seed": seed,
+                                           "train_for_env_steps": max_steps, "train_for_seconds": limit_s})
+    hit = first_reaching(reports, METRIC, target)
     return {"core": core, "seed": seed, "seconds": hit["wall_time"] if hit else None,
-            "env_steps": hit["env_steps"] if hit else None, "final_return": reports[-1]["episode_return_mean"]}
+            "env_steps": hit["env_steps"] if hit else None, "final_return": reports[-1][METRIC]}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="training seconds of each throughput run")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for both throughput runs (e.g. model.core_size=128)")
+    add_set(p, "override for both throughput runs (e.g. model.core_size=128)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--learners", nargs="+", choices=LEARNERS, default=list(LEARNERS),
                    help="which MemoryEnv learners to time (default: all)")
@@ -86,11 +74,12 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--max-steps", type=int, default=200_000, help="env-step budget per MemoryEnv seed")
     p.add_argument("--limit", type=float, default=150.0, help="wall-clock budget per MemoryEnv seed")
-    args = p.parse_args(argv)
-    overrides = dict(parse_override(text) for text in args.set)
 
-    rows = [] if args.no_throughput else [throughput("feed-forward", overrides, args.seconds),
-                                          throughput("lstm", {**overrides, "model.core": "lstm"}, args.seconds)]
+
+def run(args) -> dict:
+    settings = overrides(args.set)
+    rows = [] if args.no_throughput else [throughput("feed-forward", settings, args.seconds),
+                                          throughput("lstm", {**settings, "model.core": "lstm"}, args.seconds)]
     solves = [time_to_solve(core, seed, args.length, args.target, args.max_steps, args.limit)
               for core in args.learners for seed in range(args.seeds)]
 
@@ -106,20 +95,14 @@ def main(argv=None) -> int:
               f"{lstm['updates_per_s'] / ff['updates_per_s']:>10.2f}")
     medians = {}
     if solves:
-        print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return > {args.target:g}:")
+        print(f"MemoryEnv(length={args.length}) APPO (lstm, gru) and R2D2, seconds to return >= {args.target:g}:")
     for core in args.learners if solves else ():
         runs = [s for s in solves if s["core"] == core]
         for s in runs:
             shown = (f"{s['seconds']:.1f} s ({s['env_steps']:,} env steps)" if s["seconds"] is not None
                      else "not solved")
             print(f"  {core} seed {s['seed']}: {shown}; final return {s['final_return'] or 0:.2f}")
-        solved = [s["seconds"] for s in runs if s["seconds"] is not None]
-        medians[core] = statistics.median(solved) if solved and len(solved) == len(runs) else None
-        median = f"{medians[core]:.1f} s" if medians[core] is not None else "not all seeds solved"
+        medians[core] = median_to_threshold([s["seconds"] for s in runs])
+        median = f"{medians[core]:.1f} s" if medians[core] is not None else "more than half the seeds did not solve it"
         print(f"  {core} median: {median}")
-    print(json.dumps({"throughput": rows, "memory": solves, "memory_median_seconds": medians}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"throughput": rows, "memory": solves, "memory_median_seconds": medians}

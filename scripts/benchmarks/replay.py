@@ -1,6 +1,6 @@
 """Benchmark the replay buffer: memory per transition, add, sample and priority-update rates.
 
-    flock /tmp/fastrl-bench.lock python scripts/bench_replay.py [--capacity N] [--obs atari|vector]
+    flock /tmp/fastrl-bench.lock python scripts/bench.py replay [--capacity N] [--obs atari|vector]
         [--compress lz4] [--memmap DIR] [--envs 64] [--steps-per-chunk 4] [--batch 512] [--n-step 1]
 
 Rows arrive as a vectorized env delivers them: chunks of envs x steps (64 x 4 = 256 rows),
@@ -9,7 +9,7 @@ made to compress like real ones: a constant playfield (score bar, walls, six row
 with a ball, a paddle and three moving blocks per env, bricks knocked out and the score
 redrawn over time; neither noise nor blank (real Pong frames take ~240 B with lz4, Breakout
 ~430 B, MsPacman ~1850 B; these take a few hundred). Vector observations are float32 [17].
-Episodes end with probability 1/1000 per step. Prints one JSON line:
+Episodes end with probability 1/1000 per step. The figures, in the JSON line:
 
   bytes_per_transition     replay.nbytes / capacity (frames + per-slot arrays)
   rss_gib                  process RSS after filling the buffer (inputs freed); of which
@@ -27,9 +27,7 @@ import os
 os.environ["NUMBA_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -130,8 +128,7 @@ def time_adds(replay, chunks, rows: int) -> tuple[float, float]:
     return calls * len(env_ids), time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--obs", choices=["atari", "vector"], default="atari")
     parser.add_argument("--compress", default="", help="codec, e.g. lz4 (default: none)")
@@ -142,8 +139,9 @@ def main() -> None:
     parser.add_argument("--n-step", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2, help="codec / copy threads")
     parser.add_argument("--seconds", type=float, default=3.0, help="per timed phase")
-    args = parser.parse_args()
 
+
+def run(args) -> dict:
     rng = np.random.default_rng(0)
     process = psutil.Process()
     atari = args.obs == "atari"
@@ -180,7 +178,7 @@ def main() -> None:
     priorities = rng.uniform(0.01, 2.0, args.batch)
     update_rate = timed(lambda: replay.update_priorities(batch.indices, batch.generations,
                                                          priorities))
-    print(json.dumps({
+    report = {
         "obs": args.obs, "capacity": replay.capacity, "compress": args.compress or None,
         "memmap": bool(args.memmap), "envs": args.envs, "chunk_rows": chunk_rows,
         "batch": args.batch, "n_step": args.n_step,
@@ -194,9 +192,6 @@ def main() -> None:
         "sample_fresh_batches_per_s": fresh_rate,
         "update_priorities_per_s": update_rate,
         "cpu_load_1min": round(os.getloadavg()[0], 2),
-    }))
+    }
     replay.close()
-
-
-if __name__ == "__main__":
-    main()
+    return report

@@ -1,7 +1,7 @@
 """Scaling benchmark: the same profile on 1 rank and on N ranks (torchrun on this machine).
 
-    python scripts/bench_scaling.py --ranks 2 --seconds 40
-    python scripts/bench_scaling.py --ranks 8 --profile atari-appo   # one node, 8 GPUs
+    python scripts/bench.py scaling --ranks 2 --seconds 40
+    python scripts/bench.py scaling --ranks 8 --profile atari-appo   # one node, 8 GPUs
 
 Each run is launched exactly as a user would (`torch.distributed.run ... -m fastrl.cli`);
 throughput is the steady rate between the first report after --warmup seconds and the last one,
@@ -10,7 +10,6 @@ ranks x processes the ranks share the cores, so expect no gain there: the figure
 """
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import subprocess
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from fastrl.profiler import hardware
 
+from .options import add_set
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -27,7 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(ranks: int, profile: str, seconds: float, warmup: float, overrides: list[str]) -> dict:
+def run_ranks(ranks: int, profile: str, seconds: float, warmup: float, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="fastrl-scaling-") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
@@ -46,24 +47,20 @@ def run(ranks: int, profile: str, seconds: float, warmup: float, overrides: list
             "episode_return_mean": last["episode_return_mean"], "learner_updates": last["learner_updates"]}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--profile", default="cartpole-appo")
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--warmup", type=float, default=15.0, help="seconds from launch before measuring")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = p.parse_args(argv)
-    one = run(1, args.profile, args.seconds, args.warmup, args.overrides)
-    many = run(args.ranks, args.profile, args.seconds, args.warmup, args.overrides)
+    add_set(p, "override for both runs (fastrl-train's --set)")
+
+
+def run(args) -> dict:
+    one = run_ranks(1, args.profile, args.seconds, args.warmup, args.set)
+    many = run_ranks(args.ranks, args.profile, args.seconds, args.warmup, args.set)
     speedup = many["env_steps_per_s"] / one["env_steps_per_s"]
     print(f"{'ranks':>5} {'env steps/s':>12} {'frames/s':>12} {'updates':>8}")
     for r in (one, many):
         print(f"{r['ranks']:>5} {r['env_steps_per_s']:>12,.0f} {r['fps']:>12,.0f} {r['learner_updates']:>8}")
     print(f"speed-up with {args.ranks} ranks: {speedup:.2f}x")
-    print(json.dumps({"profile": args.profile, "runs": [one, many], "speedup": speedup, "hardware": hardware()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"profile": args.profile, "runs": [one, many], "speedup": speedup, "hardware": hardware()}

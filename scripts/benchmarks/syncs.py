@@ -1,6 +1,6 @@
 """Host synchronisations and host<->device copies per call of the learners and the batcher.
 
-    python scripts/bench_syncs.py [--device cpu|cuda] [--calls 3]
+    python scripts/bench.py syncs [--device cpu|cuda] [--calls 3]
 
 Each component runs once to warm up (the optimizers make their state on their first step), then
 ``--calls`` times under :class:`fastrl.sync_counter.SyncCounter`. With ``--device cuda`` the
@@ -9,11 +9,9 @@ tensor but a non-fused Adam's step counters lived on an accelerator. That is an 
 (the batcher's CPU-only numba sampler reads its logits as numpy, a GPU samples in torch), and
 copies to the device cannot be seen there. Shapes are the profiles':
 cartpole-appo (T = 32, 128 trajectories, inference requests of 256 envs), cartpole-dqn
-(T = 16, 64 trajectories, replay batches of 128) and cartpole-r2d2. Prints a table, then one JSON line.
+(T = 16, 64 trajectories, replay batches of 128) and cartpole-r2d2.
 """
-import argparse
 import copy
-import json
 
 import numpy as np
 import torch
@@ -110,11 +108,12 @@ def batcher_infer(device: torch.device, calls: int, requests: int = 2) -> dict:
     return count(device, calls, lambda i: batcher.infer(workers, request_ids))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (counts what a GPU would wait for) or cuda")
     parser.add_argument("--calls", type=int, default=3, help="measured calls per component")
-    args = parser.parse_args()
+
+
+def run(args) -> dict:
     device = torch.device(args.device)
 
     dqn_call, dqn_step, dqn_steps = dqn(device, args.calls)
@@ -132,8 +131,4 @@ def main():
         to_device = "-" if row["to_device"] is None else f"{row['to_device']:g}"
         kinds = ", ".join(f"{kind} {n:g}" for kind, n in row["kinds"].items())
         print(f"{name:62} {row['syncs']:6g} {row['to_host']:8g} {to_device:>10}  {kinds}")
-    print(json.dumps({"device": str(device), "calls": args.calls, "per_call": rows}))
-
-
-if __name__ == "__main__":
-    main()
+    return {"device": str(device), "calls": args.calls, "per_call": rows}

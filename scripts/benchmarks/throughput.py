@@ -1,32 +1,29 @@
 """Trainer benchmark: throughput against the raw env limit, and CartPole time-to-solve.
 
-    python scripts/bench_train.py                       # CartPole: FPS figures + 3 seeds to 475
-    python scripts/bench_train.py --pong --seconds 30   # also Pong (atari-appo) on this machine's CPU
-    python scripts/bench_train.py --dqn                 # also cartpole-dqn: FPS + 3 seeds to 400
+    python scripts/bench.py throughput                       # CartPole: FPS figures + 3 seeds to 475
+    python scripts/bench.py throughput --pong --seconds 30   # also Pong (layout pong-cpu) on this CPU
+    python scripts/bench.py throughput --dqn                 # also cartpole-dqn: FPS + 3 seeds to 400
 
 Every FPS figure is printed next to the raw env throughput of the same process layout, measured
-in the same invocation (fastrl.profiler). Time-to-solve is wall-clock from the train() call
-(process start-up included) to the first report with episode_return_mean >= --target.
+in the same invocation (fastrl.profiler); cartpole-appo is measured in its own layout and in
+scripts/layouts/cartpole-earlier.toml. Time-to-solve is wall-clock from the train() call (process
+start-up included) to the first report with episode_return_mean >= --target (benchmarks.threshold).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
 import sys
 import tempfile
 
 from fastrl.config import build_config
 from fastrl.evaluate import evaluate_run
 from fastrl.profiler import hardware, profile
-from fastrl.profiler.measure import PONG_ON_CPU
 from fastrl.runner import train
 
-# cartpole-appo's layout until 2026-11-24 (4 splits of 256 envs, a [64, 64] network, the batcher
-# process acting), measured beside today's so that the change shows as a ratio of one run.
-CARTPOLE_EARLIER_LAYOUT = {"device": "cpu", "env.num_splits": 4, "model.hidden_sizes": [64, 64],
-                           "inference.in_workers": False}
-# Issue 18's CPU targets for the profile's own layout.
+from .options import load_layout
+from .threshold import first_reaching, median_to_threshold
+
+METRIC = "episode_return_mean"
+# The CPU targets of cartpole-appo in its own layout.
 TARGETS = {"solve_seconds": 60.0, "train_env_steps_per_s": 100_000, "sample_ratio": 0.6, "train_ratio": 0.35,
            "dqn_solve_seconds": 120.0}
 DQN_TARGET_RETURN = 400.0
@@ -42,19 +39,18 @@ def time_to_target(profile_name: str, seed: int, target: float, limit_s: float, 
         result = train(cfg, run_dir=run_dir, quiet=True)
         greedy = (evaluate_run(run_dir, greedy_episodes, deterministic=True)["episode_return_mean"]
                   if greedy_episodes else None)
-    hit = next((r for r in result.reports if (r["episode_return_mean"] or 0) >= target), None)
+    hit = first_reaching(result.reports, METRIC, target)
     return {"profile": profile_name, "seed": seed, "seconds": hit["wall_time"] if hit else None,
             "env_steps": hit["env_steps"] if hit else None, "policy_lag_mean": hit["policy_lag_mean"] if hit else None,
-            "final_return": result.final["episode_return_mean"], "final_greedy_return": greedy,
+            "final_return": result.final[METRIC], "final_greedy_return": greedy,
             "greedy_episodes": greedy_episodes}
 
 
 def solve_times(profile_name: str, seeds: int, target: float, limit_s: float,
                 greedy_episodes: int = 0) -> tuple[list[dict], float | None]:
-    """One run per seed; the median is None unless every seed reached ``target``."""
+    """One run per seed, and the median seconds to ``target`` over them (benchmarks.threshold)."""
     runs = [time_to_target(profile_name, seed, target, limit_s, greedy_episodes) for seed in range(seeds)]
-    solved = [r["seconds"] for r in runs if r["seconds"] is not None]
-    return runs, (statistics.median(solved) if len(solved) == len(runs) else None)
+    return runs, median_to_threshold([r["seconds"] for r in runs])
 
 
 def print_solve_times(profile_name: str, runs: list[dict], median: float | None, target: float, limit_s: float) -> None:
@@ -65,7 +61,8 @@ def print_solve_times(profile_name: str, runs: list[dict], median: float | None,
         greedy = ("" if r["final_greedy_return"] is None
                   else f", greedy policy {r['final_greedy_return']:.1f} over {r['greedy_episodes']} episodes")
         print(f"  after {limit_s:g} s: training mean {r['final_return'] or 0:.1f}{greedy}")
-    print(f"{profile_name} median time to {target:g}: " + (f"{median:.1f} s" if median is not None else "not all seeds solved"))
+    print(f"{profile_name} median time to {target:g}: " + (f"{median:.1f} s" if median is not None
+                                                          else "more than half the seeds did not solve it"))
 
 
 def throughput_row(name: str, cfg, seconds: float) -> dict:
@@ -76,21 +73,26 @@ def throughput_row(name: str, cfg, seconds: float) -> dict:
             "diagnosis": figures.diagnosis}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="length of each throughput measurement")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--limit", type=float, default=60.0, help="wall-clock budget per seed")
-    p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) on the CPU")
+    p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) in the pong-cpu layout")
     p.add_argument("--dqn", action="store_true", help="also measure cartpole-dqn: throughput and seeds to 400")
     p.add_argument("--dqn-limit", type=float, default=180.0, help="wall-clock budget per cartpole-dqn seed")
-    args = p.parse_args(argv)
 
+
+def layout_config(name: str):
+    layout = load_layout(name)
+    return build_config(layout.profile, layout.overrides)
+
+
+def run(args) -> dict:
     rows = [throughput_row("cartpole-appo", build_config("cartpole-appo", {"device": "cpu"}), args.seconds),
-            throughput_row("cartpole earlier", build_config("cartpole-appo", CARTPOLE_EARLIER_LAYOUT), args.seconds)]
+            throughput_row("cartpole earlier", layout_config("cartpole-earlier"), args.seconds)]
     if args.pong:
-        rows.append(throughput_row("atari-appo (cpu)", build_config("atari-appo", PONG_ON_CPU), args.seconds))
+        rows.append(throughput_row("atari-appo (cpu)", layout_config("pong-cpu"), args.seconds))
     if args.dqn:
         rows.append(throughput_row("cartpole-dqn", build_config("cartpole-dqn", {"device": "cpu"}), args.seconds))
     seeds, median = solve_times("cartpole-appo", args.seeds, args.target, args.limit)
@@ -118,10 +120,5 @@ def main(argv=None) -> int:
         met = value is not None and (value <= bound if sense == "at most" else value >= bound)
         shown = "-" if value is None else f"{value:,.2f}"
         print(f"  {name:<40} {shown:>12}  target {sense} {bound:,g}  {'met' if met else 'NOT met'}")
-    print(json.dumps({"throughput": rows, "time_to_target": seeds + dqn_seeds, "median_seconds": median,
-                      "dqn_median_seconds": dqn_median, "hardware": hardware()}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"throughput": rows, "time_to_target": seeds + dqn_seeds, "median_seconds": median,
+            "dqn_median_seconds": dqn_median, "hardware": hardware()}

@@ -1,9 +1,9 @@
 """Learning benchmark: does a profile keep the promise of its ``[expect]`` table? Steps and wall
 time to the promised threshold, median over seeds, and the learning curves.
 
-    python scripts/bench_learning.py --profile cartpole-appo --seeds 3
-    python scripts/bench_learning.py --profile mujoco-appo --set device=cpu
-    python scripts/bench_learning.py --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
+    python scripts/bench.py learning --profile cartpole-appo --seeds 3
+    python scripts/bench.py learning --profile mujoco-appo --set device=cpu
+    python scripts/bench.py learning --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
 
 The promise is the profile's ``[expect]`` table (fastrl.config.ExpectSettings), e.g.
 
@@ -22,12 +22,13 @@ counts from when the run's processes start, so the run goes on a few seconds of 
 wall budget); the profile's other limit stays. ``learner.lr_decay`` decays over that limit, so a
 budget shorter than the profile's own trains with another schedule than ``fastrl-train`` gives.
 
-A run reaches the promise at its first report with the metric >= the threshold: env steps there
-(for ``eval_*`` metrics the env steps where the evaluated weights were taken) and wall time from
-the train() call, start-up included; a report interval (``report_every_s``, ``--set
-report_every_s=1`` for finer) is the resolution. The median over seeds counts a seed that did not
-reach the threshold as later than every seed that did, so it exists while more than half of
-the seeds reach it; the promise holds when the median is within the budget.
+A run reaches the promise at its first report with the metric >= the threshold
+(benchmarks.threshold): env steps there (for ``eval_*`` metrics the env steps where the evaluated
+weights were taken) and wall time from the train() call, start-up included; a report interval
+(``report_every_s``, ``--set report_every_s=1`` for finer) is the resolution. The median over
+seeds counts a seed that did not reach the threshold as later than every seed that did, so it
+exists while more than half of the seeds reach it; the promise holds when the median is within
+the budget.
 
 ``--window LOW:HIGH`` (env steps, e.g. ``1.4M:1.6M``) also prints each run's mean of the metric
 over the reports in that range: a level to compare code or settings by, steadier than one report.
@@ -39,21 +40,21 @@ the budget as lines) go to ``OUT_DIR/PROFILE.png``.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
 import statistics
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fastrl.config import ExpectSettings, build_config, parse_override
+from fastrl.config import ExpectSettings, build_config
 from fastrl.learner.host import NonFiniteTraining
 from fastrl.learning_curves import EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.plotting import pyplot
 from fastrl.profiler import hardware
 from fastrl.run_dir import holds_run
 from fastrl.runner import RunError, train
+
+from .options import add_set, overrides
+from .threshold import first_reaching, is_number, median_to_threshold
 
 DEFAULT_METRIC = "episode_return_mean"
 # The bench owns these: seeds come from --seeds, the run's limit from the budget.
@@ -113,17 +114,12 @@ def resolve_promise(profile: str, expect: ExpectSettings, metric: str | None = N
                    threshold=promise.threshold if target is None else target)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def run_outcome(rows: list[dict], promise: Promise) -> dict:
     """One run's metrics.jsonl rows judged against ``promise``: ``env_steps`` and ``wall_time``
     of the first report with the metric >= the threshold (None when none did), and the metric's
     ``final`` and ``max`` values (None when it was never a number)."""
-    values = [row[promise.metric] for row in rows if _is_number(row.get(promise.metric))]
-    hit = next((row for row in rows if _is_number(row.get(promise.metric))
-                and row[promise.metric] >= promise.threshold), None)
+    values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
+    hit = first_reaching(rows, promise.metric, promise.threshold)
     steps_key = EVAL_X["env_steps"] if promise.metric.startswith("eval_") else "env_steps"
     return {"reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
             "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
@@ -135,24 +131,19 @@ def window_mean(rows: list[dict], metric: str, window: tuple[int, int]) -> float
     """Mean of ``metric`` over the reports with ``window[0] <= env_steps <= window[1]`` (None when
     none has a number there): a level to compare runs by where one report is noisy."""
     low, high = window
-    values = [row[metric] for row in rows if low <= row["env_steps"] <= high and _is_number(row.get(metric))]
+    values = [row[metric] for row in rows if low <= row["env_steps"] <= high and is_number(row.get(metric))]
     return statistics.fmean(values) if values else None
-
-
-def _median_to_target(outcomes: list[dict], key: str) -> float:
-    """Median of ``key`` over runs; a run that did not reach the target counts as never (inf)."""
-    return statistics.median(o[key] if o["reached"] else math.inf for o in outcomes)
 
 
 def summarize(outcomes: list[dict], promise: Promise) -> dict:
     """Median env steps and wall seconds to the target over seeds (None where more than half the
     seeds never reached it), how many seeds reached it, and whether the promise holds."""
-    steps, seconds = _median_to_target(outcomes, "env_steps"), _median_to_target(outcomes, "wall_time")
-    holds = (math.isfinite(steps) and (not promise.budget_steps or steps <= promise.budget_steps)
+    steps = median_to_threshold([o["env_steps"] if o["reached"] else None for o in outcomes])
+    seconds = median_to_threshold([o["wall_time"] if o["reached"] else None for o in outcomes])
+    holds = (steps is not None and (not promise.budget_steps or steps <= promise.budget_steps)
              and (not promise.budget_seconds or seconds <= promise.budget_seconds))
     return {"seeds": len(outcomes), "seeds_reached": sum(o["reached"] for o in outcomes),
-            "median_env_steps": steps if math.isfinite(steps) else None,
-            "median_wall_time": seconds if math.isfinite(seconds) else None, "holds": holds}
+            "median_env_steps": steps, "median_wall_time": seconds, "holds": holds}
 
 
 def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
@@ -205,8 +196,8 @@ def plan(args, settings: dict) -> list[dict]:
     return plans
 
 
-def bench(args) -> int:
-    settings = dict(parse_override(text) for text in args.set)
+def run(args) -> dict:
+    settings = overrides(args.set)
     owned = [key for key in settings if key in BENCH_KEYS]
     if owned:
         raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds from --first-seed and --seeds, the run's limit from "
@@ -244,8 +235,7 @@ def bench(args) -> int:
                         "plot": str(p["plot"]) if p["plot"] is not None else None})
     machine = hardware()
     print_table(results, machine)
-    print(json.dumps({"hardware": machine, "profiles": results}))
-    return 0
+    return {"hardware": machine, "profiles": results}
 
 
 def print_table(results: list[dict], machine: dict) -> None:
@@ -296,16 +286,14 @@ def positive(parse, zero_ok: bool = False):
     return checked
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--profile", dest="profiles", nargs="+", action="extend", required=True, metavar="NAME",
                    help="profile names or TOML paths (repeatable)")
     p.add_argument("--seeds", type=positive(int), default=3,
                    help="runs per profile, seeds K..K+N-1 with K from --first-seed (default 3)")
     p.add_argument("--first-seed", type=positive(int, zero_ok=True), default=0, metavar="K",
                    help="the first seed (default 0): more seeds later, beside runs already made, without redoing them")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for every run (e.g. device=cpu, report_every_s=1)")
+    add_set(p, "override for every run (e.g. device=cpu, report_every_s=1)")
     p.add_argument("--metric", help="metrics key to judge (default: the promise's, e.g. episode_return_mean)")
     p.add_argument("--target", type=float, help="threshold in place of the promise's")
     p.add_argument("--budget-steps", type=positive(env_steps), metavar="N",
@@ -324,13 +312,7 @@ def main(argv=None) -> int:
                    help="judge and plot the runs already in OUT_DIR again (e.g. with another --target)")
     p.add_argument("--plot", type=Path, metavar="PATH.png", help="the figure (default OUT_DIR/PROFILE.png)")
     p.add_argument("--no-plot", action="store_true", help="draw no figure (no matplotlib needed)")
-    args = p.parse_args(argv)
-    try:
-        return bench(args)
-    except (ValueError, RunError, NonFiniteTraining, OSError) as exc:  # ConfigError, PlotError, PromiseError
-        print(f"bench_learning: error: {exc}", file=sys.stderr)
-        return 2
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+# Each one line naming the fix: ConfigError, PlotError, PromiseError and the run's own.
+ERRORS = (ValueError, RunError, NonFiniteTraining, OSError)
