@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import DEFAULT_PROFILE, ConfigError, _known_keys, available_profiles
+from .config import DEFAULT_PROFILE, ConfigError, available_profiles
 from .console import write_best_effort
 from .metrics import finite_or_null
 
@@ -67,7 +67,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--serial", action="store_true", help="run everything in one process (debugging)")
     p.add_argument("--quiet", action="store_true", help="no status line")
-    p.add_argument("--list-keys", action="store_true", help="print every config key and exit")
+    p.add_argument("--list-keys", action="store_true",
+                   help="print every config key (default, allowed values, the algorithms that read it, help) and "
+                        "exit")
     return p
 
 
@@ -99,7 +101,9 @@ def resolve_train_config(args):
 def train_main(argv=None) -> int:
     args = train_parser().parse_args(argv)
     if args.list_keys:
-        print("\n".join(_known_keys()))
+        from .config_doc import list_keys
+
+        write_best_effort(sys.stdout, list_keys())
         return 0
     made_dir = None
     try:

@@ -1,13 +1,19 @@
 """Configuration: dataclasses with defaults, profile loading, ``--set`` overrides, validation.
 
-A config has top-level keys (``device``, ``seed``, ...) and four sections (``env``, ``model``,
-``learner``, ``replay``). Profiles in ``profiles/*.toml`` use the same shape; ``--set section.key=value``
-overrides one key, parsed by the field's declared type. ``RANGES`` holds every numeric key's
-allowed values; ``check_section`` checks one section against them (``validate`` every section, then
-the cross-key rules, before any process starts).
+A config has top-level keys (``device``, ``seed``, ...) and one section per table (``env``,
+``model``, ``learner``, ``replay``, ``eval``, ``inference``, ``logging``, ``expect``). Profiles in
+``profiles/*.toml`` use the same shape; ``--set section.key=value`` overrides one key, parsed by the
+field's declared type.
+
+Each key is declared once, on its dataclass field, with :func:`key`: its default, the values it
+allows (a :class:`Range` or :class:`Choices`), the algorithms that read it and its help. ``KEYS``
+collects them; ``check_section`` checks a section against them, ``validate`` every section and then
+the rules between keys, before any process starts; ``fastrl-train --list-keys`` and docs/config.md
+(fastrl.config_doc) print them.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -24,228 +30,13 @@ except ModuleNotFoundError:  # Python 3.10
 import tomli_w
 
 DEFAULT_PROFILE = "cartpole-appo"
+ALGOS = ("appo", "impala", "dqn", "r2d2")
+VTRACE = ("appo", "impala")  # actor-critics learning from fresh trajectories through V-trace
 Q_LEARNERS = ("dqn", "r2d2")  # value-based: epsilon-greedy actors, a replay every batch goes through
 
 
 class ConfigError(ValueError):
     """A user-facing configuration problem; the message is one line that names the fix."""
-
-
-@dataclass
-class EnvConfig:
-    id: str = "CartPole-v1"
-    backend: str = "auto"  # auto | envpool | gymnasium | factory
-    num_workers: int = 2  # rollout worker processes
-    envs_per_worker: int = 256
-    num_splits: int = 2  # double buffering: one split steps while another waits for actions
-    async_mode: bool = False  # envpool async send/recv inside each worker
-    num_threads: int = 0  # envpool threads per worker; 0 = envpool's default
-    thread_affinity: bool = False  # pin envpool threads (helps Atari here, halves CartPole)
-    kwargs: dict = field(default_factory=dict)  # passed to envpool.make / gymnasium.make / factory
-
-
-@dataclass
-class ModelConfig:
-    kind: str = "auto"  # auto | mlp | nature_cnn | mnih2013_cnn | impala_resnet
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
-    activation: str = "tanh"  # tanh | relu
-    normalize_obs: bool = False  # running mean/std of observations (float leaves), kept in the model
-    core: str = "none"  # none | lstm | gru: a recurrent core between the encoder and the heads
-    core_size: int = 256  # units of each recurrent layer
-    core_layers: int = 1
-    encode_action_mask: bool = False  # feed a Dict observation's action_mask to the encoder too
-    # appo/impala, feed-forward: the value head gets its own encoder (same shape) instead of sharing
-    # the policy's, so the value loss does not pull on the policy's features (MuJoCo, README)
-    separate_critic: bool = False
-    # Box actions: the Gaussian policy's log-std at the start (0: std 1, the action range's width)
-    initial_log_std: float = 0.0
-
-
-@dataclass
-class LearnerConfig:
-    algo: str = "appo"  # appo (PPO surrogate on V-trace) | impala (V-trace policy gradient) | dqn (Ape-X) | r2d2
-    rollout: int = 32  # T: steps per trajectory slot
-    batch_size: int = 8192  # env steps per learner batch; a multiple of rollout
-    num_epochs: int = 1
-    num_minibatches: int = 1
-    lr: float = 3e-4
-    lr_decay: bool = True  # linear decay to 0 over the run
-    adam_eps: float = 1e-5
-    gamma: float = 0.99
-    vtrace_lambda: float = 1.0
-    clip_rho: float = 1.0
-    clip_c: float = 1.0
-    clip_pg_rho: float = 1.0
-    ppo_clip: float = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    normalize_advantages: bool = True
-    # appo/impala: divide rewards by the running std of the discounted return (per env stream,
-    # pooled over torch.distributed ranks)
-    normalize_returns: bool = False
-    reward_clip: float = 0.0  # 0 = off; else rewards are clipped to [-reward_clip, reward_clip]
-    reward_scale: float = 1.0
-    max_policy_lag: int = 100  # transitions acted by older policies are masked out of the loss
-    max_consecutive_skips: int = 50  # non-finite updates in a row before the run stops
-    burn_in: int = 0  # recurrent cores: first steps of each trajectory only warm the state (no loss)
-    torch_threads: int = 1
-    # float32 | bfloat16 | auto: appo/impala run the network's encoder under bf16 autocast (the
-    # policy and value heads, log-probs, V-trace and the losses stay float32); faster on GPUs with bf16 tensor
-    # cores and on CPUs with native bf16. auto: bfloat16 on such a CPU only (fastrl.learner.precision)
-    precision: str = "float32"
-    # appo/impala on a CPU in float32: a plain MLP actor-critic over discrete actions (CartPole's)
-    # runs its forward and backward passes through numpy's BLAS and numba instead of torch ops
-    # (fastrl/mlp_policy.py NumpyMLPActorCritic; see the README for the measured gain).
-    numpy_mlp: bool = True
-    # dqn (Ape-X, Horgan et al. 2018): env i of N acts epsilon-greedily with
-    # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
-    epsilon: float = 0.4
-    epsilon_alpha: float = 7.0
-    target_update_every: int = 2500  # dqn: gradient steps between target-network copies
-    double_q: bool = True  # dqn, r2d2: the online network picks the bootstrap action, the target rates it
-
-
-@dataclass
-class ReplaySettings:
-    """The learner's replay memory: storage, prioritized sampling, how much. fastrl.replay's
-    TransitionReplay and SequenceReplay take it as it is; what the learner decides (gamma, the
-    sequence length) they take as arguments."""
-
-    capacity: int = 1_000_000  # records (env steps) kept, over all envs of this learner
-    min_fill: int = 50_000  # records stored before the first replayed batch
-    alpha: float = 0.6  # priority exponent (0 = uniform)
-    beta: float = 0.4  # importance-weight exponent
-    n_step: int = 3  # dqn: steps summed before bootstrapping
-    frame_stack: int = 1  # frames stacked on axis 0 of the observation (Atari: 4); each stored once
-    compress: str = ""  # "" | "lz4" (pip install fastrl[replay])
-    memmap_dir: str = ""  # a directory: raw frames in a scratch file there (beyond RAM); "" keeps them in RAM
-    threads: int = 2  # threads that copy / (de)compress frames
-    batch_size: int = 512  # dqn: transitions per gradient step
-    replay_ratio: float = 1.0  # dqn: transitions sampled per env step added
-    vtrace_fraction: float = 0.0  # appo/impala: share of each batch drawn from replayed trajectories
-    sequence_length: int = 80  # r2d2: steps per replayed sequence; sequences start every learner.rollout steps
-    burn_in: int = 40  # r2d2: first steps of each sequence only warm the recurrent state (no loss, no gradient)
-
-
-@dataclass
-class EvalSettings:
-    """Evaluation during training: its own envs, the latest published weights, off the hot path."""
-
-    every_s: float = 0.0  # seconds between evaluations; 0 = off
-    episodes: int = 10  # complete episodes per evaluation
-    deterministic: bool = True  # argmax / mean actions (a Q-learner always acts greedily)
-    num_envs: int = 10  # evaluation envs (at most eval.episodes are used), stepped by the evaluator alone
-    video_every_s: float = 0.0  # seconds between short clips sent to TensorBoard / W&B; 0 = off
-
-
-@dataclass
-class InferenceSettings:
-    """The inference batcher's policy."""
-
-    # Pad each batch to one of a few sizes and run the policy through torch.compile (CUDA graphs
-    # on a GPU): fewer kernel launches per batch; the first batches of each size pay the compile.
-    compile: bool = False
-    # Where the batcher runs the policy: "" = the run's `device`; cpu, or cuda:N (one process, not
-    # under torchrun) to keep its small batches off the learner's GPU (README: one GPU or two).
-    device: str = ""
-    # On a CPU, a plain MLP policy over discrete actions (CartPole's) acts through numpy's BLAS
-    # and numba instead of torch ops: infer() of 768 CartPole rows 250 -> 139 us here
-    # (fastrl/mlp_policy.py).
-    numpy_mlp: bool = True
-    # Each rollout worker runs the policy on its own CPU for its own batches, and no batcher
-    # process runs: no round trip through pipes and another process per batch. For small
-    # networks whose batches are already large (CartPole's 512 envs a request), where the round
-    # trip and the batcher's loop cost more than the forward pass (README: CartPole ratios).
-    # Serial mode (everything in one process) acts inline either way.
-    in_workers: bool = False
-
-
-@dataclass
-class LoggingSettings:
-    wandb: bool = False  # log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)
-    wandb_project: str = "fastrl"
-    wandb_entity: str = ""  # "" = your default W&B entity
-    wandb_group: str = ""  # "" = no group
-
-
-@dataclass
-class ExpectSettings:
-    """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
-    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
-    scripts/bench_learning.py checks it; training never reads it. All empty: no promise."""
-
-    metric: str = ""
-    threshold: float = 0.0
-    budget_env_steps: int = 0
-    budget_seconds: float = 0.0
-    hardware: str = ""  # what the budget holds on; required with budget_seconds (wall time depends on it)
-
-    @property
-    def stated(self) -> bool:
-        return self != ExpectSettings()
-
-
-@dataclass
-class Config:
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    seed: int = 0
-    train_for_env_steps: int = 1_000_000
-    train_for_seconds: float = 0.0  # 0 = no time limit
-    slots_per_env: int = 3  # trajectory slots per env: one filling, the rest queued for the learner
-    report_every_s: float = 5.0
-    checkpoint_every_s: float = 300.0
-    keep_checkpoints: int = 3
-    max_worker_restarts: int = 10  # rollout worker crashes tolerated within restart_window_s
-    restart_window_s: float = 300.0
-    dist_timeout_s: float = 120.0  # torch.distributed collectives wait this long for a peer, then fail
-    serial: bool = False  # everything in one process, for debugging
-    sample_only: bool = False  # profiling: the learner hands slots straight back without training
-    # Child processes keep freed heap blocks for their next batch (fastrl.allocator): no page
-    # faults per batch, resident memory stays at its peak.
-    retain_freed_memory: bool = True
-    # Added to the rollout workers' and the batcher's niceness (os.nice), so that when cores are
-    # short the learner comes first; the actors still take any core it leaves idle. It pays where
-    # a CPU learner bounds training (atari-appo on a CPU: 1.23x) and costs where the actors'
-    # round trips do (atari-appo-cpu, cartpole-appo): see fastrl.process_utils.configure_child.
-    actor_niceness: int = 0
-    env: EnvConfig = field(default_factory=EnvConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    replay: ReplaySettings = field(default_factory=ReplaySettings)
-    eval: EvalSettings = field(default_factory=EvalSettings)
-    inference: InferenceSettings = field(default_factory=InferenceSettings)
-    logging: LoggingSettings = field(default_factory=LoggingSettings)
-    expect: ExpectSettings = field(default_factory=ExpectSettings)
-
-    @property
-    def trajectories_per_batch(self) -> int:
-        return self.learner.batch_size // self.learner.rollout
-
-    @property
-    def total_envs(self) -> int:
-        return self.env.num_workers * self.env.envs_per_worker
-
-    @property
-    def num_slots(self) -> int:
-        return self.total_envs * self.slots_per_env
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplaySettings,
-            "eval": EvalSettings, "inference": InferenceSettings, "logging": LoggingSettings, "expect": ExpectSettings}
-CHOICES = {
-    "device": None,  # checked in validate(): auto, cpu, cuda, cuda:N
-    "env.backend": ("auto", "envpool", "gymnasium", "factory"),
-    "model.kind": ("auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet"),
-    "model.activation": ("tanh", "relu"),
-    "model.core": ("none", "lstm", "gru"),
-    "learner.algo": ("appo", "impala", "dqn", "r2d2"),
-    "learner.precision": ("float32", "bfloat16", "auto"),
-    "replay.compress": ("", "lz4"),
-}
 
 
 @dataclass(frozen=True)
@@ -273,99 +64,374 @@ class Range:
         return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
 
 
+@dataclass(frozen=True)
+class Choices:
+    """The values a string key allows: one of ``names``."""
+
+    names: tuple[str, ...]
+
+    def __contains__(self, value) -> bool:
+        return value in self.names
+
+    def __str__(self) -> str:
+        return f"one of {', '.join(self.names)}"
+
+
+@dataclass(frozen=True)
+class DeviceNames:
+    """The device names a key allows: ``names`` and ``cuda:N`` for any N; ``text`` says them."""
+
+    names: tuple[str, ...]
+    text: str
+
+    def __contains__(self, value) -> bool:
+        return isinstance(value, str) and (value in self.names or (value.startswith("cuda:") and value[5:].isdigit()))
+
+    def __str__(self) -> str:
+        return self.text
+
+
 POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
+FINITE = Range(-math.inf)
 # A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
 SECONDS = Range(0, 10**9, low_open=True)
+SECONDS_OR_OFF = Range(0, 10**9)
 # Units of one layer: beyond this, one layer's weight matrix alone outgrows any host (65536^2
 # float32 is 16 GiB).
 LAYER_WIDTH = Range(1, 65536)
-# Every numeric key's allowed values (for a list key: each entry's), checked by check_section().
-RANGES = {
-    "seed": Range(0, 2**32 - 1),  # numpy's np.random.seed takes 32 bits
-    "train_for_env_steps": NON_NEGATIVE,  # 0 = no step limit
-    "train_for_seconds": Range(0, 10**9),  # 0 = no time limit
-    "slots_per_env": Range(2),  # one filling, at least one queued for the learner
-    "report_every_s": SECONDS,
-    "checkpoint_every_s": SECONDS,
-    "keep_checkpoints": AT_LEAST_1,
-    "max_worker_restarts": NON_NEGATIVE,
-    "restart_window_s": SECONDS,
-    "dist_timeout_s": SECONDS,
-    "actor_niceness": Range(0, 19),  # Linux's range; an unprivileged process may only raise it
-    "env.num_workers": AT_LEAST_1,
-    "env.envs_per_worker": AT_LEAST_1,
+RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
+
+
+def key(default, *, help: str, allowed: Range | Choices | DeviceNames | None = None,
+        algos: tuple[str, ...] = ALGOS, unread: Range | None = None):
+    """A config field declared once: its ``default``, the ``allowed`` values (for a list, each
+    entry's), the ``algos`` that read it, and its ``help``. ``unread``, if given, is what is allowed
+    instead under an algorithm that does not read the key (else ``allowed`` holds everywhere)."""
+    metadata = {"allowed": allowed, "algos": algos, "help": help, "unread": unread}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class EnvConfig:
+    """The environments: which, made by which backend, and how they are spread over the rollout
+    worker processes."""
+
+    id: str = key("CartPole-v1", help="envpool task id, gymnasium id, or `module:callable` factory of one env")
+    backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
+                       help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
+    num_workers: int = key(2, allowed=AT_LEAST_1, help="rollout worker processes")
+    envs_per_worker: int = key(256, allowed=AT_LEAST_1, help="envs each worker steps; a multiple of env.num_splits")
     # A worker sends generation_tag * num_splits + request in one byte (fastrl.rollout): at most
     # 128 splits leave two tags, so a restarted worker ignores replies meant for the one it replaced.
-    "env.num_splits": Range(1, 128),
-    "env.num_threads": NON_NEGATIVE,  # 0 = envpool's default
-    "model.hidden_sizes": LAYER_WIDTH,
-    "model.core_size": LAYER_WIDTH,
-    "model.core_layers": AT_LEAST_1,
-    "model.initial_log_std": Range(-5.0, 2.0, low_open=True, high_open=True),  # inside fastrl.heads.LOG_STD_RANGE
-    "learner.rollout": AT_LEAST_1,
-    "learner.batch_size": AT_LEAST_1,
-    "learner.num_epochs": AT_LEAST_1,
-    "learner.num_minibatches": AT_LEAST_1,
-    "learner.lr": POSITIVE,
-    "learner.adam_eps": POSITIVE,
-    "learner.gamma": UNIT,
-    "learner.vtrace_lambda": UNIT,
-    "learner.clip_rho": POSITIVE,
-    "learner.clip_c": POSITIVE,
-    "learner.clip_pg_rho": POSITIVE,
-    "learner.ppo_clip": POSITIVE,
-    "learner.value_coef": NON_NEGATIVE,
-    "learner.entropy_coef": NON_NEGATIVE,
+    num_splits: int = key(2, allowed=Range(1, 128),
+                          help="double buffering: the worker steps one split of its envs while another waits for "
+                               "actions")
+    async_mode: bool = key(False, help="envpool's async send/recv inside each worker")
+    num_threads: int = key(0, allowed=NON_NEGATIVE, help="envpool threads per worker; 0 = envpool's default")
+    thread_affinity: bool = key(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
+    kwargs: dict = key({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
+
+
+@dataclass
+class ModelConfig:
+    """The network: its encoder, an optional recurrent core, and the heads the algorithm needs."""
+
+    kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet")),
+                    help="the encoder; auto: an MLP for vectors, a small CNN for images")
+    hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH, help="units of each MLP layer")
+    activation: str = key("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")
+    normalize_obs: bool = key(False, help="running mean/std normalization of float observations, kept in the model")
+    core: str = key("none", allowed=Choices(("none", "lstm", "gru")), algos=("appo", "impala", "r2d2"),
+                    help="a recurrent core between the encoder and the heads (dqn refuses one: use r2d2)")
+    core_size: int = key(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
+                         help="units of each recurrent layer")
+    core_layers: int = key(1, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"), help="recurrent layers")
+    encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
+    # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
+    separate_critic: bool = key(False, algos=VTRACE,
+                                help="feed-forward only: the value head gets its own encoder (same shape) instead "
+                                     "of sharing the policy's")
+    # Inside fastrl.heads.LOG_STD_RANGE, which clamps the log-std the network outputs.
+    initial_log_std: float = key(0.0, allowed=Range(-5.0, 2.0, low_open=True, high_open=True), algos=VTRACE,
+                                 help="Box actions: the Gaussian policy's log-std at the start (0: std 1, the "
+                                      "action range's width)")
+
+
+@dataclass
+class LearnerConfig:
+    """The learning algorithm and its hyperparameters."""
+
+    algo: str = key("appo", allowed=Choices(ALGOS),
+                    help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X) or r2d2 "
+                         "(recurrent Ape-X)")
+    rollout: int = key(32, allowed=AT_LEAST_1,
+                       help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
+    batch_size: int = key(8192, allowed=AT_LEAST_1, help="env steps per learner batch; a multiple of learner.rollout")
+    num_epochs: int = key(1, allowed=AT_LEAST_1, algos=VTRACE, help="passes over each batch")
+    num_minibatches: int = key(1, allowed=AT_LEAST_1, algos=VTRACE,
+                               help="minibatches each pass splits the batch's trajectories into")
+    lr: float = key(3e-4, allowed=POSITIVE, help="Adam's learning rate")
+    lr_decay: bool = key(True, help="decay the learning rate linearly to 0 over the run's budget")
+    adam_eps: float = key(1e-5, allowed=POSITIVE, help="Adam's epsilon")
+    gamma: float = key(0.99, allowed=UNIT, help="discount factor")
+    vtrace_lambda: float = key(1.0, allowed=UNIT, algos=VTRACE, help="V-trace's lambda (trace decay)")
+    clip_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's rho-bar: clips the value target's "
+                                                                   "importance weights")
+    clip_c: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's c-bar: clips the traces")
+    clip_pg_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE,
+                             help="clips the policy gradient's importance weights")
+    ppo_clip: float = key(0.2, allowed=POSITIVE, algos=("appo",), help="PPO's surrogate clip range")
+    value_coef: float = key(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
+    entropy_coef: float = key(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
     # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
-    "learner.max_grad_norm": POSITIVE,
-    "learner.reward_clip": NON_NEGATIVE,  # 0 = off
-    "learner.reward_scale": POSITIVE,
-    "learner.max_policy_lag": NON_NEGATIVE,
-    "learner.max_consecutive_skips": AT_LEAST_1,
-    "learner.burn_in": NON_NEGATIVE,
-    "learner.torch_threads": AT_LEAST_1,
-    "learner.epsilon": UNIT,
-    "learner.epsilon_alpha": NON_NEGATIVE,
-    "learner.target_update_every": AT_LEAST_1,
-    "replay.capacity": AT_LEAST_1,
-    "replay.min_fill": NON_NEGATIVE,
-    "replay.alpha": NON_NEGATIVE,  # 0 = uniform sampling
-    "replay.beta": NON_NEGATIVE,
-    "replay.n_step": AT_LEAST_1,
-    "replay.sequence_length": AT_LEAST_1,
-    "replay.burn_in": NON_NEGATIVE,
-    "replay.frame_stack": AT_LEAST_1,
-    "replay.threads": AT_LEAST_1,
-    "replay.batch_size": AT_LEAST_1,
-    "replay.replay_ratio": NON_NEGATIVE,  # > 0 for dqn, checked in _validate_replay
-    "replay.vtrace_fraction": Range(0, 1, high_open=True),
-    "eval.every_s": Range(0, 10**9),  # 0 = off
-    "eval.episodes": AT_LEAST_1,
-    "eval.num_envs": AT_LEAST_1,
-    "eval.video_every_s": Range(0, 10**9),  # 0 = off
-    "expect.threshold": Range(-math.inf),
-    "expect.budget_env_steps": NON_NEGATIVE,
-    "expect.budget_seconds": Range(0, 10**9),
-}
-# Keys only dqn reads: appo/impala ignore them, so there any finite value passes.
-DQN_ONLY = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
-FINITE = Range(-math.inf)
+    max_grad_norm: float = key(0.5, allowed=POSITIVE, help="gradients are clipped to this global norm")
+    normalize_advantages: bool = key(True, algos=("appo",),
+                                     help="advantages to zero mean and unit std over each minibatch's valid steps")
+    normalize_returns: bool = key(False, algos=VTRACE,
+                                  help="divide rewards by the running std of the discounted return (per env stream, "
+                                       "pooled over torch.distributed ranks)")
+    reward_clip: float = key(0.0, allowed=NON_NEGATIVE,
+                             help="0 = off; else rewards are clipped to [-reward_clip, reward_clip]")
+    reward_scale: float = key(1.0, allowed=POSITIVE, help="rewards are multiplied by this")
+    max_policy_lag: int = key(100, allowed=NON_NEGATIVE, algos=VTRACE,
+                              help="transitions acted by a policy this many updates older are masked out of the loss")
+    max_consecutive_skips: int = key(50, allowed=AT_LEAST_1, help="non-finite updates in a row before the run stops")
+    burn_in: int = key(0, allowed=NON_NEGATIVE, algos=VTRACE,
+                       help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
+    torch_threads: int = key(1, allowed=AT_LEAST_1, help="torch's intra-op threads in the learner")
+    # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
+    precision: str = key("float32", allowed=Choices(("float32", "bfloat16", "auto")),
+                         help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, V-trace "
+                              "and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
+    # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/mlp_policy.py
+    # NumpyMLPActorCritic; docs/results.md has the measured gain).
+    numpy_mlp: bool = key(True, algos=VTRACE,
+                          help="on a CPU in float32, a plain MLP actor-critic over discrete actions trains through "
+                               "numpy and numba")
+    # Ape-X (Horgan et al. 2018): env i of N acts epsilon-greedily with
+    # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
+    epsilon: float = key(0.4, allowed=UNIT, algos=Q_LEARNERS, unread=FINITE,
+                         help="the base exploration rate: env i of N acts with epsilon ** (1 + epsilon_alpha * i / "
+                              "(N - 1))")
+    epsilon_alpha: float = key(7.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS, unread=FINITE,
+                               help="how fast the exploration rate falls over the envs")
+    target_update_every: int = key(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
+                                   help="gradient steps between target-network copies")
+    double_q: bool = key(True, algos=Q_LEARNERS,
+                         help="the online network picks the bootstrap action, the target network rates it")
 
 
-def _field_types(cls) -> dict[str, typing.Any]:
+@dataclass
+class ReplayConfig:
+    """The learner's replay memory: storage, prioritized sampling, how much. fastrl.replay's
+    TransitionReplay and SequenceReplay take it as it is; what the learner decides (gamma, the
+    sequence length) they take as arguments. dqn and r2d2 replay every batch; appo and impala
+    replay when replay.vtrace_fraction > 0."""
+
+    capacity: int = key(1_000_000, allowed=AT_LEAST_1, help="records (env steps) kept, over all envs of this learner")
+    min_fill: int = key(50_000, allowed=NON_NEGATIVE, help="records stored before the first replayed batch")
+    alpha: float = key(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
+    beta: float = key(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
+    n_step: int = key(3, allowed=AT_LEAST_1, algos=Q_LEARNERS, help="steps summed before bootstrapping")
+    frame_stack: int = key(1, allowed=AT_LEAST_1,
+                           help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
+    compress: str = key("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
+    memmap_dir: str = key("", help="a directory: raw frames in a scratch file there (beyond RAM); \"\" keeps them in "
+                                   "RAM")
+    threads: int = key(2, allowed=AT_LEAST_1, help="threads that copy and (de)compress frames")
+    batch_size: int = key(512, allowed=AT_LEAST_1, algos=Q_LEARNERS,
+                          help="transitions (r2d2: sequences) per gradient step")
+    replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS,
+                              help="transitions sampled per env step added; > 0")
+    vtrace_fraction: float = key(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
+                                 help="share of each batch drawn from replayed trajectories")
+    sequence_length: int = key(80, allowed=AT_LEAST_1, algos=("r2d2",), help="steps per replayed sequence")
+    burn_in: int = key(40, allowed=NON_NEGATIVE, algos=("r2d2",),
+                       help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
+
+
+# Research code builds replays by hand from this name (fastrl.replay's docstring shows how).
+ReplaySettings = ReplayConfig
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during training: its own envs, the latest published weights, off the hot path."""
+
+    every_s: float = key(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
+    episodes: int = key(10, allowed=AT_LEAST_1, help="complete episodes per evaluation")
+    deterministic: bool = key(True, algos=VTRACE,
+                              help="argmax / mean actions (a Q-learner always acts greedily)")
+    num_envs: int = key(10, allowed=AT_LEAST_1,
+                        help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
+    video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
+                               help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
+
+
+@dataclass
+class InferenceConfig:
+    """The inference batcher's policy."""
+
+    compile: bool = key(False, help="pad each batch to one of a few sizes and run the policy through torch.compile "
+                                    "(CUDA graphs on a GPU); the first batches of each size pay the compile")
+    device: str = key("", allowed=DeviceNames(("", "cpu"), "'' (the run's device), cpu or cuda:N"),
+                      help="where the batcher runs the policy; cuda:N (one process, not under torchrun) keeps its "
+                           "small batches off the learner's GPU")
+    numpy_mlp: bool = key(True, algos=VTRACE,
+                          help="on a CPU, a plain MLP policy over discrete actions acts through numpy and numba "
+                               "instead of torch ops")
+    # For small networks whose batches are already large (CartPole's 512 envs a request), where
+    # the round trip and the batcher's loop cost more than the forward pass.
+    in_workers: bool = key(False, help="each rollout worker runs the policy on its own CPU and no batcher process "
+                                       "runs (serial mode acts inline either way)")
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go besides metrics.jsonl and TensorBoard."""
+
+    wandb: bool = key(False, help="log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)")
+    wandb_project: str = key("fastrl", help="the W&B project")
+    wandb_entity: str = key("", help="the W&B entity; \"\" = your default")
+    wandb_group: str = key("", help="the W&B group; \"\" = no group")
+
+
+@dataclass
+class ExpectConfig:
+    """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
+    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
+    scripts/bench.py learning checks it; training never reads it. All empty: no promise."""
+
+    metric: str = key("", help="the metrics.jsonl key the promise is about")
+    threshold: float = key(0.0, allowed=FINITE, help="the value the metric reaches")
+    budget_env_steps: int = key(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
+    budget_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="within this much wall time (or budget_env_steps)")
+    hardware: str = key("", help="what the budget holds on; required with budget_seconds")
+
+    @property
+    def stated(self) -> bool:
+        return self != ExpectConfig()
+
+
+@dataclass
+class Config:
+    """A run: where it trains, for how long, how it keeps going; and one section per table."""
+
+    device: str = key("auto", allowed=RUN_DEVICES,
+                      help="where the learner (and the batcher, unless inference.device) runs; auto: a GPU if one "
+                           "is visible")
+    seed: int = key(0, allowed=Range(0, 2**32 - 1), help="seeds envs, networks and samplers (numpy takes 32 bits)")
+    train_for_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE,
+                                   help="stop at this many env steps, a resumed run's earlier ones included; "
+                                        "0 = no step limit")
+    train_for_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
+                                                                     "0 = no time limit")
+    slots_per_env: int = key(3, allowed=Range(2),
+                             help="trajectory slots per env: one filling, the rest queued for the learner")
+    report_every_s: float = key(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
+    checkpoint_every_s: float = key(300.0, allowed=SECONDS, help="seconds between checkpoints")
+    keep_checkpoints: int = key(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
+    max_worker_restarts: int = key(10, allowed=NON_NEGATIVE,
+                                   help="rollout worker crashes tolerated within restart_window_s")
+    restart_window_s: float = key(300.0, allowed=SECONDS, help="the window max_worker_restarts counts crashes in")
+    dist_timeout_s: float = key(120.0, allowed=SECONDS,
+                                help="torch.distributed collectives wait this long for a peer, then fail")
+    serial: bool = key(False, help="everything in one process, for debugging")
+    sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
+    retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "
+                                               "(fastrl.allocator): no page faults per batch, resident memory stays "
+                                               "at its peak")
+    # Linux's range; an unprivileged process may only raise it. It pays where a CPU learner bounds
+    # training (atari-appo on a CPU: 1.23x) and costs where the actors' round trips do
+    # (atari-appo-cpu, cartpole-appo): see fastrl.process_utils.configure_child.
+    actor_niceness: int = key(0, allowed=Range(0, 19),
+                              help="added to the rollout workers' and the batcher's niceness, so that when cores "
+                                   "are short the learner comes first")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    expect: ExpectConfig = field(default_factory=ExpectConfig)
+
+    @property
+    def trajectories_per_batch(self) -> int:
+        return self.learner.batch_size // self.learner.rollout
+
+    @property
+    def total_envs(self) -> int:
+        return self.env.num_workers * self.env.envs_per_worker
+
+    @property
+    def num_slots(self) -> int:
+        return self.total_envs * self.slots_per_env
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplayConfig,
+            "eval": EvalConfig, "inference": InferenceConfig, "logging": LoggingConfig, "expect": ExpectConfig}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key as declared with :func:`key`; ``name`` is ``section.field`` (``field`` at the top level)."""
+
+    name: str
+    type: typing.Any
+    default: typing.Any
+    allowed: Range | Choices | DeviceNames | None
+    algos: tuple[str, ...]
+    help: str
+    unread: Range | None
+
+    def allowed_under(self, algo: str | None):
+        """The values allowed when ``algo`` runs (None: as if an algorithm that reads the key)."""
+        if self.unread is not None and algo is not None and algo not in self.algos:
+            return self.unread
+        return self.allowed
+
+    def check(self, value, algo: str | None = None) -> None:
+        """Raise ConfigError (one line: the key, what it allows, the value) for a value outside it."""
+        allowed = self.allowed_under(algo)
+        if allowed is None:
+            return
+        if isinstance(value, list):
+            if not all(v in allowed for v in value):
+                raise ConfigError(f"config key '{self.name}' entries must be {allowed}, got {value!r}")
+        elif value not in allowed:
+            shown = f"'{value}'" if isinstance(value, str) else repr(value)
+            raise ConfigError(f"config key '{self.name}' must be {allowed}, got {shown}")
+
+
+def _declared_keys(cls, prefix: str) -> dict[str, Key]:
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _known_keys() -> list[str]:
-    keys = [k for k in _field_types(Config) if k not in SECTIONS]
-    for section, cls in SECTIONS.items():
-        keys += [f"{section}.{k}" for k in _field_types(cls)]
+    keys = {}
+    for f in dataclasses.fields(cls):
+        if cls is Config and f.name in SECTIONS:
+            continue
+        if "help" not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with fastrl.config.key()")
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        keys[prefix + f.name] = Key(prefix + f.name, hints[f.name], default, f.metadata["allowed"],
+                                    f.metadata["algos"], f.metadata["help"], f.metadata["unread"])
     return keys
 
 
+# Every config key, top-level keys first, then section by section in declaration order.
+KEYS = {**_declared_keys(Config, ""),
+        **{name: k for section, cls in SECTIONS.items() for name, k in _declared_keys(cls, f"{section}.").items()}}
+# Every numeric key's allowed values (for a list key: each entry's).
+RANGES = {name: k.allowed for name, k in KEYS.items() if isinstance(k.allowed, Range)}
+
+
 def _unknown_key_error(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _known_keys(), n=3)
+    close = difflib.get_close_matches(key, list(KEYS), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return ConfigError(f"unknown config key '{key}'{hint}; run `fastrl-train --list-keys` for all keys")
 
@@ -425,14 +491,11 @@ def _coerce(key: str, value, annotation):
 
 def set_key(cfg: Config, key: str, value) -> None:
     """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked."""
-    parts = key.split(".")
-    if len(parts) == 1 and parts[0] in _field_types(Config) and parts[0] not in SECTIONS:
-        target, name = cfg, parts[0]
-    elif len(parts) == 2 and parts[0] in SECTIONS and parts[1] in _field_types(SECTIONS[parts[0]]):
-        target, name = getattr(cfg, parts[0]), parts[1]
-    else:
+    declared = KEYS.get(key)
+    if declared is None:
         raise _unknown_key_error(key)
-    setattr(target, name, _coerce(key, value, _field_types(type(target))[name]))
+    section, _, name = key.rpartition(".")
+    setattr(getattr(cfg, section) if section else cfg, name, _coerce(key, value, declared.type))
 
 
 def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
@@ -498,51 +561,33 @@ def build_config(profile: str = DEFAULT_PROFILE, overrides: dict | None = None) 
     return cfg
 
 
-def check_section(settings, section: str) -> None:
-    """Raise ConfigError for the first key of one section outside its CHOICES or RANGES.
+def check_section(settings, section: str, algo: str | None = None) -> None:
+    """Raise ConfigError for the first key of one section outside the values it allows.
 
-    ``settings`` is a section's dataclass (``section`` "env", "model", "learner" or "replay"), or
-    a whole Config with ``section = ""`` for its top-level keys. validate() checks every section
-    with it; classes that take a section directly (fastrl.replay's replays take a ReplaySettings)
-    check theirs with it too, so research code that builds one by hand gets the same errors.
+    ``settings`` is a section's dataclass (``section`` "env", "model", "learner", ...), or a whole
+    Config with ``section = ""`` for its top-level keys; ``algo`` is the run's learner.algo (a key
+    declared with ``unread`` allows that instead under an algorithm that does not read it), None
+    to check every key as read. validate() checks every section with it; classes that take a
+    section directly (fastrl.replay's replays take a ReplayConfig) check theirs with it too, so
+    research code that builds one by hand gets the same errors.
     """
     prefix = f"{section}." if section else ""
-    for name in _field_types(type(settings)):
-        key = prefix + name
-        if key in SECTIONS:
-            continue
-        value = getattr(settings, name)
-        choices = CHOICES.get(key)
-        if choices is not None and value not in choices:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(choices)}, got '{value}'")
-        allowed = RANGES.get(key)
-        if allowed is None:
-            continue
-        if key in DQN_ONLY and settings.algo != "dqn":
-            allowed = FINITE
-        if isinstance(value, list):
-            if not all(v in allowed for v in value):
-                raise ConfigError(f"config key '{key}' entries must be {allowed}, got {value!r}")
-        elif value not in allowed:
-            raise ConfigError(f"config key '{key}' must be {allowed}, got {value!r}")
+    for f in dataclasses.fields(settings):
+        declared = KEYS.get(prefix + f.name)
+        if declared is not None:  # None: a section of Config, checked on its own
+            declared.check(getattr(settings, f.name), algo)
 
 
 def is_device_name(name: str) -> bool:
     """auto (a GPU if one is visible), cpu, cuda or cuda:N: the devices a run or an evaluation takes."""
-    return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
+    return name in RUN_DEVICES
 
 
 def validate(cfg: Config) -> None:
     """Raise ConfigError for values that cannot work, before any process starts."""
-    dev = cfg.device
-    if not is_device_name(dev):
-        raise ConfigError(f"config key 'device' must be auto, cpu, cuda or cuda:N, got '{dev}'")
-    dev = cfg.inference.device
-    if not (dev in ("", "cpu") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ConfigError(f"config key 'inference.device' must be '' (the run's device), cpu or cuda:N, got '{dev}'")
-    check_section(cfg, "")
+    check_section(cfg, "", cfg.learner.algo)
     for section in SECTIONS:
-        check_section(getattr(cfg, section), section)
+        check_section(getattr(cfg, section), section, cfg.learner.algo)
     if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
         raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
     if cfg.env.envs_per_worker % cfg.env.num_splits:
@@ -612,7 +657,7 @@ def _validate_core(cfg: Config) -> None:
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
 
 
-def _validate_expect(expect: ExpectSettings) -> None:
+def _validate_expect(expect: ExpectConfig) -> None:
     """A promise, when a profile states one, names its metric, one budget, and the hardware a
     wall-time budget holds on."""
     if not expect.stated:

@@ -73,7 +73,7 @@ from fractions import Fraction
 import numba
 import numpy as np
 
-from .config import AT_LEAST_1, UNIT, ReplaySettings, check_section
+from .config import AT_LEAST_1, UNIT, ReplayConfig, check_section
 from .kernels import SumTree, nstep_windows
 from .replay_codec import make_frame_store
 
@@ -185,7 +185,7 @@ class SequenceBatch:
 class _StreamReplay:
     """Storage, stream bookkeeping and priorities shared by both layouts (module docstring)."""
 
-    def __init__(self, settings: ReplaySettings, *, num_streams: int, obs_shape: tuple, obs_dtype,
+    def __init__(self, settings: ReplayConfig, *, num_streams: int, obs_shape: tuple, obs_dtype,
                  action_shape: tuple, action_dtype, horizon: int, stride: int, start_needs_valid: bool,
                  step_fields: dict, seed):
         check_section(settings, "replay")
@@ -439,7 +439,7 @@ class TransitionReplay(_StreamReplay):
 
     Example (64 envpool Atari envs, stacked obs ``[4, 84, 84]``)::
 
-        replay = TransitionReplay(ReplaySettings(capacity=1_000_000, frame_stack=4), gamma=0.99,
+        replay = TransitionReplay(ReplayConfig(capacity=1_000_000, frame_stack=4), gamma=0.99,
                                   num_streams=64, obs_shape=(4, 84, 84))
         replay.add(env_ids, obs, actions, rewards, terminated, truncated)   # any chunk of rows
         batch = replay.sample(512)          # None until min_fill records are stored
@@ -447,7 +447,7 @@ class TransitionReplay(_StreamReplay):
         replay.update_priorities(batch.indices, batch.generations, np.abs(td) + 1e-6)
     """
 
-    def __init__(self, settings: ReplaySettings, *, gamma: float, num_streams: int,
+    def __init__(self, settings: ReplayConfig, *, gamma: float, num_streams: int,
                  obs_shape: tuple, obs_dtype=np.uint8, action_shape: tuple = (),
                  action_dtype=np.int64, seed=None):
         """``settings`` the user's ``[replay]`` section (``n_step`` steps per target, frame_stack,
@@ -522,7 +522,7 @@ class SequenceReplay(_StreamReplay):
     trajectory batches. Overlapping sequences share storage: every record is stored once.
     """
 
-    def __init__(self, settings: ReplaySettings, *, sequence_length: int, sequence_stride: int,
+    def __init__(self, settings: ReplayConfig, *, sequence_length: int, sequence_stride: int,
                  num_streams: int, obs_shape: tuple, obs_dtype=np.uint8, action_shape: tuple = (),
                  action_dtype=np.int64, seed=None, state_size: int = 0):
         """``settings`` the user's ``[replay]`` section (frame_stack, storage, sampling);

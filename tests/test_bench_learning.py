@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastrl.config import ExpectSettings, available_profiles, build_config, to_toml
+from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
 from tests.scripts import load_benchmark, load_script
 
 bench = load_benchmark("learning")
@@ -47,7 +47,7 @@ def test_the_promise_is_the_profiles_expect_table(tmp_path):
 
 def test_a_profile_without_a_promise_is_one_line_naming_the_profile(tmp_path):
     with pytest.raises(PromiseError) as info:
-        bench.profile_promise("my-profile", ExpectSettings())
+        bench.profile_promise("my-profile", ExpectConfig())
     message = str(info.value)
     assert message.startswith("profile 'my-profile' states no promise: add an [expect] table") and "\n" not in message
     assert "--target" in message and "--budget-steps" in message
@@ -73,7 +73,7 @@ def test_a_malformed_promise_is_one_line_before_any_training(tmp_path, capsys, e
 
 
 def test_command_line_parts_replace_the_promises():
-    expect = ExpectSettings("episode_return_mean", 18.0, budget_env_steps=10_000_000, hardware="one GPU")
+    expect = ExpectConfig("episode_return_mean", 18.0, budget_env_steps=10_000_000, hardware="one GPU")
     assert bench.resolve_promise("p", expect) == Promise("episode_return_mean", 18.0, 10_000_000, hardware="one GPU")
     # A budget flag replaces the table's budget (Atari on a CPU gets an hour instead of 10M steps),
     # and with it the hardware the table's budget was about.
@@ -82,10 +82,10 @@ def test_command_line_parts_replace_the_promises():
     assert bench.resolve_promise("p", expect, metric="eval_return_mean", target=0.0, budget_steps=1000,
                                  budget_seconds=60.0) == Promise("eval_return_mean", 0.0, 1000, 60.0)
     # A profile without a promise is fine when the command line says everything.
-    assert bench.resolve_promise("p", ExpectSettings(), target=5.0, budget_steps=100) == Promise(
+    assert bench.resolve_promise("p", ExpectConfig(), target=5.0, budget_steps=100) == Promise(
         "episode_return_mean", 5.0, 100)
     with pytest.raises(PromiseError, match="profile 'p'"):
-        bench.resolve_promise("p", ExpectSettings(), target=5.0)
+        bench.resolve_promise("p", ExpectConfig(), target=5.0)
 
 
 def test_the_budget_is_the_runs_limit_on_its_own_clock():

@@ -1,3 +1,4 @@
+import dataclasses
 import tomllib
 
 import pytest
@@ -196,6 +197,7 @@ BAD_INTS = {
     "replay.batch_size": [0],
 }
 DQN_KEYS = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
+RANGES_OF = {"learner.epsilon": "in [0, 1]", "learner.epsilon_alpha": ">= 0", "learner.target_update_every": ">= 1"}
 OUT_OF_RANGE = ([(key, value) for key, values in BAD_FLOATS.items() for value in (*NON_FINITE, *values)]
                 + [(key, value) for key, values in BAD_INTS.items() for value in values])
 
@@ -217,14 +219,34 @@ def test_keys_an_algo_ignores_still_reject_non_finite_values(key, value):
         build_config("cartpole-appo", {key: value})
 
 
-def test_a_section_built_by_hand_is_checked_by_the_same_rules():
-    from fastrl.config import ReplaySettings, check_section
+@pytest.mark.parametrize("key, value", [("learner.epsilon", 1.5), ("learner.epsilon_alpha", -1.0),
+                                        ("learner.target_update_every", 0)])
+@pytest.mark.parametrize("profile", ["cartpole-dqn", "cartpole-r2d2"])
+def test_keys_every_q_learner_reads_are_checked_under_each(profile, key, value):
+    # r2d2's actors are epsilon-greedy by the same Ape-X schedule and its target network is copied
+    # by the same rule as dqn's: its keys are in range for it too.
+    with pytest.raises(ConfigError) as info:
+        build_config(profile, {key: value})
+    assert str(info.value) == f"config key '{key}' must be {RANGES_OF[key]}, got {value!r}"
 
-    check_section(ReplaySettings(), "replay")
+
+@pytest.mark.parametrize("profile", ["cartpole-appo", "atari-impala"])
+def test_keys_only_q_learners_read_take_any_finite_value_elsewhere(profile):
+    cfg = build_config(profile, {"learner.epsilon": 1.5, "learner.epsilon_alpha": -1.0,
+                                 "learner.target_update_every": 0})
+    assert (cfg.learner.epsilon, cfg.learner.epsilon_alpha, cfg.learner.target_update_every) == (1.5, -1.0, 0)
+    with pytest.raises(ConfigError, match=r"^config key 'learner.epsilon' must be finite, got nan$"):
+        build_config(profile, {"learner.epsilon": NAN})
+
+
+def test_a_section_built_by_hand_is_checked_by_the_same_rules():
+    from fastrl.config import ReplayConfig, check_section
+
+    check_section(ReplayConfig(), "replay")
     with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
-        check_section(ReplaySettings(alpha=-1.0), "replay")
+        check_section(ReplayConfig(alpha=-1.0), "replay")
     with pytest.raises(ConfigError, match=r"^config key 'replay.compress' must be one of , lz4, got 'gzip'$"):
-        check_section(ReplaySettings(compress="gzip"), "replay")
+        check_section(ReplayConfig(compress="gzip"), "replay")
     cfg = Config()
     cfg.replay.alpha = -1.0
     with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
@@ -232,7 +254,7 @@ def test_a_section_built_by_hand_is_checked_by_the_same_rules():
 
 
 def test_every_numeric_key_has_a_range():
-    from fastrl.config import RANGES, _known_keys
+    from fastrl.config import KEYS, RANGES
 
     cfg = Config()
 
@@ -240,7 +262,7 @@ def test_every_numeric_key_has_a_range():
         section, _, name = key.rpartition(".")
         return getattr(getattr(cfg, section) if section else cfg, name)
 
-    numeric = [key for key in _known_keys()
+    numeric = [key for key in KEYS
                if isinstance(default(key), (int, float, list)) and not isinstance(default(key), bool)]
     assert numeric and sorted(RANGES) == sorted(numeric)
 
@@ -293,3 +315,53 @@ def test_a_value_toml_cannot_hold_is_a_config_error():
     cfg.env.kwargs["render_mode"] = None  # research code may set any Python value
     with pytest.raises(ConfigError, match="env.kwargs"):
         to_toml(cfg)
+
+
+# --- one declaration per key: validation, --list-keys and docs/config.md come from it ---------
+
+def test_docs_config_md_is_current():
+    from pathlib import Path
+
+    from fastrl.config_doc import markdown
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+    assert page.read_text(encoding="utf-8") == markdown(), "regenerate: python -m fastrl.config_doc > docs/config.md"
+
+
+def test_docs_config_md_has_one_row_per_key_with_its_declaration():
+    from fastrl.config import KEYS
+    from fastrl.config_doc import markdown
+
+    rows = {line.split(" | ")[0].strip("|` "): line for line in markdown().splitlines() if line.startswith("| `")}
+    assert list(rows) == list(KEYS)
+    assert rows["learner.epsilon"] == ("| `learner.epsilon` | `float` | `0.4` | in [0, 1]; appo, impala: finite | "
+                                       f"dqn, r2d2 | {KEYS['learner.epsilon'].help} |")
+    assert '| "auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet" | all |' in rows["model.kind"]
+    assert "| `list[int]` | `[64, 64]` | in [1, 65536] | all |" in rows["model.hidden_sizes"]
+
+
+def test_list_keys_prints_each_key_with_its_default_allowed_values_readers_and_help(capsys):
+    from fastrl.cli import train_main
+    from fastrl.config import KEYS
+
+    assert train_main(["--list-keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == list(KEYS)
+    line = lines[list(KEYS).index("learner.target_update_every")]
+    assert line.startswith("learner.target_update_every = 2500 ")
+    assert line.endswith("# int; >= 1; appo, impala: finite; read by dqn, r2d2. "
+                         "gradient steps between target-network copies")
+
+
+def test_every_key_is_declared_with_its_help_and_readers():
+    from fastrl.config import ALGOS, KEYS, _declared_keys
+
+    for name, declared in KEYS.items():
+        assert declared.help and declared.algos and set(declared.algos) <= set(ALGOS), name
+
+    @dataclasses.dataclass
+    class Undeclared:
+        width: int = 3
+
+    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.key\(\)$"):
+        _declared_keys(Undeclared, "x.")

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from fastrl import distributed
-from fastrl.config import ConfigError, ReplaySettings, build_config, load_run_config, to_toml
+from fastrl.config import ConfigError, ReplayConfig, build_config, load_run_config, to_toml
 from fastrl.kernels import nstep_targets
 from fastrl.inference import apex_epsilons, batcher_epsilons, epsilon_greedy
 from fastrl.learner import PRIORITY_EPS, DQNLearner, Learner, Trajectories, make_learner
@@ -227,7 +227,7 @@ def test_dueling_network_refuses_continuous_actions():
 
 
 def one_stream_replay(alpha=0.5, capacity=16):
-    return TransitionReplay(ReplaySettings(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), gamma=0.99,
+    return TransitionReplay(ReplayConfig(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), gamma=0.99,
                             num_streams=1, obs_shape=(3,), obs_dtype=np.float32, seed=0)
 
 
@@ -586,7 +586,7 @@ def test_replay_section_round_trips_through_toml(tmp_path):
 
 def test_restart_streams_cuts_the_windows_that_would_read_the_new_episode():
     n = 3
-    replay = TransitionReplay(ReplaySettings(capacity=64, min_fill=1, n_step=n), gamma=0.5, num_streams=1,
+    replay = TransitionReplay(ReplayConfig(capacity=64, min_fill=1, n_step=n), gamma=0.5, num_streams=1,
                               obs_shape=(1,), obs_dtype=np.float32, seed=0)
     ones = np.ones(10)
     replay.add(np.zeros(10, int), np.arange(10, dtype=np.float32)[:, None], np.zeros(10, int), ones,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import ConfigError, ReplaySettings, build_config, validate
+from fastrl.config import ConfigError, ReplayConfig, build_config, validate
 from fastrl.evaluate import evaluate_run
 from fastrl.learner import R2D2Learner, make_learner
 from fastrl.learner.base import unroll
@@ -50,7 +50,7 @@ def test_sequence_priorities_follow_the_formula_over_trained_steps():
 
 
 def test_the_replay_keeps_the_state_each_sequence_started_with():
-    settings = ReplaySettings(capacity=64, min_fill=1, alpha=0.0)
+    settings = ReplayConfig(capacity=64, min_fill=1, alpha=0.0)
     replay = SequenceReplay(settings, sequence_length=8, sequence_stride=4, num_streams=2, obs_shape=(1,),
                             obs_dtype=np.float32, seed=0, state_size=3)
     records = 24

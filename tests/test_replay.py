@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fastrl.kernels import nstep_targets
-from fastrl.config import ReplaySettings
+from fastrl.config import ReplayConfig
 from fastrl.replay import ReplayRatio, SequenceReplay, TransitionReplay
 from fastrl.replay_codec import LZ4FrameStore
 
@@ -138,7 +138,7 @@ def test_transitions_match_a_naive_stream_of_interleaved_envs(stack):
     rng = np.random.default_rng(stack)
     envs = NaiveEnvs(num_envs, stack, rng, mid_episode=(1, 3) if stack > 1 else ())
     obs_shape = (stack, *FRAME) if stack > 1 else FRAME
-    replay = TransitionReplay(ReplaySettings(capacity=ring_len * num_envs, min_fill=1, n_step=n,
+    replay = TransitionReplay(ReplayConfig(capacity=ring_len * num_envs, min_fill=1, n_step=n,
                                              frame_stack=stack), gamma=GAMMA, num_streams=num_envs,
                               obs_shape=obs_shape, seed=0)
     every_slot = np.arange(replay.capacity)
@@ -177,7 +177,7 @@ def test_transitions_match_a_naive_stream_of_interleaved_envs(stack):
 
 def test_wraparound_keeps_the_newest_records_of_each_stream():
     """Streams advance at different rates; each keeps its own newest L records (FIFO)."""
-    replay = TransitionReplay(ReplaySettings(capacity=30, min_fill=1, n_step=1), gamma=0.99,
+    replay = TransitionReplay(ReplayConfig(capacity=30, min_fill=1, n_step=1), gamma=0.99,
                               num_streams=3, obs_shape=(1,), obs_dtype=np.float32, seed=0)
     for step in range(25):  # stream 0 records every step, streams 1 and 2 the odd steps
         ids = np.array([0, 1, 2]) if step % 2 else np.array([0])
@@ -195,7 +195,7 @@ def test_wraparound_keeps_the_newest_records_of_each_stream():
 
 
 def make_vector_replay(capacity=64, num_streams=2, steps=40, min_fill=1, **settings):
-    settings = ReplaySettings(capacity=capacity, min_fill=min_fill, n_step=1, **settings)
+    settings = ReplayConfig(capacity=capacity, min_fill=min_fill, n_step=1, **settings)
     replay = TransitionReplay(settings, gamma=0.99, num_streams=num_streams, obs_shape=(3,),
                               obs_dtype=np.float32, seed=0)
     rng = np.random.default_rng(0)
@@ -208,7 +208,7 @@ def make_vector_replay(capacity=64, num_streams=2, steps=40, min_fill=1, **setti
 
 def test_updates_for_rewritten_or_invalidated_slots_are_dropped():
     alpha = 0.6
-    replay = TransitionReplay(ReplaySettings(capacity=40, min_fill=1, n_step=1, alpha=alpha,
+    replay = TransitionReplay(ReplayConfig(capacity=40, min_fill=1, n_step=1, alpha=alpha,
                                              frame_stack=2), gamma=0.99,
                               num_streams=2, obs_shape=(2, 3), obs_dtype=np.float32, seed=0)
     rng = np.random.default_rng(0)
@@ -289,7 +289,7 @@ def test_sequences_are_time_major_windows_on_the_stride(stack):
     rng = np.random.default_rng(10 + stack)
     envs = NaiveEnvs(num_envs, stack, rng, mid_episode=(2,) if stack > 1 else ())
     obs_shape = (stack, *FRAME) if stack > 1 else FRAME
-    replay = SequenceReplay(ReplaySettings(capacity=ring_len * num_envs, min_fill=1,
+    replay = SequenceReplay(ReplayConfig(capacity=ring_len * num_envs, min_fill=1,
                                            frame_stack=stack),
                             sequence_length=T, sequence_stride=stride,
                             num_streams=num_envs, obs_shape=obs_shape, seed=0)
@@ -328,7 +328,7 @@ def test_nstep_returns_agree_with_the_nstep_kernel(p_truncate):
     gives the window lengths."""
     n = 4
     envs = NaiveEnvs(3, 1, np.random.default_rng(5), p_truncate=p_truncate)
-    replay = TransitionReplay(ReplaySettings(capacity=3000, min_fill=1, n_step=n), gamma=GAMMA,
+    replay = TransitionReplay(ReplayConfig(capacity=3000, min_fill=1, n_step=n), gamma=GAMMA,
                               num_streams=3, obs_shape=FRAME, seed=0)
     fill(replay, envs, 200)
     targets = []
@@ -382,7 +382,7 @@ def test_lz4_store_round_trips_exactly():
 @pytest.mark.parametrize("backend", ["lz4", "memmap"])
 def test_compressed_and_memmap_replays_sample_what_the_ram_replay_samples(backend, tmp_path):
     def build(**options):
-        replay = TransitionReplay(ReplaySettings(capacity=240, min_fill=1, n_step=2,
+        replay = TransitionReplay(ReplayConfig(capacity=240, min_fill=1, n_step=2,
                                                  frame_stack=4, **options), gamma=0.99,
                                   num_streams=4, obs_shape=(4, 84, 84), seed=0)
         rng = np.random.default_rng(1)
@@ -433,22 +433,22 @@ def test_bad_inputs_raise_clear_errors():
         replay.add(np.zeros(33, int), np.zeros((33, 3), np.float32), np.zeros(33), np.zeros(33),
                    np.zeros(33, bool), np.zeros(33, bool))
     with pytest.raises(ValueError, match="needs at least frame_stack \\+ horizon"):
-        TransitionReplay(ReplaySettings(capacity=8, min_fill=0, n_step=3, frame_stack=4),
+        TransitionReplay(ReplayConfig(capacity=8, min_fill=0, n_step=3, frame_stack=4),
                          gamma=0.99, num_streams=2, obs_shape=(4, 2, 2))
     with pytest.raises(ValueError, match="stack on axis 0"):
-        TransitionReplay(ReplaySettings(capacity=80, min_fill=0, frame_stack=4), gamma=0.99,
+        TransitionReplay(ReplayConfig(capacity=80, min_fill=0, frame_stack=4), gamma=0.99,
                          num_streams=2, obs_shape=(2, 2, 4))
     with pytest.raises(ValueError, match="num_streams and frame_stack must be >= 1, got 0, 1"):
-        TransitionReplay(ReplaySettings(capacity=80, min_fill=0), gamma=0.99, num_streams=0, obs_shape=(3,))
+        TransitionReplay(ReplayConfig(capacity=80, min_fill=0), gamma=0.99, num_streams=0, obs_shape=(3,))
     with pytest.raises(ValueError, match="finite and >= 0"):
         replay.update_priorities([0], [0], [np.nan])
     with pytest.raises(ValueError, match="compress' must be one of"):
-        TransitionReplay(ReplaySettings(compress="gzip"), gamma=0.99, num_streams=2, obs_shape=(3,))
+        TransitionReplay(ReplayConfig(compress="gzip"), gamma=0.99, num_streams=2, obs_shape=(3,))
     with pytest.raises(ValueError, match=r"'replay.capacity' must be >= 1, got 0"):
-        TransitionReplay(ReplaySettings(capacity=0), gamma=0.99, num_streams=2, obs_shape=(3,))
+        TransitionReplay(ReplayConfig(capacity=0), gamma=0.99, num_streams=2, obs_shape=(3,))
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
-        TransitionReplay(ReplaySettings(capacity=80, min_fill=0), gamma=1.5, num_streams=2,
+        TransitionReplay(ReplayConfig(capacity=80, min_fill=0), gamma=1.5, num_streams=2,
                          obs_shape=(3,))
     with pytest.raises(ValueError, match="sequence_stride must be an integer >= 1, got 0"):
-        SequenceReplay(ReplaySettings(capacity=80, min_fill=0), sequence_length=4,
+        SequenceReplay(ReplayConfig(capacity=80, min_fill=0), sequence_length=4,
                        sequence_stride=0, num_streams=2, obs_shape=(3,))

@@ -5,7 +5,7 @@ time to the promised threshold, median over seeds, and the learning curves.
     python scripts/bench.py learning --profile mujoco-appo --set device=cpu
     python scripts/bench.py learning --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
 
-The promise is the profile's ``[expect]`` table (fastrl.config.ExpectSettings), e.g.
+The promise is the profile's ``[expect]`` table (fastrl.config.ExpectConfig), e.g.
 
     [expect]
     metric = "episode_return_mean"
@@ -45,7 +45,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fastrl.config import ExpectSettings, build_config
+from fastrl.config import ExpectConfig, build_config
 from fastrl.learner.host import NonFiniteTraining
 from fastrl.learning_curves import EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.plotting import pyplot
@@ -86,7 +86,7 @@ def _number(text: str) -> float:
     return float(text.replace(",", "").replace("_", ""))
 
 
-def profile_promise(profile: str, expect: ExpectSettings) -> Promise:
+def profile_promise(profile: str, expect: ExpectConfig) -> Promise:
     """The promise of a profile's ``[expect]`` table (fastrl.config validated its form);
     PromiseError (one line naming the profile) when it states none."""
     if not expect.stated:
@@ -96,7 +96,7 @@ def profile_promise(profile: str, expect: ExpectSettings) -> Promise:
     return Promise(expect.metric, expect.threshold, expect.budget_env_steps, expect.budget_seconds, expect.hardware)
 
 
-def resolve_promise(profile: str, expect: ExpectSettings, metric: str | None = None, target: float | None = None,
+def resolve_promise(profile: str, expect: ExpectConfig, metric: str | None = None, target: float | None = None,
                     budget_steps: int | None = None, budget_seconds: float | None = None) -> Promise:
     """The profile's promise with the command line's parts in place of its own; a profile without
     one is fine when ``target`` and a budget are given."""

@@ -33,7 +33,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from fastrl.config import ReplaySettings  # noqa: E402
+from fastrl.config import ReplayConfig  # noqa: E402
 from fastrl.replay import TransitionReplay  # noqa: E402
 
 GIB = 2 ** 30
@@ -149,7 +149,7 @@ def run(args) -> dict:
     chunk_rows = args.envs * args.steps_per_chunk
     gc.collect()
     baseline_rss = process.memory_info().rss - chunks[1].nbytes
-    settings = ReplaySettings(capacity=args.capacity, min_fill=args.batch, n_step=args.n_step,
+    settings = ReplayConfig(capacity=args.capacity, min_fill=args.batch, n_step=args.n_step,
                               frame_stack=STACK if atari else 1, compress=args.compress,
                               threads=args.threads, memmap_dir=args.memmap)
     replay = TransitionReplay(settings, gamma=0.99, num_streams=args.envs,
