@@ -130,8 +130,7 @@ class Reporter:
         # Distributed runs: all ranks' counter vectors -> [world_size, k] (fastrl.distributed).
         self.aggregate = aggregate
         self.stop_agreed = False
-        # After the clocks: W&B takes a second or more to start (up to its init timeout when its
-        # server is unreachable), counted as trained time like the children's start-up it overlaps.
+        # W&B starts on its own thread: nothing here waits for its server (fastrl.wandb_logger).
         self.wandb = open_wandb_logger(run_dir, self.console.notice) if run_dir else None
 
     def env_steps(self) -> int:

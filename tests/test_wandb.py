@@ -4,9 +4,12 @@ missing wandb package stops it before it starts, in one line."""
 import importlib.util
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -14,7 +17,8 @@ from fastrl.cli import train_main
 from fastrl.config import build_config, to_toml
 from fastrl.console import Console
 from fastrl.metrics import Reporter
-from fastrl.wandb_logger import RUN_ID_FILE, WANDB_DIR
+from fastrl import wandb_logger
+from fastrl.wandb_logger import CLOSE_WAIT_S, RUN_ID_FILE, WANDB_DIR
 from tests.test_metrics import small_arena
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
@@ -138,13 +142,21 @@ def test_a_video_is_logged_as_mp4(tmp_path, offline):
 
 @needs_wandb
 def test_a_wandb_failure_warns_once_and_the_reports_go_on(tmp_path, offline, monkeypatch):
-    run_dir = wandb_run_dir(tmp_path)
-    reporter = reporter_for(run_dir)
+    import wandb
 
     def broken(*args, **kwargs):
         raise RuntimeError("the W&B service went away")
 
-    monkeypatch.setattr(reporter.wandb.run, "log", broken)
+    started = wandb.init
+
+    def init_whose_log_breaks(**kwargs):
+        run = started(**kwargs)
+        monkeypatch.setattr(run, "log", broken)
+        return run
+
+    monkeypatch.setattr(wandb, "init", init_whose_log_breaks)
+    run_dir = wandb_run_dir(tmp_path)
+    reporter = reporter_for(run_dir)
     try:
         for _ in range(3):
             reporter.report()
@@ -167,9 +179,9 @@ def test_wandb_that_cannot_start_warns_once_and_the_reports_go_on(tmp_path, offl
     reporter = reporter_for(run_dir)
     reporter.report()
     reporter.close()
-    assert reporter.wandb is None
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
-    assert "Weights & Biases could not start" in (run_dir / "train.log").read_text()
+    notices = [line for line in (run_dir / "train.log").read_text().splitlines() if "Weights & Biases" in line]
+    assert len(notices) == 1 and "Weights & Biases could not start" in notices[0]
 
 
 def test_logging_wandb_without_the_package_stops_before_the_run(tmp_path, monkeypatch, capsys):
@@ -201,3 +213,97 @@ def test_fastrl_train_logs_to_wandb_and_resume_continues_the_run(tmp_path):
     assert len(sessions) == 2
     steps = [row["env_steps"] for _, history in sessions for row in history]
     assert steps[-1] >= 30000 and max(steps[:len(sessions[0][1])]) < 30000
+
+
+@needs_wandb
+def test_reports_wandb_cannot_keep_up_with_are_dropped_and_counted_without_waiting(tmp_path, offline, monkeypatch):
+    import wandb
+
+    entered, released = threading.Event(), threading.Event()
+
+    def init_that_hangs(**kwargs):
+        entered.set()
+        released.wait(60)
+        raise TimeoutError("no answer from the W&B server")
+
+    monkeypatch.setattr(wandb, "init", init_that_hangs)
+    monkeypatch.setattr(wandb_logger, "QUEUE_SIZE", 4)
+    monkeypatch.setattr(wandb_logger, "CLOSE_WAIT_S", 0.5)
+    run_dir = wandb_run_dir(tmp_path)
+    reporter = reporter_for(run_dir)
+    try:
+        assert entered.wait(30)
+        started = time.monotonic()
+        for _ in range(10):
+            reporter.report()
+        reporter.close()
+        assert time.monotonic() - started < 5  # nothing waited for W&B beyond the close's 0.5 s
+    finally:
+        released.set()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
+    notices = [line for line in (run_dir / "train.log").read_text().splitlines() if "Weights & Biases" in line]
+    assert len(notices) == 3
+    assert "not keeping up" in notices[0] and "missed 6 report(s)" in notices[1]
+    assert "did not finish within 0 s" in notices[2] and str(run_dir / WANDB_DIR) in notices[2]
+
+
+class SilentServer:
+    """A TCP server that accepts connections and never answers: a W&B server that hangs."""
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def _accept(self):
+        try:
+            while True:
+                self.connections.append(self.socket.accept()[0])
+        except OSError:
+            pass  # closed
+
+    def close(self):
+        for connection in [self.socket, *self.connections]:
+            connection.close()
+
+
+@needs_wandb
+def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exit(tmp_path):
+    server = SilentServer()
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--env", TOY + "make_countdown",
+               "--run-dir", str(run_dir), "--quiet", "--train-for-seconds", "5", "--set", "logging.wandb=true",
+               "--set", "report_every_s=0.5", "--set", "env.num_workers=1", "--set", "env.envs_per_worker=8",
+               "--set", "learner.batch_size=64", "--set", "model.kind=mlp", "--set", "device=cpu"]
+    env = {**os.environ, "WANDB_MODE": "online", "WANDB_BASE_URL": server.url, "WANDB_API_KEY": "0" * 40}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=180)
+        ended = time.time()
+    finally:
+        proc.kill()
+        _kill_wandb_services_of(proc.pid)
+        server.close()
+    assert proc.returncode == 0, err
+    final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    # The budget is checked every 0.25 s and W&B's start (30 s to its timeout) did not hold it up.
+    assert final["trained_seconds"] < 5 + 2
+    # W&B had CLOSE_WAIT_S to finish, said so in train.log's last line, and then W&B's own exit
+    # hook did not hold the process for its server (it would for another 30 s).
+    log = run_dir / "train.log"
+    assert f"Weights & Biases did not finish within {CLOSE_WAIT_S:.0f} s" in log.read_text().splitlines()[-1]
+    assert ended - log.stat().st_mtime < 5
+
+
+def _kill_wandb_services_of(pid):
+    """W&B's service process outlives the trainer until its own timeout: not past the test."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].endswith("wandb-core") and str(pid) in cmdline:
+            process.kill()
