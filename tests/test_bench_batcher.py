@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
 
+@pytest.mark.slow
 def test_it_times_one_request_and_one_per_worker(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH), "batcher", "--calls", "20", "--rounds", "1"],
                          check=True, capture_output=True, text=True).stdout

@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from fastrl.console import Console, write_best_effort
 
@@ -37,6 +38,7 @@ def test_train_log_is_rotated_at_its_size_bound(tmp_path):
     assert log.read_text().splitlines()[-1].startswith("line 099")
 
 
+@pytest.mark.slow
 def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_to_the_end(tmp_path):
     # A step budget, not seconds: on a loaded machine start-up can eat most of a short time budget.
     budget_steps = 600_000
@@ -61,6 +63,7 @@ def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_t
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     budget_s = 8.0  # the hang-up comes ~1 s into training: the rest is trained after it
     cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.5)
@@ -83,6 +86,7 @@ def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     assert "hung up" in (tmp_path / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_reading_never_stalls_the_run(tmp_path):
     budget_s = 10.0
     cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.005)

@@ -4,6 +4,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
 
 
@@ -13,6 +15,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
@@ -49,6 +52,7 @@ def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_c
     assert json.loads(evaluation.stdout)["episodes"] == 2
 
 
+@pytest.mark.slow
 def test_two_dqn_ranks_take_the_same_gradient_steps(tmp_path):
     # Each rank keeps its own replay; the ranks must still agree on every gradient step.
     run_dir = tmp_path / "run"

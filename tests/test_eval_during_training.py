@@ -116,6 +116,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("serial", [False, True])
 def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_path, serial):
     # A step budget, not a time budget: on a loaded machine start-up can take most of a short one.
@@ -149,6 +150,7 @@ def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_p
         assert not psutil.pid_exists(evaluator_pid) or psutil.Process(evaluator_pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_path):
     pytest.importorskip("imageio_ffmpeg")
     cfg = build_config("cartpole-appo", {
@@ -208,6 +210,7 @@ def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
     assert f"(pid {victim}) was killed by SIGKILL; restarted as pid {replacement} (restart 1 of 3)" in notice
 
 
+@pytest.mark.slow
 def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, monkeypatch):
     monkeypatch.setattr(runner_module, "EVALUATOR_MAX_RESTARTS", 1)
     cfg = build_config("cartpole-appo", {**COUNTDOWN, "env.id": "fastrl.envs.toy:make_raises_in",

@@ -17,6 +17,7 @@ def thread_niceness(pid: int) -> set[int]:
     return {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(pid).threads()}
 
 
+@pytest.mark.slow
 def test_the_actors_yield_to_the_learner_and_the_evaluator_to_both(tmp_path):
     cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(tmp_path), "--quiet",
            "--set", "device=cpu", "--set", "report_every_s=0.5", "--set", "inference.in_workers=false",

@@ -290,6 +290,7 @@ def test_nvml_without_a_driver_falls_back_to_nvidia_smi(monkeypatch):
 # --- the real thing: CartPole ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
     out = tmp_path
     argv = ["--profile", "cartpole-appo", *set_args(SMALL), "--seconds", "2", "--warmup-seconds", "0.5",
@@ -326,6 +327,7 @@ def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
                        if p["role"] != "runner"])
 
 
+@pytest.mark.slow
 def test_profile_of_workers_that_act_counts_their_acting(tmp_path, capsys):
     settings = {**SMALL, "inference.in_workers": "true"}
     argv = ["--profile", "cartpole-appo", *set_args(settings), "--seconds", "2", "--warmup-seconds", "0.5",
@@ -349,6 +351,7 @@ def test_autotune_tries_acting_in_the_workers_and_in_the_batcher():
     assert profiler.candidate_values(build_config("cartpole-appo", {}), "inference.in_workers", 2) == [False]
 
 
+@pytest.mark.slow
 def test_autotune_fits_its_budget_and_its_settings_validate_and_run(tmp_path):
     cfg = build_config("cartpole-appo", SMALL)
     budget = 24.0

@@ -392,6 +392,7 @@ def test_config_refuses_what_a_core_cannot_do(profile, overrides, named):
 # Learning
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core,solves", [("lstm", True), ("none", False)])
 def test_only_a_recurrent_policy_solves_the_memory_task(core, solves, tmp_path):
     """MemoryEnv shows a cue on an episode's first step and pays +1 for naming it four steps later,

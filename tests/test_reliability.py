@@ -15,6 +15,8 @@ from fastrl.config import build_config
 from fastrl.runner import RunError, train
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace, remove_stale_segments
 
+pytestmark = pytest.mark.slow  # every test here is a live run, killed, crashed or starved on purpose
+
 
 def segments():
     """This pid namespace's fastrl segments."""

@@ -37,6 +37,7 @@ def finished_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_directory_that_holds_a_run_is_refused_before_the_env_is_even_made(finished_run):
     before = {p.name: p.stat().st_mtime_ns for p in finished_run.iterdir()}
     cfg = tiny_config()
@@ -121,6 +122,7 @@ def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["config.toml"]
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_is_refused_before_config_toml_changes(finished_run):
     config_before = (finished_run / "config.toml").read_text()
     cfg = load_run_config(finished_run)
@@ -133,6 +135,7 @@ def test_resume_with_another_model_is_refused_before_config_toml_changes(finishe
     assert (finished_run / "config.toml").read_text() == config_before
 
 
+@pytest.mark.slow
 def test_resume_with_another_env_is_refused_before_config_toml_changes(finished_run):
     config_before = (finished_run / "config.toml").read_text()
     cfg = load_run_config(finished_run)
@@ -144,6 +147,7 @@ def test_resume_with_another_env_is_refused_before_config_toml_changes(finished_
     assert (finished_run / "config.toml").read_text() == config_before
 
 
+@pytest.mark.slow
 def test_resume_with_its_own_config_continues_from_the_checkpoint(finished_run):
     cfg = load_run_config(finished_run)
     cfg.serial = True
@@ -153,6 +157,7 @@ def test_resume_with_its_own_config_continues_from_the_checkpoint(finished_run):
     assert list_checkpoints(finished_run)[-1].name >= "ckpt_000000008192.pt"
 
 
+@pytest.mark.slow
 def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(finished_run, tmp_path):
     import shutil
 
@@ -224,6 +229,7 @@ def start_run(run_dir):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_two_runs_started_on_one_run_dir_one_is_refused_in_one_line_and_the_other_goes_on(tmp_path):
     runs = [start_run(tmp_path), start_run(tmp_path)]
     try:
@@ -272,6 +278,7 @@ def test_a_dir_holding_only_processes_json_holds_a_run(tmp_path):
         check_run_dir(tmp_path, resume=False, overwrite=False)
 
 
+@pytest.mark.slow
 def test_a_symlinked_metrics_file_is_refused_before_anything_is_written(finished_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
@@ -291,6 +298,7 @@ def test_a_symlinked_metrics_file_is_refused_before_anything_is_written(finished
     assert {p.name: p.lstat().st_mtime_ns for p in run_dir.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_overwrite_with_a_symlinked_checkpoints_folder_deletes_nothing(finished_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
@@ -356,6 +364,7 @@ def test_a_file_where_the_runs_folder_should_be_is_one_line(tmp_path):
         default_run_dir("cartpole-appo", tmp_path / "runs")
 
 
+@pytest.mark.slow
 def test_budgets_and_clocks_continue_across_a_resume(finished_run, tmp_path):
     import json
     import shutil

@@ -133,6 +133,7 @@ APPO_RUNS = [(kind, "serial") for kind in ACTION_SPACES] + [
     (kind, mode) for kind in ("discrete", "tuple") for mode in ("batcher", "in-workers")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, mode", APPO_RUNS)
 def test_appo_acts_trains_and_evaluates_in_the_declared_spaces(tmp_path, capsys, kind, mode):
     train_and_evaluate(tmp_path, kind, "appo", mode, capsys)
@@ -144,6 +145,7 @@ def test_appo_acts_trains_and_evaluates_in_the_declared_spaces(tmp_path, capsys,
         assert all(not torch.equal(params[i], params[j]) for i, j in ((0, 1), (1, 2), (0, 2)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo, mode", [("dqn", "serial"), ("dqn", "batcher"), ("r2d2", "serial"),
                                         ("r2d2", "in-workers")])
 def test_q_learners_act_in_a_discrete_space_with_a_start(tmp_path, capsys, algo, mode):

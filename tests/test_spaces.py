@@ -123,6 +123,7 @@ def test_unsupported_observation_space_is_one_line_naming_it_and_its_key_path(ki
     assert ("at key path 'inner.items'" in message) == nested
 
 
+@pytest.mark.slow
 def test_unsupported_space_from_the_cli_is_one_line_and_exit_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fastrl.cli", "--env", TOY + "make_unsupported_space",
                           "--set", 'env.kwargs={kind = "sequence", nested = true}', "--set", "device=cpu",
@@ -188,6 +189,7 @@ def test_a_step_whose_mask_allows_nothing_raises_unless_it_ends_an_episode(env):
     assert (params[3, -nvec[-1]:] > MASKED_LOGIT).all() and torch.isfinite(params[3]).all()
 
 
+@pytest.mark.slow
 def test_an_empty_mask_on_the_final_observation_trains(tmp_path):
     env = MaskedCueEnv()
     cfg = small_config("make_masked_cue", {"empty_mask_at": env.length}, train_for_env_steps=3_000)
@@ -195,6 +197,7 @@ def test_an_empty_mask_on_the_final_observation_trains(tmp_path):
     assert result.final["env_steps"] >= 3_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
 def test_training_on_an_env_whose_mask_allows_nothing_stops_with_that_message(tmp_path, serial):
     cfg = small_config("make_masked_cue", {"empty_mask_at": 3}, serial=serial, train_for_env_steps=50_000)
@@ -447,6 +450,7 @@ SPACE_KINDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(SPACE_KINDS))
 def test_every_space_kind_trains_checkpoints_and_evaluates(tmp_path, kind):
     factory, kwargs, algo, overrides, (low, high) = SPACE_KINDS[kind]
@@ -460,6 +464,7 @@ def test_every_space_kind_trains_checkpoints_and_evaluates(tmp_path, kind):
     assert low <= evaluation["episode_return_mean"] <= high
 
 
+@pytest.mark.slow
 def test_appo_solves_the_dict_grid(tmp_path):
     # Egocentric 9x9x3 image + one-hot position + action mask. A random legal policy scores ~0.24,
     # the shortest path ~0.85. Measured here: solved (>= 0.8) after ~60-80K env steps.

@@ -12,6 +12,8 @@ from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.runner import train
 
+pytestmark = pytest.mark.slow  # end to end, every test: a training run, or fastrl-train / fastrl-eval started
+
 REQUIRED_METRICS = {"env_steps", "frames", "env_steps_per_s", "fps", "episode_return_mean", "episode_length_mean",
                     "policy_lag_mean", "policy_lag_max", "learner_updates", "wall_time"}
 

@@ -202,6 +202,7 @@ def test_video_to_a_path_it_cannot_write_is_one_line(trained_run, capsys, tmp_pa
     assert code == 2 and out == [] and len(err) == 1 and says in err[0], err
 
 
+@pytest.mark.slow
 @needs_imageio
 def test_sigterm_to_fastrl_eval_video_leaves_the_file_it_would_replace_as_it_was(trained_run, tmp_path):
     path = tmp_path / "episodes.mp4"
