@@ -239,6 +239,7 @@ def test_r2d2_refuses_continuous_actions():
         make_learner(r2d2_config(), OBS_SPACE, gymnasium.spaces.Box(-1, 1, (2,), np.float32))
 
 
+@pytest.mark.slow
 def test_cartpole_r2d2_trains_checkpoints_and_evaluates(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-r2d2", "--run-dir", str(tmp_path / "run"),

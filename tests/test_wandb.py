@@ -195,6 +195,7 @@ def test_logging_wandb_without_the_package_stops_before_the_run(tmp_path, monkey
     assert not run_dir.exists()  # refused before the run directory (or any process) was touched
 
 
+@pytest.mark.slow
 @needs_wandb
 def test_fastrl_train_logs_to_wandb_and_resume_continues_the_run(tmp_path):
     run_dir = tmp_path / "run"
@@ -271,6 +272,7 @@ class SilentServer:
             connection.close()
 
 
+@pytest.mark.slow
 @needs_wandb
 def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exit(tmp_path):
     server = SilentServer()
