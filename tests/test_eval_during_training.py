@@ -187,6 +187,7 @@ def _evaluated_after(rows, predicate):
     return any("eval_return_mean" in r for r in rows[first + 1:])
 
 
+@pytest.mark.slow
 def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
     # Stopped by Ctrl-C once the replacement has evaluated: a time budget could run out first
     # on a loaded machine, where a process takes seconds to start.
