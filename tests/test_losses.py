@@ -1,6 +1,7 @@
 """The pure losses give the learner's own numbers on a fixed batch, and follow their formulas."""
 import copy
 import math
+import re
 
 import gymnasium
 import numpy as np
@@ -11,6 +12,7 @@ from torch.nn import functional as F
 from fastrl.config import build_config
 from fastrl.kernels import vtrace
 from fastrl.learner import Learner, appo_loss, impala_loss, td_loss, vtrace_targets
+from fastrl.learner.losses import sequence_priorities
 from tests.test_dqn import E, T, make_dqn, perturb, reference_windows, stream_batches
 from tests.test_learner import random_batch
 
@@ -243,3 +245,98 @@ def test_td_loss_reproduces_the_dqn_learners_numbers():
     np.testing.assert_allclose(drawn[0].weights, weights.numpy(), rtol=1e-6)
     assert float(loss.detach()) == pytest.approx(reported["loss"], rel=1e-5)
     assert float(stats["q_mean"]) == pytest.approx(reported["q_mean"], rel=1e-5)
+
+
+# ---------------------------------------------------------------- shapes checked first
+
+
+def time_major_inputs(steps=4, batch=3):
+    """Every argument of the V-trace losses, well shaped: ``[T, B]``, values ``[T + 1, B]``."""
+    g = torch.Generator().manual_seed(0)
+    return dict(target_logp=-torch.rand(steps, batch, generator=g), behaviour_logp=-torch.rand(steps, batch, generator=g),
+                values=torch.randn(steps + 1, batch, generator=g), entropy=torch.rand(steps, batch, generator=g),
+                rewards=torch.randn(steps, batch, generator=g), discounts=torch.full((steps, batch), 0.9),
+                valid=torch.ones(steps, batch, dtype=torch.bool), mask=torch.rand(steps, batch, generator=g) > 0.3)
+
+
+def call_with(function, inputs):
+    if function is vtrace_targets:
+        return vtrace_targets(**{name: inputs[name] for name in VTRACE_ARGUMENTS})
+    return function(**inputs)
+
+
+VTRACE_ARGUMENTS = ("target_logp", "behaviour_logp", "values", "rewards", "discounts", "valid")
+PER_STEP = {vtrace_targets: ("behaviour_logp", "rewards", "discounts", "valid"),
+            appo_loss: ("behaviour_logp", "entropy", "rewards", "discounts", "valid", "mask"),
+            impala_loss: ("behaviour_logp", "entropy", "rewards", "discounts", "valid", "mask")}
+
+
+@pytest.mark.parametrize("function, name", [(f, name) for f, names in PER_STEP.items() for name in names],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_a_batch_major_argument_is_refused_by_its_name(function, name):
+    inputs = time_major_inputs()
+    call_with(function, inputs)  # well shaped: no complaint
+    inputs[name] = inputs[name].T.contiguous()  # [B, T]: batch-major, which broadcasting could hide
+    with pytest.raises(ValueError) as refused:
+        call_with(function, inputs)
+    assert str(refused.value) == f"{function.__name__}: {name} has shape [3, 4], expected [T, B] = [4, 3]"
+
+
+@pytest.mark.parametrize("function", list(PER_STEP), ids=lambda f: f.__name__)
+def test_values_without_the_bootstrap_row_and_a_target_logp_that_is_not_time_major_are_refused(function):
+    inputs = time_major_inputs()
+    inputs["values"] = inputs["values"][:-1]
+    with pytest.raises(ValueError) as refused:
+        call_with(function, inputs)
+    assert str(refused.value) == f"{function.__name__}: values has shape [4, 3], expected [T + 1, B] = [5, 3]"
+    inputs = time_major_inputs()
+    inputs["target_logp"] = inputs["target_logp"][..., None]
+    with pytest.raises(ValueError, match=rf"^{function.__name__}: target_logp has shape \[4, 3, 1\], expected \[T, B\]"):
+        call_with(function, inputs)
+
+
+@pytest.mark.parametrize("function", [appo_loss, impala_loss], ids=lambda f: f.__name__)
+def test_given_targets_are_checked_and_without_them_rewards_are_needed(function):
+    inputs = time_major_inputs()
+    vs, advantages = torch.zeros(4, 3), torch.zeros(4, 3)
+    function(**inputs, targets=(vs, advantages))
+    with pytest.raises(ValueError, match=re.escape(f"{function.__name__}: targets[1] (advantages) has shape [4], "
+                                                   f"expected [T, B] = [4, 3]")):
+        function(**inputs, targets=(vs, advantages[:, 0]))
+    function(**{**inputs, "rewards": None, "discounts": None}, targets=(vs, advantages))  # not needed then
+    with pytest.raises(ValueError, match=f"^{function.__name__}: rewards and discounts are needed"):
+        function(**{**inputs, "rewards": None, "discounts": None})
+
+
+@pytest.mark.parametrize("name, shape", [("targets", (6, 1)), ("weights", (5,)), ("mask", (1, 6))])
+def test_td_loss_refuses_an_argument_not_shaped_as_q_taken(name, shape):
+    inputs = dict(q_taken=torch.randn(6), targets=torch.randn(6), weights=torch.rand(6), mask=torch.ones(6))
+    td_loss(**inputs)
+    inputs[name] = torch.ones(shape)  # each of these would broadcast
+    with pytest.raises(ValueError) as refused:
+        td_loss(**inputs)
+    assert str(refused.value) == f"td_loss: {name} has shape {list(shape)}, expected q_taken's shape = [6]"
+
+
+def test_sequence_priorities_refuses_a_td_that_is_not_time_major_and_a_mask_not_like_it():
+    td = torch.randn(2, 5)
+    sequence_priorities(td, torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"^sequence_priorities: td has shape \[10\], expected \[T, B\]"):
+        sequence_priorities(td.reshape(-1), torch.ones(10))
+    with pytest.raises(ValueError) as refused:
+        sequence_priorities(td, torch.ones(5, 2))
+    assert str(refused.value) == "sequence_priorities: mask has shape [5, 2], expected [T, B] = [2, 5]"
+
+
+def test_the_shape_checks_hold_under_torch_compile():
+    """torch.compile keeps the checks as guards on the shapes: well shaped inputs trace into one
+    graph (fullgraph=True would raise at a break) with the same numbers, and a compiled loss
+    refuses a wrong shape as the plain one does."""
+    inputs = time_major_inputs()
+    targets = (torch.randn(4, 3), torch.randn(4, 3))
+    whole = torch.compile(impala_loss, backend="eager", fullgraph=True)
+    torch.testing.assert_close(whole(**inputs, targets=targets)[0], impala_loss(**inputs, targets=targets)[0])
+    q, y = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(torch.compile(td_loss, backend="eager", fullgraph=True)(q, y)[0], td_loss(q, y)[0])
+    with pytest.raises(ValueError, match=re.escape("td_loss: targets has shape [6, 1], expected q_taken's shape")):
+        torch.compile(td_loss, backend="eager")(q, y[:, None])

@@ -6,7 +6,8 @@ has ``T + 1`` rows, the last one bootstrapping the trajectory's end; ``discounts
 ``gamma * (1 - terminated)``; ``valid`` is False on the autoreset step after a done (gymnasium 1.x
 and envpool reset on the step after it; that step's action is discarded), where rho = c = 0 cuts
 the V-trace trace and no loss is taken. ``stats`` holds detached 0-d tensors, so that a caller
-reads them (a host synchronisation on a GPU) only when it wants to.
+reads them (a host synchronisation on a GPU) only when it wants to. Each function checks its
+inputs' shapes first (rlax's way) and names the argument, its shape and the one expected.
 
 V-trace: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
 Actor-Learner Architectures"; APPO adds PPO's clipped surrogate (Schulman et al. 2017) on the
@@ -26,6 +27,27 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> tor
     return (x * mask).sum() / count
 
 
+def _shape_error(function: str, name: str, got: torch.Size, expected: str, shape: tuple[int, ...]) -> ValueError:
+    return ValueError(f"{function}: {name} has shape {list(got)}, expected {expected} = {list(shape)}")
+
+
+def _check_time_major(function: str, target_logp: torch.Tensor, values: torch.Tensor,
+                      per_step: tuple[tuple[str, torch.Tensor | None], ...]) -> None:
+    """Raise ValueError unless ``target_logp`` is ``[T, B]``, ``values`` ``[T + 1, B]`` and every
+    ``(name, tensor)`` of ``per_step`` (None: not given) ``[T, B]``. A few size compares: nothing
+    next to the loss, and torch.compile traces them as guards."""
+    shape = target_logp.shape
+    if len(shape) != 2:
+        raise ValueError(f"{function}: target_logp has shape {list(shape)}, expected [T, B] "
+                         f"(time-major: T steps of B trajectories)")
+    bootstrapped = (shape[0] + 1, shape[1])
+    if values.shape != bootstrapped:
+        raise _shape_error(function, "values", values.shape, "[T + 1, B]", bootstrapped)
+    for name, x in per_step:
+        if x is not None and x.shape != shape:
+            raise _shape_error(function, name, x.shape, "[T, B]", shape)
+
+
 @torch.no_grad()
 def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor,
                    rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, *, clip_rho: float = 1.0,
@@ -38,6 +60,8 @@ def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, valu
     ``torch_scan``: compute on the tensors' device (:func:`~fastrl.kernels.torch_ops.vtrace_scan`)
     rather than by the numba kernel (:func:`~fastrl.kernels.torch_ops.vtrace_torch`, a round trip
     through the host). None: the scan off the CPU, the kernel on it, where it is faster."""
+    _check_time_major("vtrace_targets", target_logp, values, (
+        ("behaviour_logp", behaviour_logp), ("rewards", rewards), ("discounts", discounts), ("valid", valid)))
     T = rewards.shape[0]
     log_rhos = (target_logp - behaviour_logp).masked_fill(~valid, -math.inf)
     if torch_scan is None:
@@ -47,10 +71,19 @@ def vtrace_targets(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, valu
                   clip_pg_rho_threshold=clip_pg_rho, clip_c_threshold=clip_c, lambda_=lambda_)
 
 
-def _targets_and_mask(target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets, clips):
-    """(vs, advantages) given or computed, and the float loss mask."""
-    vs, advantages = targets if targets is not None else vtrace_targets(
-        target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts, valid, **clips)
+def _targets_and_mask(function, target_logp, behaviour_logp, values, entropy, rewards, discounts, valid, mask,
+                      targets, clips):
+    """The inputs' shapes checked; (vs, advantages) given or computed, and the float loss mask."""
+    vs, advantages = (None, None) if targets is None else targets
+    _check_time_major(function, target_logp, values, (
+        ("behaviour_logp", behaviour_logp), ("entropy", entropy), ("rewards", rewards), ("discounts", discounts),
+        ("valid", valid), ("mask", mask), ("targets[0] (vs)", vs), ("targets[1] (advantages)", advantages)))
+    if targets is None:
+        if rewards is None or discounts is None:
+            raise ValueError(f"{function}: rewards and discounts are needed to compute the V-trace targets; "
+                             f"pass them, or targets=(vs, advantages)")
+        vs, advantages = vtrace_targets(target_logp.detach(), behaviour_logp, values.detach(), rewards, discounts,
+                                        valid, **clips)
     return vs, advantages, (valid if mask is None else mask).float()
 
 
@@ -93,7 +126,7 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     CartPole-shaped batch (T = 32, B = 128, one thread, 2026-11-24): forward and backward of the
     loss, V-trace aside, 200 us against 350 us by torch ops."""
     vs, advantages, maskf = _targets_and_mask(
-        target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
+        "appo_loss", target_logp, behaviour_logp, values, entropy, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
     if compiled and kernels_take(target_logp, values, entropy, behaviour_logp, vs, advantages):
         loss, policy_loss, value_loss, mean_entropy = APPOLoss.apply(
@@ -120,7 +153,7 @@ def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values:
     """IMPALA: the V-trace policy gradient ``-mean(A * target_logp)``, the value loss on V-trace
     targets and an entropy bonus; arguments as :func:`appo_loss`."""
     vs, advantages, maskf = _targets_and_mask(
-        target_logp, behaviour_logp, values, rewards, discounts, valid, mask, targets,
+        "impala_loss", target_logp, behaviour_logp, values, entropy, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
     count = _mask_count(maskf)
     policy_loss = -masked_mean(advantages * target_logp, maskf, count)
@@ -133,11 +166,16 @@ def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor 
     (Q of the taken actions, with gradients) and fixed ``targets`` ``[N]`` (e.g. n-step double-Q
     returns), ``weights`` ``[N]`` the prioritized replay's importance weights (default 1).
     ``stats["td"]`` ``[N]`` holds the TD errors ``targets - q_taken``, the new priorities' source.
+    ``N`` may be several axes (R2D2's ``[T, B]``): every argument has ``q_taken``'s shape.
 
     ``mask`` (the shape of ``q_taken``; nonzero = trained): the loss and ``q_mean`` average over
     the masked items only and ``td`` is 0 elsewhere, as a boolean selection of them would give
     (NaN for an empty mask, so that the step is skipped; what lies outside the mask, NaN
     included, never counts). Computed in place: a selection would make the host wait for the device."""
+    shape = q_taken.shape
+    for name, x in (("targets", targets), ("weights", weights), ("mask", mask)):
+        if x is not None and x.shape != shape:
+            raise _shape_error("td_loss", name, x.shape, "q_taken's shape", shape)
     per_item = F.smooth_l1_loss(q_taken, targets.detach(), reduction="none")
     if weights is not None:
         per_item = weights * per_item
@@ -169,6 +207,10 @@ def inverse_value_rescale(x: torch.Tensor, eps: float = VALUE_RESCALE_EPS) -> to
 def sequence_priorities(td: torch.Tensor, mask: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
     """R2D2's sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the trained
     steps (``mask`` ``[T, B]``) of each sequence; ``td`` ``[T, B]`` -> ``[B]`` (0 where no step is trained)."""
+    if td.dim() != 2:
+        raise ValueError(f"sequence_priorities: td has shape {list(td.shape)}, expected [T, B] (time-major)")
+    if mask.shape != td.shape:
+        raise _shape_error("sequence_priorities", "mask", mask.shape, "[T, B]", td.shape)
     error = td.abs() * mask
     count = mask.sum(0)
     mean = error.sum(0) / count.clamp(min=1)
