@@ -6,6 +6,7 @@ import tomli_w
 
 from fastrl.config import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
                            set_key, to_toml, validate)
+from tests.small_learners import dqn_config
 
 
 def test_every_profile_loads_and_states_its_promise():
@@ -365,3 +366,48 @@ def test_every_key_is_declared_with_its_help_and_readers():
 
     with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.key\(\)$"):
         _declared_keys(Undeclared, "x.")
+
+
+# The replay section.
+
+
+@pytest.mark.parametrize("profile, overrides, message", [
+    ("cartpole-appo", {"replay.vtrace_fraction": 1.0}, r"vtrace_fraction' must be in \[0, 1\)"),
+    ("cartpole-appo", {"replay.vtrace_fraction": -0.1}, r"vtrace_fraction' must be in \[0, 1\)"),
+    ("cartpole-dqn", {"replay.vtrace_fraction": 0.5}, "dqn replays every batch"),
+    ("cartpole-dqn", {"replay.min_fill": 200_000}, r"min_fill \(200000\) exceeds the 99968 records replay.capacity"),
+    ("cartpole-appo", {"replay.vtrace_fraction": 0.5, "replay.min_fill": 2_000_000}, "lower replay.min_fill"),
+    ("cartpole-dqn", {"replay.capacity": 64 * 3, "replay.min_fill": 0}, "leaves 3 records per env for 64 envs"),
+    ("cartpole-appo", {"replay.vtrace_fraction": 0.5, "replay.capacity": 2048 * 32, "replay.min_fill": 0},
+     r"frame_stack \+ learner.rollout = 33"),
+    ("cartpole-dqn", {"learner.epsilon": 1.5}, r"learner.epsilon' must be in \[0, 1\]"),
+    ("cartpole-dqn", {"learner.target_update_every": 0}, "target_update_every' must be >= 1"),
+    ("cartpole-dqn", {"replay.replay_ratio": 0.0}, "replay_ratio' must be > 0 for dqn"),
+    ("cartpole-dqn", {"replay.compress": "zip"}, "replay.compress' must be one of"),
+    ("cartpole-dqn", {"replay.n_step": 0}, "replay.n_step' must be >= 1"),
+    ("cartpole-dqn", {"replay.alpha": -1.0}, "replay.alpha' must be >= 0"),
+])
+def test_bad_replay_settings_name_the_fix(profile, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(profile, overrides)
+
+
+def test_min_fill_is_checked_against_the_capacity_the_replay_can_hold():
+    with pytest.raises(ConfigError, match="min_fill"):
+        dqn_config(**{"replay.capacity": 258, "replay.min_fill": 257})
+
+
+def test_replay_settings_matter_only_where_a_replay_is_used():
+    # appo without V-trace replay keeps no replay: its capacity and epsilon are not checked.
+    build_config("cartpole-appo", {"replay.capacity": 1, "replay.min_fill": 5, "learner.epsilon": 1.5})
+
+
+def test_replay_section_round_trips_through_toml(tmp_path):
+    cfg = build_config("cartpole-dqn", {"replay.n_step": 5, "replay.compress": "lz4", "replay.replay_ratio": 0.5,
+                                        "learner.target_update_every": 7, "learner.double_q": False})
+    text = to_toml(cfg)
+    assert "\n[replay]\n" in text and "replay_ratio = 0.5" in text
+    (tmp_path / "config.toml").write_text(text)
+    loaded = load_run_config(tmp_path)
+    assert loaded == cfg
+    assert loaded.replay.compress == "lz4" and loaded.learner.algo == "dqn" and not loaded.learner.double_q

@@ -1,7 +1,9 @@
 """The batcher's host <-> device traffic, counted on the CPU: one copy each way per batch and per
 weight refresh or publication on the staged (CUDA) path, with the plain path's results; padding
-batches to the compiled policy's bucket sizes."""
+batches to the compiled policy's bucket sizes; Ape-X exploration (the actors' epsilons, epsilon-greedy
+sampling and its log-probs)."""
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fastrl.config import build_config
 from fastrl.device_io import BatchTransfer
 from fastrl.envs import probe_env
-from fastrl.inference import InferenceBatcher, batch_buckets, padded_size
+from fastrl.inference import (InferenceBatcher, apex_epsilons, batch_buckets, batcher_epsilons, epsilon_greedy,
+                              padded_size)
 from fastrl.learner import Learner, LearnerHost
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout
@@ -197,3 +200,65 @@ def test_the_learner_publishes_its_weights_in_one_copy_from_the_device():
     assert counter.to_host == 1
     expected = state_to_flat(learner.model, torch.empty(num_state_values(learner.model))).numpy()
     np.testing.assert_array_equal(arena.weights[learner.version % 2], expected)
+
+
+# Ape-X exploration: the epsilons of the actors and the batcher's epsilon-greedy sampling.
+
+
+def test_apex_epsilons_follow_the_paper_formula():
+    brute = np.array([0.4 ** (1 + 7 * i / 7) for i in range(8)])
+    eps = apex_epsilons(8, 0.4, 7.0)
+    assert eps.dtype == np.float32 and eps.shape == (8,)
+    np.testing.assert_allclose(eps, brute, rtol=1e-6)
+    assert eps[0] == np.float32(0.4) and np.all(np.diff(eps) < 0)
+    # A rank's slice of a larger numbering matches the whole.
+    np.testing.assert_array_equal(apex_epsilons(3, 0.4, 7.0, first=5, total=8), eps[5:])
+    np.testing.assert_allclose(apex_epsilons(4, 0.3, 2.0, first=4, total=12),
+                               [0.3 ** (1 + 2 * i / 11) for i in range(4, 8)], rtol=1e-6)
+    np.testing.assert_array_equal(apex_epsilons(1, 0.4, 7.0), [np.float32(0.4)])
+
+
+def test_batcher_epsilons_number_envs_across_ranks(monkeypatch):
+    cfg = build_config("cartpole-dqn", {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2,
+                                        "learner.batch_size": 64, "replay.capacity": 1000, "replay.min_fill": 10})
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    eps = batcher_epsilons(cfg)
+    assert eps.shape == (2, 4)
+    np.testing.assert_array_equal(eps.reshape(-1), apex_epsilons(16, 0.4, 7.0)[8:])
+    assert batcher_epsilons(build_config("cartpole-appo")) is None
+
+
+def test_epsilon_greedy_with_no_exploration_is_greedy_and_certain():
+    torch.manual_seed(0)
+    q = torch.randn(2000, 5)
+    actions, logp = epsilon_greedy(q, torch.zeros(2000))
+    assert actions.dtype == torch.int64
+    torch.testing.assert_close(actions, q.argmax(-1), rtol=0, atol=0)
+    assert torch.all(logp == 0.0)
+
+
+def test_epsilon_greedy_with_full_exploration_is_uniform():
+    torch.manual_seed(0)
+    rows, n = 20000, 4
+    q = torch.randn(rows, n)
+    actions, logp = epsilon_greedy(q, torch.ones(rows))
+    counts = torch.bincount(actions, minlength=n).double()
+    chi2 = float(((counts - rows / n) ** 2 / (rows / n)).sum())
+    assert chi2 < 21.1, counts  # 99.99% quantile of chi-square with 3 degrees of freedom
+    greedy = actions == q.argmax(-1)
+    assert 0 < int(greedy.sum()) < rows
+    torch.testing.assert_close(logp, torch.full((rows,), math.log(1 / n)))
+
+
+def test_epsilon_greedy_log_probs_mix_uniform_and_greedy():
+    torch.manual_seed(1)
+    rows, n = 20000, 3
+    q = torch.randn(rows, n)
+    eps = torch.rand(rows)
+    actions, logp = epsilon_greedy(q, eps)
+    is_greedy = (actions == q.argmax(-1)).double()
+    expected = torch.log(eps.double() / n + (1 - eps.double()) * is_greedy)
+    torch.testing.assert_close(logp.double(), expected, rtol=1e-6, atol=1e-6)
+    # The greedy action is taken with probability 1 - eps + eps / n.
+    assert abs(float(is_greedy.mean()) - float((1 - eps + eps / n).mean())) < 0.015

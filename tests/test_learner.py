@@ -1,4 +1,5 @@
-"""The learner on batches whose correct V-trace targets are known, and on caller-made batches."""
+"""The learner on batches whose correct V-trace targets are known, and on caller-made batches; V-trace
+replay, replayed trajectories appended to the fresh ones."""
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ from torch import nn
 from fastrl.config import build_config
 from fastrl.learner import Learner, Trajectories, gather_trajectories
 from fastrl.learner.precision import cpu_flags, learner_precision
+from tests.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config
 from tests.test_rollout import countdown_config, run_worker
 
 
@@ -361,3 +363,71 @@ def test_the_numpy_mlp_path_refuses_a_backward_after_an_in_place_weight_edit():
         learner.model.value.weight.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         values.sum().backward()
+
+
+# V-trace replay: replayed trajectories appended to the fresh ones.
+
+
+FIELDS = ("obs", "actions", "behaviour_logp", "rewards", "terminated", "truncated", "valid")
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.6])
+def test_learner_appends_replayed_trajectories_of_the_right_stream(fraction):
+    torch.manual_seed(0)
+    learner = Learner(vtrace_replay_config(fraction, min_fill=3 * T * E), OBS_SPACE, ACTION_SPACE)
+    outputs = []
+    original = learner.with_replayed
+
+    def spy(batch, env_ids, fresh=None):
+        out = original(batch, env_ids, fresh)
+        outputs.append(out)
+        return out
+
+    learner.with_replayed = spy
+    batches = stream_batches(5, seed=4)
+    wanted = round(E * fraction / (1 - fraction))
+    for k, (batch, env_ids) in enumerate(batches):
+        stats = learner.train(batch, env_ids=env_ids)
+        assert learner.version == k + 1 and math.isfinite(stats["loss"])
+        out = outputs[-1]
+        out.validate()
+        for name in FIELDS + ("version",):  # fresh columns first, unchanged
+            assert torch.equal(getattr(out, name)[:, :E], getattr(batch, name)), name
+        if k < 2:  # below min_fill (3 batches' records): nothing replayed
+            assert out.rewards.shape[1] == E
+            continue
+        assert out.rewards.shape[1] == E + wanted
+        assert torch.all(out.version[:, E:] == k)  # the learner's version when they were replayed
+        # Every replayed column is one earlier trajectory of one env, exactly (batch k's own
+        # sequences need batch k + 1's first observation, so they cannot be sampled yet).
+        earlier = [(b, c) for b, _ in batches[:k] for c in range(E)]
+        for col in range(E, E + wanted):
+            matches = [(b, c) for b, c in earlier if torch.equal(b.obs[:, c], out.obs[:, col])]
+            assert len(matches) == 1, col
+            b, c = matches[0]
+            for name in FIELDS:
+                replayed = getattr(out, name)[:, col]
+                assert torch.equal(replayed, getattr(b, name)[:, c].to(replayed.dtype)), name
+
+
+def test_learner_with_vtrace_replay_needs_env_ids():
+    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    (batch, env_ids), = stream_batches(1)
+    with pytest.raises(ValueError, match=r"needs env_ids \[4\]"):
+        learner.train(batch)
+    with pytest.raises(ValueError, match=r"needs env_ids \[4\]"):
+        learner.train(batch, env_ids=env_ids[:2])
+    assert learner.version == 0 and learner.replay.added == 0
+
+
+def test_vtrace_replay_never_stores_a_batch_with_non_finite_data():
+    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    *good, (bad, bad_ids) = stream_batches(3)
+    for batch, env_ids in good:
+        learner.train(batch, env_ids=env_ids)
+    bad.rewards[1, 2] = float("nan")
+    learner.train(bad, env_ids=bad_ids)
+    assert learner.replay.added == 2 * T * E  # the good batches only
+    assert learner.skipped_updates == 1
+    sample = learner.replay.sample(E)
+    assert sample is not None and np.isfinite(sample.rewards).all()

@@ -1,5 +1,5 @@
 """Networks and heads: observation normalization on images, the Gaussian head's smooth log-std
-bound."""
+bound, the dueling Q network."""
 import math
 
 import gymnasium
@@ -9,8 +9,8 @@ import torch
 
 from fastrl.config import build_config
 from fastrl.learner import Trajectories, make_learner
-from fastrl.models import LOG_STD_RANGE, ActorCritic, GaussianHead, bounded_log_std
-from tests.test_dqn import dqn_config
+from fastrl.models import LOG_STD_RANGE, ActorCritic, DuelingQNetwork, GaussianHead, bounded_log_std, build_model
+from tests.small_learners import ACTION_SPACE, OBS_SPACE, dqn_config, perturb
 
 BOX_ACTIONS = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
 VECTOR_OBS = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -224,3 +224,28 @@ def test_a_separate_critic_s_value_is_its_own_encoder_s_output():
 def test_a_shared_model_has_no_critic_encoder():
     model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo").model)
     assert model.value_encoder is None
+
+
+def test_dueling_network_is_value_plus_centred_advantages():
+    torch.manual_seed(0)
+    net = build_model(OBS_SPACE, gymnasium.spaces.Discrete(3), build_config("cartpole-dqn").model, algo="dqn")
+    assert isinstance(net, DuelingQNetwork)
+    perturb(net, scale=0.5)  # the small-gain initial heads would make every check near zero
+    obs = torch.randn(16, 4)
+    q, q_max = net(obs)
+    with torch.no_grad():
+        features = net.encoder(net.preprocess(obs))
+        adv, value = net.policy(features), net.value(features)
+    assert q.shape == (16, 3) and q_max.shape == (16,)
+    torch.testing.assert_close(q, value + adv - adv.mean(-1, keepdim=True))
+    torch.testing.assert_close(q.mean(-1), value.squeeze(-1))
+    torch.testing.assert_close(q_max, q.max(-1).values, rtol=0, atol=0)
+    assert type(build_model(OBS_SPACE, ACTION_SPACE, build_config("cartpole-dqn").model)) is ActorCritic
+
+
+def test_dueling_network_refuses_continuous_actions():
+    box = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    with pytest.raises(ValueError, match="appo"):
+        build_model(OBS_SPACE, box, build_config("cartpole-dqn").model, algo="dqn")
+    with pytest.raises(ValueError, match="Discrete action space"):
+        DuelingQNetwork(OBS_SPACE, box)

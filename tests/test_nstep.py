@@ -1,9 +1,12 @@
-"""n-step targets against a plain Python loop over the definition."""
+"""n-step targets against a plain Python loop over the definition, and the windows of trajectories
+the DQN learner builds for its arrival priorities against a brute force over episodes."""
 import numpy as np
 import pytest
+import torch
 
 from fastrl.kernels import nstep_targets, nstep_windows
 from tests.autoreset import autoreset_flags, nstep_episodes_reference
+from tests.small_learners import reference_windows
 
 
 def nstep_reference(rewards, discounts, n):
@@ -121,3 +124,43 @@ def test_nstep_windows_stop_before_their_first_invalid_step():
         assert returns[b] == pytest.approx(expected, rel=1e-12, abs=1e-12)
         assert bootstrap_discounts[b] == pytest.approx(np.prod(discounts[:m, b]), rel=1e-12)
     assert (steps == 0).any() and (steps == n).any()  # empty and full windows both occur
+
+
+# The windows of trajectories the DQN learner builds for its arrival priorities.
+
+
+def arrival_windows(rewards, terminated, truncated, gamma, n):
+    """The n-step windows of trajectories ``[T, B]`` by the shared kernel, as the DQN learner
+    builds them for its arrival priorities: the step after a done is the autoreset step."""
+    valid = np.ones_like(terminated)
+    valid[1:] = ~(terminated[:-1] | truncated[:-1])
+    return nstep_targets(rewards, gamma * ~terminated, n, valid=valid)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 9])
+def test_nstep_windows_of_trajectories_match_a_brute_force_loop(n):
+    g = torch.Generator().manual_seed(n)
+    steps, batch, gamma = 7, 5, 0.9
+    rewards = torch.randn(steps, batch, generator=g, dtype=torch.float64).numpy()
+    terminated = (torch.rand(steps, batch, generator=g) < 0.2).numpy()
+    truncated = (torch.rand(steps, batch, generator=g) < 0.15).numpy()
+    returns, discounts, ends = arrival_windows(rewards, terminated, truncated, gamma, n)
+    ref_returns, ref_discounts, ref_ends = reference_windows(rewards, terminated, truncated, gamma, n)
+    assert returns.dtype == discounts.dtype == np.float64 and ends.dtype == np.int64
+    np.testing.assert_allclose(returns, ref_returns, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(discounts, ref_discounts, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(ends, ref_ends)
+    assert ends.min() >= 0 and ends.max() <= steps
+
+
+def test_nstep_windows_of_a_trajectory_by_hand():
+    rewards = np.array([[1.0], [2.0], [4.0], [0.0], [16.0], [0.0], [64.0]])
+    terminated = np.array([[False], [False], [True], [False], [False], [False], [False]])
+    truncated = np.array([[False], [False], [False], [False], [True], [False], [False]])
+    returns, discounts, ends = arrival_windows(rewards, terminated, truncated, 0.5, 3)
+    # t=0: 1 + .5*2 + .25*4, terminated inside; t=1: 2 + .5*4 terminated; t=2: 4 terminated;
+    # t=3 and t=5: autoreset steps, empty windows; t=4: truncated after one step, bootstraps from
+    # the final observation obs[5]; t=6: cut by the trajectory's end, bootstraps from obs[T].
+    np.testing.assert_allclose(returns[:, 0], [3.0, 4.0, 4.0, 0.0, 16.0, 0.0, 64.0])
+    np.testing.assert_allclose(discounts[:, 0], [0.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.5])
+    np.testing.assert_array_equal(ends[:, 0], [3, 3, 3, 3, 5, 5, 7])

@@ -1,5 +1,6 @@
 """Replay: stacks, n-step targets and sequences against a naive env stream; the sampleable-index
-rule; wrap-around; generations; importance weights; compression and memmap round trips."""
+rule; wrap-around; generations; importance weights; compression and memmap round trips; arrival
+priorities; a restarted stream."""
 from collections import deque
 
 import numpy as np
@@ -452,3 +453,72 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="sequence_stride must be an integer >= 1, got 0"):
         SequenceReplay(ReplayConfig(capacity=80, min_fill=0), sequence_length=4,
                        sequence_stride=0, num_streams=2, obs_shape=(3,))
+
+
+# Arrival priorities (the DQN learner's n-step TD errors) and a restarted stream.
+
+
+def one_stream_replay(alpha=0.5, capacity=16):
+    return TransitionReplay(ReplayConfig(capacity=capacity, min_fill=1, n_step=1, alpha=alpha), gamma=0.99,
+                            num_streams=1, obs_shape=(3,), obs_dtype=np.float32, seed=0)
+
+
+def add_row(replay, priority, value=0.0):
+    replay.add([0], np.full((1, 3), value, np.float32), [0], [1.0], [False], [False],
+               None if priority is None else [priority])
+
+
+def test_arrival_priorities_enter_the_tree_once_sampleable():
+    alpha = 0.5
+    replay = one_stream_replay(alpha)
+    add_row(replay, 4.0)
+    assert replay.priorities([0])[0] == 0.0  # record 1 is not written yet: not sampleable
+    add_row(replay, 0.25)
+    np.testing.assert_allclose(replay.priorities([0, 1]), [4.0 ** alpha, 0.0])
+    add_row(replay, None)  # PER: the largest priority seen so far (4)
+    add_row(replay, 0.0)
+    add_row(replay, 9.0)
+    add_row(replay, None)
+    np.testing.assert_allclose(replay.priorities(np.arange(6)),
+                               [4.0 ** alpha, 0.25 ** alpha, 4.0 ** alpha, 0.0, 9.0 ** alpha, 0.0])
+    drawn = np.concatenate([replay.sample(64, rng=seed).indices for seed in range(10)])
+    assert set(drawn) == {0, 1, 2, 4}  # the zero arrival priority is never sampled
+
+
+def test_without_arrival_priorities_new_records_get_the_initial_max():
+    replay = one_stream_replay(alpha=0.5)
+    for _ in range(4):
+        add_row(replay, None)
+    np.testing.assert_array_equal(replay.priorities(np.arange(4)), [1.0, 1.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("priorities, message", [
+    ([np.nan], "finite and >= 0"), ([-1.0], "finite and >= 0"), ([np.inf], "finite and >= 0"),
+    ([1.0, 2.0], r"priorities must have shape \[1\]"), ([[1.0]], r"priorities must have shape \[1\]"),
+])
+def test_bad_arrival_priorities_are_rejected_before_anything_is_written(priorities, message):
+    replay = one_stream_replay()
+    add_row(replay, 1.0)
+    with pytest.raises(ValueError, match=message):
+        replay.add([0], np.zeros((1, 3), np.float32), [0], [1.0], [False], [False], priorities)
+    assert len(replay) == 1 and replay.added == 1
+
+
+def test_restart_streams_cuts_the_windows_that_would_read_the_new_episode():
+    n = 3
+    replay = TransitionReplay(ReplayConfig(capacity=64, min_fill=1, n_step=n), gamma=0.5, num_streams=1,
+                              obs_shape=(1,), obs_dtype=np.float32, seed=0)
+    ones = np.ones(10)
+    replay.add(np.zeros(10, int), np.arange(10, dtype=np.float32)[:, None], np.zeros(10, int), ones,
+               np.zeros(10, bool), np.zeros(10, bool))
+    replay.restart_streams([0])
+    replay.add(np.zeros(6, int), np.arange(100, 106, dtype=np.float32)[:, None], np.zeros(6, int), ones[:6],
+               np.zeros(6, bool), np.zeros(6, bool))
+    sampleable = replay.sampleable(np.arange(16))
+    # Records 0-6 keep windows inside the old episode; 7-9 would bootstrap from the new one.
+    assert sampleable[:7].all() and not sampleable[7:10].any()
+    assert sampleable[10:16 - n].all()  # the new episode starts a valid stream of its own
+    drawn = replay.sample(2000)
+    assert not np.isin(drawn.indices, [7, 8, 9]).any()
+    six = drawn.indices == 6
+    assert six.any() and np.all(drawn.next_obs[six] == 9.0)  # record 6 bootstraps from old record 9
