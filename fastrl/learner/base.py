@@ -12,12 +12,12 @@ whether the step was finite (:mod:`fastrl.sync_counter` counts these reads in th
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 from torch import nn
 
 from ..config import Config
+from ..timing import Timers
 from .batch import Trajectories
 from .precision import learner_precision
 
@@ -66,6 +66,10 @@ class BaseLearner:
     synchronisations without a GPU. ``precision`` is ``learner.precision`` resolved here:
     "float32" or "bfloat16"."""
 
+    # Names of ``timers``, read as 0.0 until first timed: cumulative seconds that the host reports
+    # among the learner's metrics (fastrl.metrics.LEARNER_STATS).
+    TIMERS = ("forward_backward_s", "vtrace_s", "optimizer_s")
+
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
                  device_path: bool | None = None):
         self.cfg = cfg
@@ -90,7 +94,7 @@ class BaseLearner:
         self.updates = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
-        self.timings = {"forward_backward_s": 0.0, "vtrace_s": 0.0, "optimizer_s": 0.0}
+        self.timers = Timers(*self.TIMERS)
         # Data-parallel hook (fastrl.distributed.GradientAverager): averages gradients across
         # ranks, given whether this rank's are finite; returns whether every rank's were.
         self.grad_sync = None
@@ -137,33 +141,35 @@ class BaseLearner:
         return {"lr": self.optimizer.param_groups[0]["lr"], "learner_updates": self.updates,
                 "skipped_updates": self.skipped_updates, "version": self.version}
 
-    def gradient_step(self, loss: torch.Tensor) -> tuple[float, float]:
+    def gradient_step(self, loss: torch.Tensor) -> tuple[float, bool]:
         """Backward, cross-rank gradient averaging (``grad_sync``), norm clipping and an optimizer
         step, skipped when the loss or the gradient is not finite: such a step would poison the
-        weights the actors use. Returns (gradient norm, NaN if skipped; the ``perf_counter`` time
-        when the backward pass and clipping were done). One host read on a single rank: the norm,
-        made NaN by a non-finite loss (whose gradients can still be finite, e.g. through a NaN that
-        a mask multiplies by 0)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.grad_sync is None:
-            loss.backward()
-            norm = self.clip_gradients()
-            grad_norm = float(torch.where(torch.isfinite(loss.detach()), norm, math.nan))
-        else:
-            # The ranks agree on finiteness (each gives a bool) as they average, before clipping.
-            finite = bool(torch.isfinite(loss))
-            if finite:
+        weights the actors use. Returns (gradient norm, NaN if skipped; whether the step was
+        taken). One host read on a single rank: the norm, made NaN by a non-finite loss (whose
+        gradients can still be finite, e.g. through a NaN that a mask multiplies by 0). The
+        backward pass counts as ``forward_backward_s``, the step as ``optimizer_s``."""
+        with self.timers.time("forward_backward_s"):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.grad_sync is None:
                 loss.backward()
-            grad_norm = float(self.clip_gradients()) if self.grad_sync(finite) else math.nan
-        backward_done = time.perf_counter()
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            self.updates += 1
-            self.consecutive_skips = 0
-        else:
-            self.count_skip()
-            grad_norm = math.nan
-        return grad_norm, backward_done
+                norm = self.clip_gradients()
+                grad_norm = float(torch.where(torch.isfinite(loss.detach()), norm, math.nan))
+            else:
+                # The ranks agree on finiteness (each gives a bool) as they average, before clipping.
+                finite = bool(torch.isfinite(loss))
+                if finite:
+                    loss.backward()
+                grad_norm = float(self.clip_gradients()) if self.grad_sync(finite) else math.nan
+        stepped = math.isfinite(grad_norm)
+        with self.timers.time("optimizer_s"):
+            if stepped:
+                self.optimizer.step()
+                self.updates += 1
+                self.consecutive_skips = 0
+            else:
+                self.count_skip()
+                grad_norm = math.nan
+        return grad_norm, stepped
 
     def clip_gradients(self) -> torch.Tensor:
         """Scale the gradients to a total norm of at most ``max_grad_norm``; their norm before, 0-d."""

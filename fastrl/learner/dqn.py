@@ -17,8 +17,6 @@ refills it to ``replay.min_fill`` before its first gradient step.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 from torch import nn
@@ -63,20 +61,18 @@ class DQNLearner(ReplayQLearner):
         env_ids = self.stream_ids(batch, env_ids)
         lag_stats = self.lag_stats(batch)
         self.set_learning_rate(progress)
-        start = time.perf_counter()
-        rewards = self.transformed_rewards(batch.rewards)
-        priorities = self.arrival_priorities(batch, rewards)
-        if not (np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())):
-            return self.drop(batch, env_ids)
-        normalizer = getattr(self.model, "normalizer", None)
-        if normalizer is not None:
-            # The target's statistics stay frozen with its weights until the next refresh: the
-            # target network is one fixed function between refreshes.
-            normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
-        add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
-        self.timings["replay_s"] += time.perf_counter() - start
-
-        return self.replay_steps(lag_stats)
+        with self.timers.time("replay_s"):
+            rewards = self.transformed_rewards(batch.rewards)
+            priorities = self.arrival_priorities(batch, rewards)
+            finite = np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())
+            if finite:
+                normalizer = getattr(self.model, "normalizer", None)
+                if normalizer is not None:
+                    # The target's statistics stay frozen with its weights until the next refresh: the
+                    # target network is one fixed function between refreshes.
+                    normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+                add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
+        return self.replay_steps(lag_stats) if finite else self.drop(batch, env_ids)
 
     def sample(self):
         if self.frames_copied is not None:

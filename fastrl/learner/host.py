@@ -12,6 +12,7 @@ from ..device_io import pinned_empty
 from ..metrics import write_learner_stats
 from ..models import num_state_values, state_to_flat
 from ..shm import Control, WeightBuffer
+from ..timing import Timers
 from .base import BaseLearner
 from .feed import BatchFeed, Gathered
 
@@ -36,7 +37,9 @@ class LearnerHost:
         self.flat_np = self.flat.numpy()
         self.device_flat = torch.empty_like(self.flat, device=learner.device) if learner.device_path else self.flat
         self.last_checkpoint = time.time()
-        self.timings = {"gather_s": 0.0, "publish_s": 0.0, "wait_s": 0.0}
+        # Cumulative seconds, reported beside the learner's own (BaseLearner.TIMERS). wait_s: the
+        # learner process blocked until workers send full slots (fastrl.learner.process).
+        self.timers = Timers("gather_s", "publish_s", "wait_s")
         self.feed = BatchFeed(arena, learner.device, pipelined=learner.device_path)
         self.trained_env_steps = 0
         self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
@@ -66,14 +69,13 @@ class LearnerHost:
 
     def publish(self) -> bool:
         """Publish the current weights; non-finite weights are never sent to the actors."""
-        start = time.perf_counter()
-        state_to_flat(self.learner.model, self.device_flat)
-        if self.device_flat is not self.flat:
-            self.flat.copy_(self.device_flat)  # the publication's one wait for the device
-        ok = bool(torch.isfinite(self.flat).all())  # on the host: no second wait
-        if ok:
-            self.weights.publish(self.flat_np, self.learner.version)
-        self.timings["publish_s"] += time.perf_counter() - start
+        with self.timers.time("publish_s"):
+            state_to_flat(self.learner.model, self.device_flat)
+            if self.device_flat is not self.flat:
+                self.flat.copy_(self.device_flat)  # the publication's one wait for the device
+            ok = bool(torch.isfinite(self.flat).all())  # on the host: no second wait
+            if ok:
+                self.weights.publish(self.flat_np, self.learner.version)
         return ok
 
     def consume(self, slot_ids: np.ndarray, release, progress: float | None = None) -> None:
@@ -87,16 +89,14 @@ class LearnerHost:
         """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train: on this
         batch, or on the device path on the previous one while this one is gathered
         (:mod:`fastrl.learner.feed`). Returns the statistics, {} when nothing was trained yet."""
-        start = time.perf_counter()
-        previous = self.feed.take_waiting()
-        incoming = self.feed.gather(slot_ids)
-        trained = time.perf_counter()
+        with self.timers.time("gather_s"):
+            previous = self.feed.take_waiting()
+            incoming = self.feed.gather(slot_ids)
         stats = {} if previous is None else self.train(previous, progress)
-        waited = time.perf_counter()
-        gathered = incoming.result()
-        release(slot_ids)
-        ready = self.feed.arrived(gathered)
-        self.timings["gather_s"] += trained - start + time.perf_counter() - waited
+        with self.timers.time("gather_s"):
+            gathered = incoming.result()
+            release(slot_ids)
+            ready = self.feed.arrived(gathered)
         return stats if ready is None else self.train(ready, progress)
 
     def flush(self, progress: float | None = None) -> dict:
@@ -118,7 +118,7 @@ class LearnerHost:
                 f"learner.reward_clip / model.normalize_obs")
         self.trained_env_steps += batch.rewards.numel()
         self.publish()
-        stats.update(self.learner.timings, **self.timings, trained_env_steps=self.trained_env_steps)
+        stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps)
         write_learner_stats(self.arena, stats)
         return stats
 

@@ -7,7 +7,6 @@ update and no peer is left waiting inside a collective.
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 
 import numpy as np
@@ -108,9 +107,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
 
     def drain() -> None:
         """Block until a worker sends full slot ids (or the run stops); queue all that came."""
-        waited = time.perf_counter()
-        ready = full_pipes.wait(arena.control, parent_pid)
-        host.timings["wait_s"] += time.perf_counter() - waited
+        with host.timers.time("wait_s"):
+            ready = full_pipes.wait(arena.control, parent_pid)
         while ready:
             for conn in ready:
                 queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())

@@ -9,7 +9,6 @@ A subclass builds its network and its replay, and implements ``loss(sample)`` ->
 from __future__ import annotations
 
 import copy
-import time
 
 import numpy as np
 import torch
@@ -27,12 +26,13 @@ class ReplayQLearner(BaseLearner):
     """``model`` (online) and its ``target`` copy, ``replay``; ``batches_per_record`` gradient
     steps are earned per record added once ``replay.min_fill`` records are stored."""
 
+    TIMERS = (*BaseLearner.TIMERS, "replay_s")
+
     def __init__(self, cfg: Config, model: nn.Module, device, replay, batches_per_record: float,
                  device_path: bool | None = None):
         super().__init__(cfg, model, device, device_path)
         self.rcfg = cfg.replay
         self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.timings["replay_s"] = 0.0
         self.replay = replay
         self.ratio = ReplayRatio(batches_per_record, start=self.rcfg.min_fill)
         self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)
@@ -105,29 +105,25 @@ class ReplayQLearner(BaseLearner):
 
     def update(self) -> dict | None:
         """One gradient step on a sampled replay batch; None while the replay is below min_fill."""
-        start = time.perf_counter()
-        sample = self.sample()
+        timers = self.timers
+        with timers.time("replay_s"):
+            sample = self.sample()
         if sample is None:
             return None
         self.replayed_batches += 1
-        sampled = time.perf_counter()
-        self.timings["replay_s"] += sampled - start
-        loss, stats, priorities = self.loss(sample)
-        updates_before = self.updates
-        grad_norm, backward_done = self.gradient_step(loss)
-        if self.updates > updates_before and self.updates % self.lcfg.target_update_every == 0:
-            self.target.load_state_dict(self.model.state_dict())
-        optimized = time.perf_counter()
-        # One read for the new priorities and the statistics (each its own read would wait anew).
-        read = torch.cat([priorities.detach().reshape(-1).double(),
-                          torch.stack([stats["loss"], stats["q_mean"]]).double()]).cpu().numpy()
-        priorities, (loss_value, q_mean) = read[:-2] + PRIORITY_EPS, read[-2:].tolist()
-        if np.isfinite(priorities).all():
-            self.replay.update_priorities(sample.indices, sample.generations, priorities)
-        end = time.perf_counter()
-        self.timings["forward_backward_s"] += backward_done - sampled
-        self.timings["optimizer_s"] += optimized - backward_done
-        self.timings["replay_s"] += end - optimized
+        with timers.time("forward_backward_s"):
+            loss, stats, priorities = self.loss(sample)
+        grad_norm, stepped = self.gradient_step(loss)
+        with timers.time("optimizer_s"):
+            if stepped and self.updates % self.lcfg.target_update_every == 0:
+                self.target.load_state_dict(self.model.state_dict())
+        with timers.time("replay_s"):
+            # One read for the new priorities and the statistics (each its own read would wait anew).
+            read = torch.cat([priorities.detach().reshape(-1).double(),
+                              torch.stack([stats["loss"], stats["q_mean"]]).double()]).cpu().numpy()
+            priorities, (loss_value, q_mean) = read[:-2] + PRIORITY_EPS, read[-2:].tolist()
+            if np.isfinite(priorities).all():
+                self.replay.update_priorities(sample.indices, sample.generations, priorities)
         return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm, "q_mean": q_mean}
 
     def state_dict(self) -> dict:

@@ -24,8 +24,6 @@ The replay is not checkpointed (as the dqn learner's): a resumed run refills it 
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 from torch import nn
@@ -77,24 +75,22 @@ class R2D2Learner(ReplayQLearner):
             raise ValueError("R2D2Learner.train needs Trajectories with initial_state [B, state_size]")
         lag_stats = self.lag_stats(batch)
         self.set_learning_rate(progress)
-        start = time.perf_counter()
-        rewards = self.transformed_rewards(batch.rewards)
         if not (batch.is_finite() and bool(torch.isfinite(batch.initial_state).all())):
             return self.drop(batch, env_ids)
-        normalizer = getattr(self.model, "normalizer", None)
-        if normalizer is not None:
-            normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
-        misaligned = [e for e in env_ids.tolist() if self.replay.stream_length(e) % T]
-        if misaligned:  # history records (frame stacks that are not reset stacks) shift the starts
-            raise RuntimeError(f"R2D2: replay streams {misaligned[:4]} do not start sequences at slot starts "
-                               f"(their first observation was not a reset stack); use replay.frame_stack=1 or "
-                               f"an env whose reset fills the stack")
-        states = np.zeros((T, B, self.model.state_size), np.float32)
-        states[0] = batch.initial_state.numpy()  # the replay keeps the states at sequence starts
-        add_trajectories(self.replay, batch, rewards, env_ids, fresh, behaviour_logp=batch.behaviour_logp.numpy(),
-                         states=states)
-        self.timings["replay_s"] += time.perf_counter() - start
-
+        with self.timers.time("replay_s"):
+            rewards = self.transformed_rewards(batch.rewards)
+            normalizer = getattr(self.model, "normalizer", None)
+            if normalizer is not None:
+                normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+            misaligned = [e for e in env_ids.tolist() if self.replay.stream_length(e) % T]
+            if misaligned:  # history records (frame stacks that are not reset stacks) shift the starts
+                raise RuntimeError(f"R2D2: replay streams {misaligned[:4]} do not start sequences at slot starts "
+                                   f"(their first observation was not a reset stack); use replay.frame_stack=1 "
+                                   f"or an env whose reset fills the stack")
+            states = np.zeros((T, B, self.model.state_size), np.float32)
+            states[0] = batch.initial_state.numpy()  # the replay keeps the states at sequence starts
+            add_trajectories(self.replay, batch, rewards, env_ids, fresh,
+                             behaviour_logp=batch.behaviour_logp.numpy(), states=states)
         return self.replay_steps(lag_stats)
 
     def input_specs(self, batch_size: int) -> list[tuple[tuple, np.dtype]]:

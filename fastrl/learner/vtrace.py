@@ -14,8 +14,6 @@ observation: ``r_t + gamma * V(x_final)``, with discount ``gamma * (1 - terminat
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 from torch import nn
@@ -223,18 +221,15 @@ class VTraceLearner(BaseLearner):
                ) -> tuple[dict[str, torch.Tensor], float]:
         """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on.
         Returns the loss statistics (0-d tensors, left on the device) and the gradient norm."""
-        start = time.perf_counter()
+        timers = self.timers
         with self.autocast():
-            _, values, target_logp, entropy = self.evaluate(batch)
-            vtrace_start = time.perf_counter()
+            with timers.time("forward_backward_s"):
+                _, values, target_logp, entropy = self.evaluate(batch)
             # Computed here rather than inside the loss only so that the profiler can time it apart.
-            targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
-            vtrace_time = time.perf_counter() - vtrace_start
-            loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
-                                    batch.valid, mask, targets=targets, **self.loss_settings())
-        grad_norm, backward_done = self.gradient_step(loss)
-        end = time.perf_counter()
-        self.timings["forward_backward_s"] += backward_done - start - vtrace_time
-        self.timings["vtrace_s"] += vtrace_time
-        self.timings["optimizer_s"] += end - backward_done
+            with timers.time("vtrace_s"):
+                targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
+            with timers.time("forward_backward_s"):
+                loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
+                                        batch.valid, mask, targets=targets, **self.loss_settings())
+        grad_norm, _ = self.gradient_step(loss)
         return stats, grad_norm
