@@ -10,7 +10,7 @@ import pytest
 from fastrl.envs import make_vec_env, resolve_backend
 from fastrl.envs.atari import ENVPOOL_ATARI_DEFAULTS
 from fastrl.envs.envpool_backend import DirectPoolIO, _PublicPoolIO
-from fastrl.envs.toy import make_nan_obs, make_raises_at
+from tests.fault_envs import make_nan_obs, make_raises_at
 
 COUNTDOWN = "fastrl.envs.toy:make_countdown"
 COUNTDOWN_GYM_ID = "fastrl-test/Countdown-v0"

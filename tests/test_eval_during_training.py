@@ -214,7 +214,7 @@ def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
 @pytest.mark.slow
 def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, monkeypatch):
     monkeypatch.setattr(runner_module, "EVALUATOR_MAX_RESTARTS", 1)
-    cfg = build_config("cartpole-appo", {**COUNTDOWN, "env.id": "fastrl.envs.toy:make_raises_in",
+    cfg = build_config("cartpole-appo", {**COUNTDOWN, "env.id": "tests.fault_envs:make_raises_in",
                                          "env.kwargs": {"process": "fastrl-evaluator", "length": 7},
                                          "train_for_env_steps": 0, "train_for_seconds": 300.0, "report_every_s": 0.5,
                                          "eval.every_s": 0.5})

@@ -82,16 +82,16 @@ def test_killed_rollout_worker_is_restarted_and_the_run_finishes(tmp_path):
     assert not alive(children_of(tmp_path))
 
 
-def toy_env_config(factory: str, env_kwargs: dict, **overrides):
-    """One worker of 8 toy envs; ``factory`` names a fastrl.envs.toy maker."""
-    settings = {"env.id": f"fastrl.envs.toy:{factory}", "env.kwargs": env_kwargs, "env.num_workers": 1,
+def fault_env_config(factory: str, env_kwargs: dict, **overrides):
+    """One worker of 8 fault-injection envs; ``factory`` names a tests.fault_envs maker."""
+    settings = {"env.id": f"tests.fault_envs:{factory}", "env.kwargs": env_kwargs, "env.num_workers": 1,
                 "env.envs_per_worker": 8, "learner.batch_size": 256, "train_for_env_steps": 10**7, "device": "cpu"}
     settings.update(overrides)
     return build_config("cartpole-appo", settings)
 
 
 def test_env_that_raises_is_survived_by_restarting_its_worker(tmp_path):
-    cfg = toy_env_config("make_raises_at", {"step": 1000, "length": 50}, train_for_env_steps=30_000,
+    cfg = fault_env_config("make_raises_at", {"step": 1000, "length": 50}, train_for_env_steps=30_000,
                          report_every_s=0.5)
     result = train(cfg, run_dir=tmp_path, quiet=True)
     assert result.final["worker_restarts"] >= 1
@@ -99,13 +99,13 @@ def test_env_that_raises_is_survived_by_restarting_its_worker(tmp_path):
 
 
 def test_too_many_crashes_stop_the_run_with_a_clear_error(tmp_path):
-    cfg = toy_env_config("make_raises_at", {"step": 20, "length": 50}, max_worker_restarts=2)
+    cfg = fault_env_config("make_raises_at", {"step": 20, "length": 50}, max_worker_restarts=2)
     with pytest.raises(RunError, match="crashed 3 times"):
         train(cfg, run_dir=tmp_path, quiet=True)
 
 
 def test_nan_observations_never_reach_the_published_weights(tmp_path):
-    cfg = toy_env_config("make_nan_obs", {"every": 7, "length": 20}, **{"learner.max_consecutive_skips": 5})
+    cfg = fault_env_config("make_nan_obs", {"every": 7, "length": 20}, **{"learner.max_consecutive_skips": 5})
     with pytest.raises(RunError, match="non-finite loss or gradient: check the env's observations"):
         train(cfg, run_dir=tmp_path, quiet=True)
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])

@@ -6,6 +6,7 @@ the toy envs (fastrl.envs.toy), and APPO solves the Dict-observation grid world.
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace
 from tests.test_train import assert_all_exited, read_metrics
 
 TOY = "fastrl.envs.toy:"
+FAULT = "tests.fault_envs:"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -115,7 +118,7 @@ def test_action_mask_leaf_and_discrete_observations():
 @pytest.mark.parametrize("kind, name", [("text", "Text"), ("graph", "Graph"), ("sequence", "Sequence")])
 def test_unsupported_observation_space_is_one_line_naming_it_and_its_key_path(kind, name, nested):
     with pytest.raises(UnsupportedSpace) as info:
-        make_vec_env(TOY + "make_unsupported_space", num_envs=2, batch_size=2, seed=0,
+        make_vec_env(FAULT + "make_unsupported_space", num_envs=2, batch_size=2, seed=0,
                      env_kwargs={"kind": kind, "nested": nested})
     message = str(info.value)
     assert "\n" not in message
@@ -125,9 +128,10 @@ def test_unsupported_observation_space_is_one_line_naming_it_and_its_key_path(ki
 
 @pytest.mark.slow
 def test_unsupported_space_from_the_cli_is_one_line_and_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fastrl.cli", "--env", TOY + "make_unsupported_space",
+    out = subprocess.run([sys.executable, "-m", "fastrl.cli", "--env", FAULT + "make_unsupported_space",
                           "--set", 'env.kwargs={kind = "sequence", nested = true}', "--set", "device=cpu",
-                          "--run-dir", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=120)
+                          "--run-dir", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)  # where tests.fault_envs imports from
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Sequence at key path 'inner.items'" in out.stderr and "Traceback" not in out.stderr

@@ -1,11 +1,10 @@
-"""Tiny deterministic gymnasium envs for tests, with factories usable as "module:callable"
-(e.g. `make_vec_env("fastrl.envs.toy:make_countdown", ..., env_kwargs={"length": 5})`), so
-spawned worker processes can build them by name.
+"""Tiny deterministic gymnasium envs whose right answers are known (returns, a memory task, every
+space fastrl takes): a quick check of a learner or a setup, and the tests' envs. Factories are usable
+as "module:callable" (e.g. `make_vec_env("fastrl.envs.toy:make_countdown", ..., env_kwargs={"length":
+5})`), so spawned worker processes can build them by name.
 """
 
 from __future__ import annotations
-
-import multiprocessing
 
 import gymnasium
 import numpy as np
@@ -62,38 +61,6 @@ class CountdownEnv(gymnasium.Env):
         return self._obs(), 1.0, terminated, truncated, {}
 
 
-class RaisesAtEnv(CountdownEnv):
-    """A countdown env that raises RuntimeError on its `step`-th step (counted over episodes)."""
-
-    def __init__(self, step: int, length: int = 5) -> None:
-        super().__init__(length=length)
-        self._raise_at = step
-        self._steps = 0
-
-    def step(self, action: int) -> tuple:
-        self._steps += 1
-        if self._steps == self._raise_at:
-            raise RuntimeError(f"injected fault: RaisesAtEnv step {self._steps}")
-        return super().step(action)
-
-
-class NanObsEnv(CountdownEnv):
-    """A countdown env whose observation is NaN on every `every`-th step (counted over episodes)."""
-
-    def __init__(self, every: int = 3, length: int = 5) -> None:
-        super().__init__(length=length)
-        self.observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
-        self._every = every
-        self._steps = 0
-
-    def step(self, action: int) -> tuple:
-        self._steps += 1
-        obs, reward, terminated, truncated, info = super().step(action)
-        if self._steps % self._every == 0:
-            obs[:] = np.nan
-        return obs, reward, terminated, truncated, info
-
-
 class TargetEnv(gymnasium.Env):
     """Continuous actions: reward = -sum((a - target)^2), target shown as the observation.
 
@@ -128,22 +95,6 @@ def make_countdown(
     length: int = 5, time_limit: int | None = None, one_hot: bool = False, num_actions: int = 2
 ) -> CountdownEnv:
     return CountdownEnv(length, time_limit, one_hot, num_actions)
-
-
-def make_raises_at(step: int, length: int = 5) -> RaisesAtEnv:
-    return RaisesAtEnv(step, length)
-
-
-def make_raises_in(process: str, length: int = 5) -> CountdownEnv:
-    """A countdown env that raises on its first step in the process named ``process`` (e.g.
-    "fastrl-evaluator": an env that fails only in evaluation), a plain one elsewhere."""
-    if multiprocessing.current_process().name == process:
-        return RaisesAtEnv(1, length)
-    return CountdownEnv(length)
-
-
-def make_nan_obs(every: int = 3, length: int = 5) -> NanObsEnv:
-    return NanObsEnv(every, length)
 
 
 def make_target(action_dim: int = 1, length: int = 10, target_scale: float = 0.5) -> TargetEnv:
@@ -476,21 +427,6 @@ class TupleActionEnv(_NewTargetEachStep):
         return float(int(category) == self._category) - float(np.sum((point - self._point) ** 2))
 
 
-class UnsupportedSpaceEnv(CountdownEnv):
-    """A countdown env that declares an observation space fastrl cannot store: ``kind`` text,
-    graph or sequence, at the top level or (``nested``) under key "inner" of a Dict
-    {"position": Box, "inner": Dict {"items": <that space>}}. Only its spaces are ever used."""
-
-    def __init__(self, kind: str = "text", nested: bool = False) -> None:
-        super().__init__()
-        space = {"text": lambda: spaces.Text(8),
-                 "graph": lambda: spaces.Graph(spaces.Box(0.0, 1.0, (2,), np.float32), None),
-                 "sequence": lambda: spaces.Sequence(spaces.Discrete(3))}[kind]()
-        if nested:
-            space = spaces.Dict({"position": self.observation_space, "inner": spaces.Dict({"items": space})})
-        self.observation_space = space
-
-
 def make_dict_grid(size: int = 5, time_limit: int = 20) -> DictGridEnv:
     return DictGridEnv(size, time_limit)
 
@@ -514,10 +450,6 @@ def make_match_bits(n: int = 4, length: int = 8) -> MatchBitsEnv:
 
 def make_tuple_action(num_categories: int = 3, length: int = 8) -> TupleActionEnv:
     return TupleActionEnv(num_categories, length)
-
-
-def make_unsupported_space(kind: str = "text", nested: bool = False) -> UnsupportedSpaceEnv:
-    return UnsupportedSpaceEnv(kind, nested)
 
 
 class PaintedCountdownEnv(CountdownEnv):
