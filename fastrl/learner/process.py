@@ -1,4 +1,4 @@
-"""The learner process: drain full slots -> consume a batch -> agree to stop -> checkpoint.
+"""The learner process: take a batch of full slots -> agree to stop -> consume it -> checkpoint.
 
 Stopping is one interface with two answers: alone, the run's stop flag; with several ranks
 (torch.distributed), an all-reduce before every batch, so that every rank stops after the same
@@ -17,6 +17,7 @@ from ..checkpoint import CheckpointError
 from ..config import Config
 from ..process_utils import ProcessExit, ReadablePipes, configure_child
 from ..shm import Arena, Control, set_error
+from ..timing import Timers
 from .factory import make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
 
@@ -65,6 +66,48 @@ class DistributedStop:
         return self.agreed
 
 
+class FullSlots:
+    """The learner's ends of the slot pipes, one pair per rollout worker (``channels``: full-slot
+    pipes in, free-slot pipes out): full slot ids queued in arrival order and taken a batch at a
+    time; slots handed back to the worker that owns them once copied out (``release``)."""
+
+    def __init__(self, cfg: Config, arena: Arena, channels, parent_pid: int, timers: Timers):
+        full_in, self.free_out = channels
+        self.pipes = ReadablePipes(full_in)
+        self.arena = arena
+        self.parent_pid = parent_pid
+        self.timers = timers
+        self.queue: deque[int] = deque()
+        self.needed = cfg.trajectories_per_batch
+        self.per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+
+    def next_batch(self) -> np.ndarray | None:
+        """The ids ``[trajectories_per_batch]`` int64 of the next batch's slots, oldest first. With
+        fewer queued, first waits for workers to send more (``wait_s``; ProcessExit when the run
+        stops meanwhile): None when the wait ended without enough."""
+        if len(self.queue) < self.needed:
+            self.receive()
+            if len(self.queue) < self.needed:
+                return None
+        return np.array([self.queue.popleft() for _ in range(self.needed)], dtype=np.int64)
+
+    def receive(self) -> None:
+        """Block until a worker sends full slot ids (or the wait times out); queue all that came."""
+        with self.timers.time("wait_s"):
+            ready = self.pipes.wait(self.arena.control, self.parent_pid)
+        while ready:
+            for conn in ready:
+                self.queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
+            ready = self.pipes.ready()
+
+    def release(self, slot_ids: np.ndarray) -> None:
+        """Hand ``slot_ids`` ``[B]`` back to their workers: their contents were copied out."""
+        self.arena.slot_queued[slot_ids] = 0
+        owners = slot_ids // self.per_worker
+        for w in np.unique(owners):
+            self.free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
+
+
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
                     parent_pid: int, run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None) -> None:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
@@ -77,7 +120,6 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = Arena.attach(layout, arena_name)
-    full_in, free_out = channels
     if device.startswith("cuda"):
         # Before the model is built: CUDA work that names no device (pinned host memory, a user
         # model's device="cuda", torch.cuda calls without an index) runs on the current one, and
@@ -93,38 +135,18 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
     host = LearnerHost(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
     host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
-    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
-    queue: deque[int] = deque()
-    needed = cfg.trajectories_per_batch
-
-    def release(slot_ids: np.ndarray) -> None:
-        arena.slot_queued[slot_ids] = 0
-        owners = slot_ids // per_worker
-        for w in np.unique(owners):
-            free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
-
-    full_pipes = ReadablePipes(full_in)
-
-    def drain() -> None:
-        """Block until a worker sends full slot ids (or the run stops); queue all that came."""
-        with host.timers.time("wait_s"):
-            ready = full_pipes.wait(arena.control, parent_pid)
-        while ready:
-            for conn in ready:
-                queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
-            ready = full_pipes.ready()
-
+    slots = FullSlots(cfg, arena, channels, parent_pid, host.timers)
     checkpoint_failed = False
     host.publish()
     try:
         while True:
-            drain()
-            while len(queue) >= needed:
+            slot_ids = slots.next_batch()
+            if slot_ids is not None:
                 # Checked before every batch: queued batches could outlast the shutdown grace.
                 stop, progress = stopping.before_batch(host.progress())
                 if stop:
                     raise ProcessExit
-                host.consume(np.array([queue.popleft() for _ in range(needed)], dtype=np.int64), release, progress)
+                host.consume(slot_ids, slots.release, progress)
                 stopping.after_batch(learner)
             if host.checkpoint_due():
                 host.checkpoint()
