@@ -15,7 +15,7 @@ from fastrl.metrics import read_learner_stats
 from fastrl.process_utils import ProcessExit
 from fastrl.shm import Arena, Control, trajectory_layout
 from fastrl.timing import Timers
-from tests.test_dqn import make_dqn, stream_batches
+from tests.small_learners import make_dqn, stream_batches
 from tests.test_learner import random_batch
 from tests.test_learner_gather import B, OBS, random_arena
 
