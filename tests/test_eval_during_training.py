@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fastrl import evaluator as evaluator_module
-from fastrl import runner as runner_module
+from fastrl import supervisor as supervisor_module
 from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.envs import probe_env
@@ -213,7 +213,7 @@ def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
 
 @pytest.mark.slow
 def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner_module, "EVALUATOR_MAX_RESTARTS", 1)
+    monkeypatch.setattr(supervisor_module, "EVALUATOR_MAX_RESTARTS", 1)
     cfg = build_config("cartpole-appo", {**COUNTDOWN, "env.id": "tests.fault_envs:make_raises_in",
                                          "env.kwargs": {"process": "fastrl-evaluator", "length": 7},
                                          "train_for_env_steps": 0, "train_for_seconds": 300.0, "report_every_s": 0.5,

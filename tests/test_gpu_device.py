@@ -11,6 +11,7 @@ from fastrl.config import ConfigError, build_config
 from fastrl.distributed import DistInfo
 from fastrl.learner import process
 from fastrl.models import build_model
+from fastrl.run_dir import LOCK_FILE
 from fastrl.runner import RunError, resolve_device, train
 
 OBS_SPACE = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -99,7 +100,8 @@ def test_train_refuses_an_explicit_gpu_under_torchrun_before_anything_is_written
         monkeypatch.setenv(key, value)
     with pytest.raises(RunError, match="use device='cuda'"):
         train(build_config("cartpole-appo", {"device": "cuda:0"}), run_dir=tmp_path / "run")
-    assert not any((tmp_path / "run").iterdir())  # check_run_dir made it; no config, no process file
+    # check_run_dir made it and took its lock; no config, no process file
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [LOCK_FILE]
 
 
 class BuildStarted(Exception):
@@ -148,8 +150,9 @@ def test_the_batcher_runs_where_inference_device_says(monkeypatch, tmp_path):
     named GPU is refused like `device`'s (every rank would share it)."""
     visible_gpus(monkeypatch, 2)
     started = {}
-    monkeypatch.setattr("fastrl.runner._process_run",
-                        lambda *args: started.update(learner=args[5], inference=args[-1]) or "ran")
+    monkeypatch.setattr("fastrl.runner.run_parallel",
+                        lambda plan, console: started.update(learner=plan.device, inference=plan.inference_device)
+                        or "ran")
     for inference, expected in (("", "cuda:0"), ("cpu", "cpu"), ("cuda:1", "cuda:1")):
         assert train(build_config("cartpole-appo", {"device": "cuda", "inference.device": inference,
                                                      "inference.in_workers": False})) == "ran"

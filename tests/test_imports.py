@@ -96,3 +96,19 @@ def test_the_learner_family_imports_down_only():
     for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed", "fastrl.replay",
                    "fastrl.models"):
         assert not graph[module] & (shell | algorithms), f"{module} imports upwards"
+
+
+def test_the_runner_family_imports_down_only():
+    """fastrl.runner composes its parts; each run mode stands apart from the other; the plan and
+    the checks before the run know neither mode nor the supervisor."""
+    graph = import_graph()
+    entry, modes = "fastrl.runner", {"fastrl.parallel_run", "fastrl.serial_run"}
+    parts = modes | {"fastrl.preflight", "fastrl.supervisor", "fastrl.run_plan"}
+    assert parts <= graph[entry] | {"fastrl.supervisor"} and "fastrl.supervisor" in graph["fastrl.parallel_run"]
+    assert {name for name, imported in graph.items() if entry in imported} <= {"fastrl.cli", "fastrl.profiler.measure"}
+    for module in parts:
+        assert entry not in graph[module], f"{module} imports the runner that composes it"
+    assert not graph["fastrl.parallel_run"] & modes and not graph["fastrl.serial_run"] & modes
+    for module in ("fastrl.preflight", "fastrl.run_plan", "fastrl.supervisor"):
+        assert not graph[module] & modes, f"{module} imports a run mode"
+    assert not graph["fastrl.run_plan"] & parts and not graph["fastrl.preflight"] & {"fastrl.supervisor"}

@@ -20,7 +20,7 @@ def test_an_arena_larger_than_dev_shm_names_both_sizes_and_the_docker_fix(monkey
 def test_train_checks_dev_shm_before_starting_a_process(monkeypatch, tmp_path):
     monkeypatch.setattr(resources.shutil, "disk_usage", lambda path: Usage(2**10, 0, 2**10))
     started = []
-    monkeypatch.setattr("fastrl.runner._process_run", lambda *a, **k: started.append(1))
+    monkeypatch.setattr("fastrl.runner.run_parallel", lambda *a, **k: started.append(1))
     cfg = build_config("cartpole-appo", {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 64,
                                               "learner.batch_size": 2048})
     with pytest.raises(RunError, match="shared memory"):

@@ -1,0 +1,143 @@
+"""The checks before anything starts: what the user can get wrong is found before any process
+starts (and before ``overwrite`` deletes anything) and raised as one line that says what to do
+(RunError, or ConfigError from the config); what the checks settle is the run's RunPlan."""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import torch
+
+from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
+                         remove_partial_checkpoints, set_aside_newer_checkpoints)
+from .config import Config, to_toml, validate, weights_mismatch
+from .distributed import DistInfo
+from .envs import EnvSpec, probe_env
+from .main_guard import unguarded_main_call
+from .models import build_model, num_state_values
+from .resources import ResourceError, check_resources
+from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
+from .run_plan import RunError, RunPlan
+from .shm import remove_stale_segments, trajectory_layout
+from .spaces import ActionLayout, ObsLayout
+from .video import require_video_extra
+from .wandb_logger import require_wandb
+
+
+def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
+    """The config, the extras it needs, and what the launch asks for; returns this rank's DistInfo."""
+    validate(cfg)
+    if cfg.logging.wandb:
+        require_wandb()
+    if cfg.eval.video_every_s:
+        require_video_extra()
+    dist_info = DistInfo.from_env()
+    if dist_info.enabled and (run_dir is None or cfg.serial):
+        raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
+    if resume and run_dir is None:
+        raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+    unguarded = None if cfg.serial else unguarded_main_call()
+    if unguarded:
+        raise RunError(f"fastrl.train() is called at the top level of {unguarded}, outside `if __name__ == "
+                       f"\"__main__\":`, and every process fastrl starts re-runs that script: put the call under "
+                       f"that guard")
+    return dist_info
+
+
+def lock_run_dir(run_dir: Path | None, resume: bool, overwrite: bool, dist_info: DistInfo) -> RunDirLock | None:
+    """The checked and locked run directory (fastrl.run_dir.check_run_dir); None without one."""
+    if run_dir is None:
+        return None
+    try:
+        return check_run_dir(run_dir, resume, overwrite, dist_info.is_main)
+    except RunDirError as exc:
+        raise RunError(str(exc)) from None
+
+
+def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, model: torch.nn.Module | None,
+             launched_at: float, dist_info: DistInfo, lock: RunDirLock | None) -> RunPlan:
+    """The remaining checks once the run directory is locked (devices, env, model, checkpoint to
+    resume, memory), then the run directory made ready and its config.toml written."""
+    try:
+        device = resolve_device(cfg.device, dist_info)
+        inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
+        spec = probe_env(cfg)
+        template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
+        resume_state = load_resume_state(run_dir, cfg, template) if resume else None
+        layout = arena_layout(cfg, spec, num_state_values(template), getattr(template, "state_size", 0))
+        remove_stale_segments()  # a killed run's arena must not count against /dev/shm
+        check_resources(cfg, layout.nbytes, spec.observation_space, dist_info.local_world_size,
+                        shared=not cfg.serial)
+        config_text = to_toml(cfg)
+        if run_dir is not None and dist_info.is_main:
+            prepare_run_dir(run_dir, resume, overwrite)
+            write_atomic(run_dir / "config.toml", config_text)
+    except (RunDirError, ResourceError, CheckpointError) as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:
+        raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
+    return RunPlan(cfg, run_dir, spec, layout, model, device, inference_device, resume_state, launched_at, dist_info,
+                   lock)
+
+
+def resolve_device(name: str, dist_info: DistInfo = DistInfo()) -> str:
+    """The config's ``device`` for this rank: ``auto`` -> ``cuda`` if a GPU is visible, else the
+    CPU; ``cuda`` -> the rank's own GPU, ``cuda:LOCAL_RANK`` (``cuda:0`` where the launcher lets
+    each rank see one GPU); ``cuda:N`` as given, in a single process. Raises RunError where ranks
+    would share a GPU (NCCL refuses a group with a duplicate GPU)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if not name.startswith("cuda"):
+        return name
+    if not torch.cuda.is_available():
+        raise RunError(f"device={name} asked for but CUDA is not available; use --set device=cpu")
+    count = torch.cuda.device_count()
+    if name != "cuda":
+        if dist_info.enabled:
+            raise RunError(f"device='{name}' under torchrun (WORLD_SIZE={dist_info.world_size}) would put every "
+                           f"rank on one GPU; use device='cuda' (each rank takes cuda:LOCAL_RANK)")
+        if torch.device(name).index >= count:
+            raise RunError(f"device='{name}' but {count} GPU(s) are visible (cuda:0 to cuda:{count - 1}); pick one "
+                           f"of those, or check CUDA_VISIBLE_DEVICES")
+        return name
+    ranks_here = max(dist_info.local_world_size, dist_info.local_rank + 1)
+    if count == 1:
+        # With CUDA_VISIBLE_DEVICES set, a launcher may give each rank its own GPU; unset, every
+        # rank sees the node's only GPU.
+        if ranks_here > 1 and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+            raise RunError(f"torchrun runs {ranks_here} ranks on this node, which has one GPU: they would share "
+                           f"it; use --nproc-per-node 1, or device=cpu")
+        return "cuda:0"
+    if ranks_here > count:
+        raise RunError(f"torchrun runs {ranks_here} ranks on this node but {count} GPUs are visible, so LOCAL_RANK "
+                       f"{dist_info.local_rank} has no GPU of its own; use --nproc-per-node {count} (or fewer), or "
+                       f"device=cpu")
+    return f"cuda:{dist_info.local_rank}"
+
+
+def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int = 0):
+    """The run's arena; ``state_size`` > 0 adds the recurrent state arrays (model.core)."""
+    obs, act = ObsLayout(spec.observation_space), ActionLayout(spec.action_space)
+    return trajectory_layout(
+        num_slots=cfg.num_slots, rollout=cfg.learner.rollout, obs_shape=obs.storage_shape,
+        obs_dtype=obs.storage_dtype, action_shape=act.shape, action_dtype=act.dtype, num_workers=cfg.env.num_workers,
+        envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights,
+        state_size=state_size)
+
+
+def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> dict:
+    """The newest checkpoint of ``run_dir`` that fits ``cfg`` and ``template`` (checked on a copy)."""
+    probe = copy.deepcopy(template)
+
+    def check(state: dict) -> None:
+        differs = weights_mismatch(state.get("config", {}), cfg)
+        if differs:
+            raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
+                                     f"drop those overrides to continue it, or start a new run with another --run-dir")
+        load_model_state(probe, state)
+
+    remove_partial_checkpoints(run_dir)
+    path, state = load_latest_checkpoint(run_dir, check=check)
+    set_aside_newer_checkpoints(run_dir, path)
+    return state

@@ -1,0 +1,71 @@
+"""A training run as settled before anything starts (RunPlan), what it returns (RunResult) and how
+it fails (RunError): the terms the runner's parts (fastrl.preflight, fastrl.parallel_run,
+fastrl.serial_run, fastrl.supervisor) share."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Config
+from .distributed import DistInfo
+from .envs import EnvSpec
+from .run_dir import RunDirLock
+from .shm import Arena, ArenaLayout, Control
+
+
+class RunError(RuntimeError):
+    """The run could not go on; the message says which process failed and why."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    reports: list[dict] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict:
+        return self.reports[-1] if self.reports else {}
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What fastrl.preflight settled, handed to the parallel or the serial run.
+
+    ``model`` is the user's network (None: the built-in one, built from ``cfg.model``);
+    ``device`` and ``inference_device`` are resolved for this rank (fastrl.preflight.resolve_device);
+    ``resume_state`` is the checkpoint a resumed run continues from (None: a new run);
+    ``launched_at`` is when train() was called (``time.time()``); ``lock`` is the lock on
+    ``run_dir`` (None without one), which the learner process shares."""
+
+    cfg: Config
+    run_dir: Path | None
+    spec: EnvSpec
+    layout: ArenaLayout
+    model: object | None
+    device: str
+    inference_device: str
+    resume_state: dict | None
+    launched_at: float
+    dist_info: DistInfo
+    lock: RunDirLock | None
+
+    @property
+    def clocks(self) -> tuple[float, float]:
+        """(wall time, trained seconds) the run had before a resume: where the Reporter's clocks start."""
+        counters = self.resume_state["counters"] if self.resume_state else {}
+        return counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0))
+
+    def new_arena(self, shared: bool) -> Arena:
+        """The run's arena (private memory unless ``shared``), its counters carried over from a resume."""
+        arena = Arena(self.layout, shared=shared)
+        arena.weight_version[0] = -1
+        if self.resume_state is not None:
+            # The run's count before the resume, shared out so that the ranks' counts sum to it.
+            counters = self.resume_state["counters"]
+            done, ranks = counters["env_steps"], self.dist_info.world_size
+            arena.control[Control.ENV_STEPS_OFFSET] = done // ranks + (done % ranks if self.dist_info.is_main else 0)
+            arena.control[Control.RUN_ENV_STEPS] = done
+            arena.control[Control.WALL_MS] = int(counters.get("wall_time", 0.0) * 1000)
+            arena.control[Control.TRAINED_MS] = int(counters.get("trained_seconds", counters.get("wall_time", 0.0))
+                                                    * 1000)
+        return arena

@@ -1,0 +1,116 @@
+"""The serial run: every component in this process, in lockstep, for debugging with pdb or a
+profiler (``serial = true``). The same classes as the parallel run's processes (RolloutWorker,
+InferenceBatcher, LearnerHost), over a private arena."""
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from .console import Console
+from .evaluator import EvalResults, Evaluator
+from .inference import InferenceBatcher, batcher_epsilons
+from .learner import LearnerHost, make_learner, restore_learner
+from .metrics import MetricsWriteError, Reporter
+from .rollout import RolloutWorker, make_worker_env, worker_slot_ids
+from .run_plan import RunError, RunPlan, RunResult
+
+
+def run_serial(plan: RunPlan, console: Console) -> RunResult:
+    """Run ``plan`` in this process until its budget is spent; the final checkpoint and report are
+    written on the way out."""
+    threads = torch.get_num_threads()
+    # As the learner process does: torch's default (every core) measured 2-5x slower here.
+    torch.set_num_threads(plan.cfg.learner.torch_threads)
+    try:
+        with threadpool_limits(1, user_api="blas"):  # as every child process (configure_child)
+            return _serial_steps(plan, console)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
+    cfg, run_dir, spec = plan.cfg, plan.run_dir, plan.spec
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    arena = plan.new_arena(shared=False)
+    learner = make_learner(cfg, spec.observation_space, spec.action_space, model=plan.model, device=plan.device)
+    if plan.resume_state is not None:
+        restore_learner(learner, plan.resume_state)
+    host = LearnerHost(cfg, arena, learner, run_dir)
+    batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
+                               torch.device(plan.inference_device), batcher_epsilons(cfg),
+                               numpy_mlp=cfg.inference.numpy_mlp)
+    spare = []
+    workers = []
+    for w in range(cfg.env.num_workers):
+        owned = worker_slot_ids(cfg, w)
+        spare.append(deque(owned[cfg.env.envs_per_worker:].tolist()))
+        workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned[:cfg.env.envs_per_worker],
+                                     _take_from(spare[w]), lambda slots: queue.extend(slots.tolist())))
+    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+
+    def release(slot_ids):
+        for slot in slot_ids.tolist():
+            spare[slot // per_worker].append(slot)
+
+    reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
+                        plan.launched_at, None, *plan.clocks)
+    queue: deque[int] = deque()
+    host.publish()
+    # Serial mode evaluates in line (training waits meanwhile): it is for debugging, not speed.
+    evaluator = Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir) if cfg.eval.every_s else None
+    eval_results = EvalResults(arena)
+    next_eval = time.time() + cfg.eval.every_s
+    next_report = time.time() + cfg.report_every_s
+    try:
+        for worker in workers:
+            worker.start()
+        while not reporter.budget_reached():
+            ready_workers, ready_requests = [], []
+            for w, worker in enumerate(workers):
+                while worker.can_recv():
+                    request = worker.recv_batch()
+                    ready_workers.append(w)
+                    ready_requests.append(request)
+            batcher.refresh_weights()
+            batcher.infer(np.array(ready_workers), np.array(ready_requests))
+            for w, request in zip(ready_workers, ready_requests):
+                workers[w].act(request)
+            while len(queue) >= cfg.trajectories_per_batch:
+                slot_ids = np.array([queue.popleft() for _ in range(cfg.trajectories_per_batch)], dtype=np.int64)
+                host.consume(slot_ids, release)
+            if evaluator is not None and time.time() >= next_eval:
+                evaluator.evaluate()
+                next_eval = time.time() + cfg.eval.every_s
+            if time.time() >= next_report:
+                reporter.report(eval_results.new())
+                next_report += cfg.report_every_s
+            if host.checkpoint_due():
+                host.checkpoint()
+        host.flush()  # the device path's last batch (fastrl.learner.feed)
+    except MetricsWriteError as exc:
+        raise RunError(str(exc)) from None
+    finally:
+        for worker in workers:
+            worker.env.close()
+        try:
+            host.checkpoint()
+            if reporter.metrics_ok:
+                reporter.report(eval_results.new())
+        finally:
+            reporter.close()
+    return RunResult(run_dir, list(reporter.history))
+
+
+def _take_from(spare: deque):
+    def take(n: int) -> np.ndarray:
+        if len(spare) < n:
+            raise RunError("serial mode ran out of free trajectory slots; raise slots_per_env")
+        return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
+
+    return take

@@ -1,0 +1,135 @@
+"""Supervision of a run's processes: crashed rollout workers and a failed evaluator restarted,
+any other child's exit turned into the run's one-line RunError, and the stop in order at the end
+(the learner given time for its final checkpoint, stragglers killed)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from .config import Config
+from .console import Console
+from .evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
+from .run_dir import write_atomic
+from .run_plan import RunError
+from .shm import Arena, Control, get_error
+
+SHUTDOWN_GRACE_S = 15.0
+
+
+class Supervisor:
+    """Watches the children: restarts crashed rollout workers, and the evaluator (an observer: up
+    to EVALUATOR_MAX_RESTARTS times, then the run goes on without it); stops the run on anything
+    else. ``evaluator_failures`` is the read end of the pipe every evaluator says its failure on."""
+
+    def __init__(self, cfg: Config, arena: Arena, make_worker, procs: dict, run_dir: Path | None,
+                 console: Console, process_file: str = "processes.json", make_evaluator=None,
+                 evaluator_failures=None):
+        self.cfg = cfg
+        self.console = console
+        self.arena = arena
+        self.make_worker = make_worker
+        self.procs = procs
+        self.run_dir = run_dir
+        self.process_file = process_file
+        self.make_evaluator = make_evaluator
+        self.evaluator_failures = evaluator_failures
+        self.restart_times: deque[float] = deque()
+        self.restarts = {"rollout": 0, "evaluator": 0}
+        self.generations = [0] * len(procs["rollout"])
+
+    def restart_counts(self) -> dict:
+        """The metrics' restart counters (evaluator_restarts where this rank evaluates)."""
+        counts = {"worker_restarts": self.restarts["rollout"]}
+        if "evaluator" in self.procs:
+            counts["evaluator_restarts"] = self.restarts["evaluator"]
+        return counts
+
+    def everyone(self) -> list:
+        return [p for group in self.procs.values() for p in group]
+
+    def write_process_file(self) -> None:
+        """processes.json: every pid of the run by role, the runner's too (for the profiler and
+        scripts/soak.py; the directory's lock is what marks it in use, fastrl.run_dir)."""
+        if self.run_dir is not None:
+            pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
+            write_atomic(self.run_dir / self.process_file, json.dumps({**pids, "runner": [os.getpid()]}))
+
+    def watch(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
+        dead = wait([p.sentinel for p in self.everyone()], timeout=timeout)
+        if self.arena.control[Control.ERROR]:
+            raise RunError(get_error(self.arena))
+        for p in [p for p in self.everyone() if p.sentinel in dead]:
+            p.join(1.0)  # reap it, so that exitcode is known
+            if p in self.procs["rollout"]:
+                self.restart_worker(self.procs["rollout"].index(p), p)
+            elif p in self.procs.get("evaluator", ()):
+                self.restart_evaluator(p)
+            else:
+                raise RunError(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
+                               f"(the last checkpoint is kept)")
+
+    def restart_worker(self, w: int, dead) -> None:
+        now = time.time()
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > self.cfg.restart_window_s:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.cfg.max_worker_restarts:
+            raise RunError(f"rollout workers crashed {len(self.restart_times)} times within "
+                           f"{self.cfg.restart_window_s:.0f} s (last: {dead.name}, exit code {dead.exitcode}); "
+                           f"stopping (raise max_worker_restarts to tolerate more, or fix the env)")
+        self.generations[w] += 1
+        self._replace("rollout", w, dead, self.make_worker(w, self.generations[w]), f"exited with code {dead.exitcode}")
+
+    def restart_evaluator(self, dead) -> None:
+        """Start a new evaluator, or after EVALUATOR_MAX_RESTARTS go on without one (one notice)."""
+        why = self._evaluator_failure(dead)
+        if self.restarts["evaluator"] >= EVALUATOR_MAX_RESTARTS:
+            self.procs["evaluator"] = []
+            self.write_process_file()
+            self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why} after {EVALUATOR_MAX_RESTARTS} restarts; "
+                                f"training goes on without evaluation (best.pt keeps the best so far)")
+            return
+        self._replace("evaluator", 0, dead, self.make_evaluator(), why, limit=EVALUATOR_MAX_RESTARTS)
+
+    def _evaluator_failure(self, dead) -> str:
+        """The line a dead evaluator sent (fastrl.evaluator.failure_line), else how it ended."""
+        said = None
+        while self.evaluator_failures.poll():
+            said = self.evaluator_failures.recv()
+        if said is not None:
+            return f"failed ({said})"
+        if dead.exitcode is not None and dead.exitcode < 0:
+            return f"was killed by {signal.Signals(-dead.exitcode).name}"
+        return f"exited with code {dead.exitcode}"
+
+    def _replace(self, role: str, index: int, dead, replacement, why: str, limit: int | None = None) -> None:
+        replacement.start()
+        self.procs[role][index] = replacement
+        self.restarts[role] += 1
+        self.write_process_file()
+        of = f" of {limit}" if limit is not None else ""
+        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why}; restarted as pid {replacement.pid} "
+                            f"(restart {self.restarts[role]}{of})")
+
+
+def stop_processes(arena: Arena, procs: dict, console: Console) -> None:
+    """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
+    arena.control[Control.STOP] = 1
+    deadline = time.time() + SHUTDOWN_GRACE_S
+    for role in ("rollout", "inference", "evaluator", "learner"):
+        for p in procs.get(role, ()):
+            if p.pid is not None:
+                p.join(max(0.1, deadline - time.time()))
+    for group in procs.values():
+        for p in group:
+            if p.pid is not None and p.is_alive():
+                console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {SHUTDOWN_GRACE_S:.0f} s; "
+                               f"killed" + (" before its final checkpoint" if p.name == "fastrl-learner" else ""))
+                p.kill()
+                p.join(5)
