@@ -9,7 +9,7 @@ import torch
 from .checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_path, load_checkpoint,
                          load_latest_checkpoint, load_model_state)
 from .config import Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
-from .envs import make_vec_env, probe_env
+from .envs import make_episode_env, probe_env
 from .models import action_head, build_model
 from .spaces import ObsLayout
 
@@ -27,13 +27,15 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     every step; an evaluation inside a run raises from it to stop at once. Given ``env`` (a VecEnv
     of ``cfg.env``, closed here) the episodes are played on its envs, all at once, and
     ``after_recv()`` is called after every ``recv()``: fastrl.video grabs its frames there.
+    In a multi-agent env every agent is an env here (its episodes count one by one) and whole
+    games are played: the fewest that hold ``min(episodes, num_envs)`` agents, so ``n`` may
+    exceed ``num_envs`` by less than a game.
     """
     deterministic = deterministic or cfg.learner.algo in Q_LEARNERS
-    n = env.num_envs if env is not None else min(episodes, num_envs)
-    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     if env is None:
-        env = make_vec_env(cfg.env.id, num_envs=n, batch_size=n, seed=seed, backend=cfg.env.backend,
-                           env_kwargs=cfg.env.kwargs)
+        env = make_episode_env(cfg, min(episodes, num_envs), seed)
+    n = env.num_envs
+    quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     model = model.to(device).eval()
     head = action_head(env.action_space)
     layout = ObsLayout(env.observation_space)
@@ -61,7 +63,8 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             running[ids] += np.where(stepped, rewards, 0.0)
             running_length[ids] += stepped
             done = np.logical_or(terminated, truncated)
-            for i in ids[done]:
+            # A done that ends no step is an agent that left its game before, still reporting it.
+            for i in ids[done & stepped]:
                 if finished[i] < quota[i]:
                     returns.append(float(running[i]))
                     lengths.append(int(running_length[i]))

@@ -180,7 +180,10 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
         if valid:
             episode_return[env] += rewards[i]
             episode_length[env] += 1
-        if done:
+        # Only a valid step ends an episode. A done on an invalid step is a multi-agent row whose
+        # agent has left its game: it reports the flags it left with until the game resets
+        # (fastrl/envs/pettingzoo_backend.py), and its episode was counted when it left.
+        if done and valid:
             k = ring_count[0] % ring_size
             ring_return[k] = episode_return[env]
             ring_length[k] = episode_length[env]

@@ -3,7 +3,8 @@
 The frames are the env's own render, not its observations: an Atari agent sees 84x84 grey
 stacks, a person wants the 210x160 colour screen. envpool renders its tasks itself
 (``render_mode="rgb_array"`` and ``render()``, envpool >= 1.0); gymnasium envs, Atari through
-ale-py and ``module:callable`` factories get ``render_mode="rgb_array"`` and their ``render()``.
+ale-py, ``module:callable`` factories and PettingZoo games get ``render_mode="rgb_array"`` and
+their ``render()`` (a game is one env of as many rows as agents, its episodes those of its agents).
 Either way the observations the policy acts on are the ones it was trained on.
 
 A frame is taken after every ``recv()`` of the one env: an episode of L steps gives L + 1
@@ -147,8 +148,8 @@ def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: 
 
 
 def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.ndarray]]:
-    """One env of ``cfg.env`` (a VecEnv of num_envs = batch_size = 1) and a function that renders
-    its current frame."""
+    """One env of ``cfg.env`` (a VecEnv of num_envs = batch_size = 1, or one game's agent rows) and
+    a function that renders its current frame."""
     env_id = cfg.env.id
     backend = resolve_backend(env_id, cfg.env.backend)
     kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}
@@ -160,6 +161,17 @@ def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.n
         pool = envpool.make(env_id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed % 2**31, **kwargs)
         env_ids = np.zeros(1, dtype=np.int32)
         return EnvpoolSplits([pool], frame_skip=1), lambda: pool.render(env_ids=env_ids)[0]
+    if backend == "pettingzoo":
+        from .envs.pettingzoo_backend import open_games
+
+        try:
+            game = open_games(env_id, 1, seed, kwargs)  # one game: a row per agent, one frame for all
+        except TypeError as exc:
+            if "render_mode" not in str(exc):
+                raise
+            raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() must accept "
+                             f"render_mode='rgb_array' and return RGB frames from render()") from None
+        return game, game.render_game
     from .envs import _gymnasium_env_fn
     from .envs.gym_backend import GymnasiumSplits
 

@@ -5,10 +5,13 @@
   gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
                                                         are preprocessed like envpool (atari.py)
   factory     "module:callable" returning a gym.Env     GymnasiumSplits
+  pettingzoo  "pettingzoo:MODULE", a PettingZoo           PettingZooSplits: every agent a row, games of
+              ParallelEnv module (env.backend auto)     n agents in n consecutive rows
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import re
@@ -21,11 +24,13 @@ import gymnasium
 from fastrl.envs import atari
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.gym_backend import GymnasiumSplits
+from fastrl.envs.pettingzoo_backend import is_pettingzoo_id
 from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
 
-__all__ = ["BACKENDS", "Batch", "EnvSpec", "SplitVecEnv", "VecEnv", "make_vec_env", "probe_env", "resolve_backend"]
+__all__ = ["BACKENDS", "Batch", "EnvSpec", "SplitVecEnv", "VecEnv", "make_episode_env", "make_vec_env", "probe_env",
+           "resolve_backend"]
 
 
 @dataclass
@@ -36,13 +41,29 @@ class EnvSpec:
 
 
 def probe_env(cfg) -> EnvSpec:
-    """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance."""
-    env = make_vec_env(cfg.env.id, num_envs=1, batch_size=1, seed=cfg.seed, backend=cfg.env.backend,
+    """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance.
+
+    A multi-agent env is probed as one split of a worker's rows, which must hold whole games; it
+    makes one game (PettingZooSplits makes the others at their first reset)."""
+    rows = cfg.env.envs_per_worker // cfg.env.num_splits if is_pettingzoo_id(cfg.env.id) else 1
+    env = make_vec_env(cfg.env.id, num_envs=rows, batch_size=rows, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs)
     try:
         return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
     finally:
         env.close()
+
+
+def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
+    """``num_envs`` envs of ``cfg.env`` in one batch, to play whole episodes (evaluation); for a
+    multi-agent env, the fewest games that hold ``num_envs`` agent rows."""
+    if is_pettingzoo_id(cfg.env.id):
+        from fastrl.envs.pettingzoo_backend import open_games
+
+        with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
+            return open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs)
+    return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=num_envs, seed=seed, backend=cfg.env.backend,
+                        env_kwargs=cfg.env.kwargs)
 
 
 def make_vec_env(
@@ -59,8 +80,9 @@ def make_vec_env(
     """Make one group of `num_envs` envs, returned `batch_size` at a time by `recv()`.
 
     Args:
-        env_id: envpool task id, gymnasium id, or "module:callable" factory.
-        num_envs: envs in the group; a multiple of `batch_size`.
+        env_id: envpool task id, gymnasium id, "module:callable" factory, or "pettingzoo:MODULE".
+        num_envs: envs in the group; a multiple of `batch_size`. For a multi-agent env these are
+            agent rows: `batch_size` must be a multiple of the agents of a game.
         batch_size: envs per `recv()`.
         seed: env i of the group is seeded `seed + i`; give groups seeds `num_envs` apart.
         backend: "auto" picks envpool, then gymnasium, then factory (see `resolve_backend`).
@@ -68,8 +90,9 @@ def make_vec_env(
             otherwise `num_envs // batch_size` sync splits. Ignored (sync) for gymnasium/factory.
         num_threads: envpool threads per pool (0 = envpool's default). Ignored for gymnasium.
         thread_affinity: envpool only: pin threads to cores from core 0.
-        env_kwargs: passed to `envpool.make`, `gymnasium.make` or the factory; for gymnasium
-            Atari ids, envpool's Atari config keys are understood too (atari.py).
+        env_kwargs: passed to `envpool.make`, `gymnasium.make`, the factory or PettingZoo's
+            `parallel_env`; for gymnasium Atari ids, envpool's Atari config keys are understood
+            too (atari.py).
     """
     if batch_size < 1 or num_envs < 1 or num_envs % batch_size:
         raise ValueError(
@@ -77,7 +100,7 @@ def make_vec_env(
         )
     env_kwargs = dict(env_kwargs or {})
     backend = resolve_backend(env_id, backend)
-    try:
+    with naming_unknown_kwargs(env_id, env_kwargs):
         if backend == "envpool":
             # envpool is optional, and importing it loads every env family (seconds): only when used.
             from fastrl.envs.envpool_backend import make_envpool_vec_env
@@ -85,17 +108,29 @@ def make_vec_env(
             env = make_envpool_vec_env(
                 env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
             )
+        elif backend == "pettingzoo":
+            from fastrl.envs.pettingzoo_backend import make_pettingzoo_vec_env  # pettingzoo is optional
+
+            env = make_pettingzoo_vec_env(env_id, num_envs, batch_size, seed, env_kwargs)
         else:
             env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
             env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
+    _check_spaces(env, env_id)
+    return env
+
+
+@contextlib.contextmanager
+def naming_unknown_kwargs(env_id: str, env_kwargs: dict[str, Any]):
+    """Making envs inside: a TypeError for a key of ``env_kwargs`` the constructor does not take
+    becomes one ValueError line naming it."""
+    try:
+        yield
     except TypeError as exc:
         unknown = _unknown_kwarg(exc, env_kwargs)
         if unknown is None:
             raise
         raise ValueError(f"env.kwargs: {env_id!r} takes no argument {unknown!r}; remove it from env.kwargs or "
                          f"correct its name") from None
-    _check_spaces(env, env_id)
-    return env
 
 
 def _unknown_kwarg(exc: TypeError, env_kwargs: dict[str, Any]) -> str | None:
@@ -107,13 +142,19 @@ def _unknown_kwarg(exc: TypeError, env_kwargs: dict[str, Any]) -> str | None:
 
 
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
-    """The backend that serves `env_id`: "envpool", "gymnasium" or "factory".
+    """The backend that serves `env_id`: "envpool", "gymnasium", "factory" or "pettingzoo".
 
-    "auto" tries, in order: an envpool task id, a registered gymnasium id, "module:callable".
-    Raises ValueError (one line, with close matches) when nothing serves `env_id`.
+    A "pettingzoo:MODULE" id is PettingZoo's (with backend "auto"). Otherwise "auto" tries, in
+    order: an envpool task id, a registered gymnasium id, "module:callable". Raises ValueError
+    (one line, with close matches) when nothing serves `env_id`.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if is_pettingzoo_id(env_id):
+        if backend != "auto":
+            raise ValueError(f"{env_id!r} is a PettingZoo env, which the {backend} backend cannot make: leave "
+                             f"env.backend at auto")
+        return "pettingzoo"
     if backend != "auto":
         if backend == "factory":
             _import_factory(env_id)
