@@ -29,6 +29,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 import tomli_w
 
+from .slots import MAX_SPLITS
+
 DEFAULT_PROFILE = "cartpole-appo"
 ALGOS = ("appo", "impala", "dqn", "r2d2")
 VTRACE = ("appo", "impala")  # actor-critics learning from fresh trajectories through V-trace
@@ -123,9 +125,9 @@ class EnvConfig:
                        help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
     num_workers: int = key(2, allowed=AT_LEAST_1, help="rollout worker processes")
     envs_per_worker: int = key(256, allowed=AT_LEAST_1, help="envs each worker steps; a multiple of env.num_splits")
-    # A worker sends generation_tag * num_splits + request in one byte (fastrl.rollout): at most
-    # 128 splits leave two tags, so a restarted worker ignores replies meant for the one it replaced.
-    num_splits: int = key(2, allowed=Range(1, 128),
+    # A request travels as one byte (fastrl.slots): MAX_SPLITS keeps two generation tags, so that a
+    # restarted worker ignores replies meant for the one it replaced.
+    num_splits: int = key(2, allowed=Range(1, MAX_SPLITS),
                           help="double buffering: the worker steps one split of its envs while another waits for "
                                "actions")
     async_mode: bool = key(False, help="envpool's async send/recv inside each worker")
@@ -369,6 +371,11 @@ class Config:
     @property
     def num_slots(self) -> int:
         return self.total_envs * self.slots_per_env
+
+    @property
+    def slots_per_worker(self) -> int:
+        """The block of slots each rollout worker owns (fastrl.slots)."""
+        return self.env.envs_per_worker * self.slots_per_env
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -30,6 +30,7 @@ from .models import ActorCritic, action_head, build_model
 from .published_weights import PublishedWeights
 from .process_utils import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from .shm import Arena, set_error
+from .slots import request_ids
 
 
 def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:
@@ -311,8 +312,7 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
                 for message in sent:
                     workers.append(w)
                     requests.append(message)
-            # A message is generation_tag * S + request (see fastrl.rollout.rollout_process).
-            batcher.infer(np.array(workers), np.array(requests) % S)
+            batcher.infer(np.array(workers), request_ids(np.array(requests), S))
             # Each worker gets back the very bytes it sent: its requests, now answered.
             for w, sent in messages.items():
                 actions_out[w].send_bytes(sent)
@@ -329,9 +329,9 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
 
 
 def gather_ready_requests(ready, worker_of, pipes: ReadablePipes) -> dict[int, bytes]:
-    """Every request waiting now, as each worker's messages (one byte a request): the ``ready``
-    ends' messages, then those that came meanwhile (a worker has at most ``num_splits`` requests
-    out, so this ends)."""
+    """Every request waiting now, as each worker's messages (one byte a request, fastrl.slots): the
+    ``ready`` ends' messages, then those that came meanwhile (a worker has at most ``num_splits``
+    requests out, so this ends)."""
     messages: dict[int, bytes] = {}
     while ready:
         for conn in ready:

@@ -46,6 +46,11 @@ class WorkerTiming:
     def row(arena: Arena, worker_id: int) -> np.ndarray:
         return arena.timings[worker_id]
 
+    @staticmethod
+    def cell(arena: Arena, worker_id: int, column: int) -> np.ndarray:
+        """One column of the row as a ``[1]`` view, for a part of the worker that adds to that column alone."""
+        return arena.timings[worker_id, column:column + 1]
+
 
 class BatcherTiming:
     """Columns of the inference batcher's row ``W`` of ``arena.timings``: cumulative seconds, then counts."""

@@ -19,16 +19,18 @@ from .envs import make_vec_env
 from .metrics import WorkerTiming
 from .process_utils import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from .shm import Arena, set_error
+from .slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from .spaces import ObsLayout
 
 
 class RolloutWorker:
-    """The env-side half of the slot protocol, independent of how messages travel.
+    """The env-side half of the slot protocol (fastrl.slots), independent of how messages travel.
 
     ``first_slots`` ``[E]`` are the slots the envs fill first; ``take_free_slots(n)`` returns
     ``n`` more free slot ids of this worker (blocking if it must); ``emit_full(slot_ids)`` hands
-    full slots to the learner; ``recv_batch()`` steps the env and returns a request id;
-    ``act(request_id)`` sends the actions the batcher wrote for that request to the envs.
+    full slots to the learner (in a run, a WorkerSlots' ``take`` and ``emit``); ``recv_batch()``
+    steps the env and returns a request id; ``act(request_id)`` sends the actions the batcher
+    wrote for that request to the envs.
     """
 
     def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, first_slots: np.ndarray,
@@ -257,31 +259,47 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
         check_alive(control, parent_pid)
 
 
-def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int, tag: int,
-                          S: int) -> None:
+def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int,
+                          codec: RequestCodec) -> None:
     """The worker's loop with the batcher process: step every batch it can, send each one's request
-    id, act on the answers meant for this generation (``tag``); until the run stops (ProcessExit)."""
+    byte, act on the answers meant for this generation (``codec``); until the run stops (ProcessExit)."""
     requests_out, actions_in = channels.requests_out, channels.actions_in
     actions_pipe = ReadablePipes([actions_in])
     timings = worker.timings
+    messages, requests = codec.messages, codec.requests
     while True:
         while worker.can_recv():
-            request = worker.recv_batch()
-            requests_out.send_bytes(bytes([tag * S + request]))
+            requests_out.send_bytes(messages[worker.recv_batch()])
         waited = time.perf_counter()
         while not actions_pipe.wait(control, parent_pid):
             pass
         timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
         while actions_pipe.ready():
             for message in actions_in.recv_bytes():
-                if message // S == tag:
-                    worker.act(message % S)
+                request = requests[message]
+                if request >= 0:
+                    worker.act(request)
 
 
-def worker_slot_ids(cfg: Config, worker_id: int) -> np.ndarray:
-    """The slots a worker owns: a contiguous block of ``envs_per_worker * slots_per_env``."""
-    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
-    return np.arange(worker_id * per_worker, (worker_id + 1) * per_worker, dtype=np.int32)
+def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChannels, parent_pid: int) -> WorkerSlots:
+    """Worker ``worker_id``'s side of the slot protocol over its pipes: full slots out on the full
+    pipe, released ones in from the free pipe (waits end when the run stops: ProcessExit)."""
+    full_out, free_in = channels.full_out, channels.free_in
+    free_pipe = ReadablePipes([free_in])
+    control = arena.control
+
+    def receive(slots: WorkerSlots, block: bool) -> None:
+        # Blocks until the learner returns slots: this is the backpressure that bounds lag.
+        if block and not free_pipe.wait(control, parent_pid):
+            return
+        while free_pipe.ready():
+            slots.returned(slot_ids_from(free_in.recv_bytes()))
+
+    def send_full(slot_ids: np.ndarray) -> None:
+        full_out.send_bytes(slot_bytes(slot_ids))
+
+    return WorkerSlots(arena, worker_slot_ids(worker_id, cfg.slots_per_worker), send_full, receive,
+                       WorkerTiming.cell(arena, worker_id, WorkerTiming.WAIT_SLOTS))
 
 
 def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
@@ -298,10 +316,9 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
                     parent_pid: int, generation: int = 0, rank: int = 0, spaces=None, model=None) -> None:
     """Main loop of a rollout worker process.
 
-    ``generation`` counts restarts of this worker. Request ids on the wire are
-    ``generation_tag * S + request``, so a restarted worker ignores action replies meant for the
-    process it replaces. A restarted worker takes back the slots not queued for the learner;
-    the queued ones return through the free pipe as usual.
+    ``generation`` counts restarts of this worker: a restarted worker ignores action replies
+    meant for the process it replaces, and takes back its slots not queued for the learner
+    (fastrl.slots).
 
     With ``inference.in_workers`` the worker acts for its own batches (``act_for_itself``):
     ``spaces`` (observation, action) and ``model`` (the user's network or None) are then the
@@ -309,48 +326,18 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     """
     configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
     arena = Arena.attach(layout, arena_name)
-    full_out, free_in = channels.full_out, channels.free_in
-    control = arena.control
-    timings = WorkerTiming.row(arena, worker_id)
-    S, E = cfg.env.num_splits, cfg.env.envs_per_worker
-    tag = generation % (256 // S)  # a message is one byte
-    owned = worker_slot_ids(cfg, worker_id)
-    available = owned[arena.slot_queued[owned] == 0]
-    held = set(available.tolist())  # slots this worker has: spare or filling
-    spare = deque(available.tolist())
-    free_pipe = ReadablePipes([free_in])
-
-    def receive_free_slots() -> None:
-        while free_pipe.ready():
-            for slot in np.frombuffer(free_in.recv_bytes(), dtype=np.int32).tolist():
-                if slot not in held:  # after a restart a slot can be both reclaimed and returned
-                    held.add(slot)
-                    spare.append(slot)
-
-    def take_free_slots(n: int) -> np.ndarray:
-        waited = time.perf_counter()
-        receive_free_slots()
-        while len(spare) < n:
-            # Blocks until the learner returns slots: this is the backpressure that bounds lag.
-            if free_pipe.wait(control, parent_pid):
-                receive_free_slots()
-        timings[WorkerTiming.WAIT_SLOTS] += time.perf_counter() - waited
-        return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
-
-    def send_full(slots: np.ndarray) -> None:
-        arena.slot_queued[slots] = 1
-        held.difference_update(slots.tolist())
-        full_out.send_bytes(slots.astype(np.int32).tobytes())
-
+    slots = worker_slots(cfg, arena, worker_id, channels, parent_pid)
     env = None
     try:
         env = make_worker_env(cfg, worker_id, rank)
-        worker = RolloutWorker(worker_id, cfg, arena, env, take_free_slots(E), take_free_slots, send_full)
+        worker = RolloutWorker(worker_id, cfg, arena, env, slots.take(cfg.env.envs_per_worker), slots.take,
+                               slots.emit)
         worker.start()
         if cfg.inference.in_workers:
             act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
         else:
-            serve_through_batcher(worker, channels, control, parent_pid, tag, S)
+            serve_through_batcher(worker, channels, arena.control, parent_pid,
+                                  RequestCodec(cfg.env.num_splits, generation))
     except ProcessExit:
         pass
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import deque
 
 import numpy as np
 import torch
@@ -15,9 +14,10 @@ from .console import Console
 from .evaluator import EvalResults, Evaluator
 from .inference import InferenceBatcher, batcher_epsilons
 from .learner import LearnerHost, make_learner, restore_learner
-from .metrics import MetricsWriteError, Reporter
-from .rollout import RolloutWorker, make_worker_env, worker_slot_ids
+from .metrics import MetricsWriteError, Reporter, WorkerTiming
+from .rollout import RolloutWorker, make_worker_env
 from .run_plan import RunError, RunPlan, RunResult
+from .slots import SlotsExhausted, serial_slots
 
 
 def run_serial(plan: RunPlan, console: Console) -> RunResult:
@@ -45,22 +45,12 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
                                torch.device(plan.inference_device), batcher_epsilons(cfg),
                                numpy_mlp=cfg.inference.numpy_mlp)
-    spare = []
-    workers = []
-    for w in range(cfg.env.num_workers):
-        owned = worker_slot_ids(cfg, w)
-        spare.append(deque(owned[cfg.env.envs_per_worker:].tolist()))
-        workers.append(RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), owned[:cfg.env.envs_per_worker],
-                                     _take_from(spare[w]), lambda slots: queue.extend(slots.tolist())))
-    per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
-
-    def release(slot_ids):
-        for slot in slot_ids.tolist():
-            spare[slot // per_worker].append(slot)
-
+    worker_slots, full = serial_slots(arena, cfg.env.num_workers, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                      lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS))
+    workers = [RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), slots.take(cfg.env.envs_per_worker), slots.take,
+                             slots.emit) for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks)
-    queue: deque[int] = deque()
     host.publish()
     # Serial mode evaluates in line (training waits meanwhile): it is for debugging, not speed.
     evaluator = Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir) if cfg.eval.every_s else None
@@ -81,9 +71,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
             batcher.infer(np.array(ready_workers), np.array(ready_requests))
             for w, request in zip(ready_workers, ready_requests):
                 workers[w].act(request)
-            while len(queue) >= cfg.trajectories_per_batch:
-                slot_ids = np.array([queue.popleft() for _ in range(cfg.trajectories_per_batch)], dtype=np.int64)
-                host.consume(slot_ids, release)
+            while (slot_ids := full.next_batch()) is not None:
+                host.consume(slot_ids, full.release)
             if evaluator is not None and time.time() >= next_eval:
                 evaluator.evaluate()
                 next_eval = time.time() + cfg.eval.every_s
@@ -93,7 +82,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
             if host.checkpoint_due():
                 host.checkpoint()
         host.flush()  # the device path's last batch (fastrl.learner.feed)
-    except MetricsWriteError as exc:
+    except (MetricsWriteError, SlotsExhausted) as exc:
         raise RunError(str(exc)) from None
     finally:
         for worker in workers:
@@ -105,12 +94,3 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
         finally:
             reporter.close()
     return RunResult(run_dir, list(reporter.history))
-
-
-def _take_from(spare: deque):
-    def take(n: int) -> np.ndarray:
-        if len(spare) < n:
-            raise RunError("serial mode ran out of free trajectory slots; raise slots_per_env")
-        return np.array([spare.popleft() for _ in range(n)], dtype=np.int32)
-
-    return take

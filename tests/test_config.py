@@ -269,7 +269,7 @@ def test_every_numeric_key_has_a_range():
 
 
 def test_num_splits_fits_the_one_byte_request_ids_with_a_restart_tag():
-    # A worker sends generation_tag * S + request in one byte (fastrl.rollout): S <= 128 leaves
+    # A worker sends generation_tag * S + request in one byte (fastrl.slots): S <= 128 leaves
     # at least two tags, so a restarted worker tells its replies from its predecessor's.
     build_config("cartpole-appo", {"env.num_splits": 128})
     with pytest.raises(ConfigError, match=r"'env.num_splits' must be in \[1, 128\], got 256"):

@@ -112,3 +112,13 @@ def test_the_runner_family_imports_down_only():
     for module in ("fastrl.preflight", "fastrl.run_plan", "fastrl.supervisor"):
         assert not graph[module] & modes, f"{module} imports a run mode"
     assert not graph["fastrl.run_plan"] & parts and not graph["fastrl.preflight"] & {"fastrl.supervisor"}
+
+
+def test_the_slot_protocol_is_one_module_that_every_party_uses():
+    """fastrl.slots sits below everything (the config reads its limits); the worker, the batcher,
+    the learner and the serial run all take the protocol from it."""
+    graph = import_graph()
+    assert graph["fastrl.slots"] == set()
+    for module in ("fastrl.config", "fastrl.rollout", "fastrl.inference", "fastrl.learner.process",
+                   "fastrl.serial_run"):
+        assert "fastrl.slots" in graph[module], f"{module} does not use fastrl.slots"

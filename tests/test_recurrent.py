@@ -17,9 +17,10 @@ from fastrl.inference import InferenceBatcher, request_cursors
 from fastrl.learner.batch import Trajectories, gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner
 from fastrl.models import num_state_values, state_to_flat
-from fastrl.rollout import RolloutWorker, make_worker_env, worker_slot_ids
+from fastrl.rollout import RolloutWorker, make_worker_env
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer
+from fastrl.slots import worker_slot_ids
 
 ATOL = 1e-5
 MEMORY_LENGTH = 5  # MemoryEnv: an episode is 5 steps, then the autoreset step: 6 rows per episode
@@ -117,7 +118,7 @@ class LockstepRun:
         self.acted_params = np.full((N, T, 2), np.nan, np.float32)
         self.acted = []  # per forward pass: (env rows, env_start, obs [n, 3], state [n, S])
         self.batcher.model.register_forward_hook(self._record)
-        self.spare = [deque(worker_slot_ids(cfg, w).tolist()) for w in range(cfg.env.num_workers)]
+        self.spare = [deque(worker_slot_ids(w, cfg.slots_per_worker).tolist()) for w in range(cfg.env.num_workers)]
         self.filled = [[] for _ in range(cfg.env.num_workers)]  # full slots since the worker (re)started
         self.full = []  # every full slot (none is handed back: their contents stay)
         self.workers = [None] * cfg.env.num_workers

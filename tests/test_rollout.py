@@ -6,10 +6,11 @@ import pytest
 
 from fastrl.config import build_config
 from fastrl.metrics import read_timings
-from fastrl.rollout import RolloutWorker, make_worker_env, worker_slot_ids
+from fastrl.rollout import RolloutWorker, make_worker_env
 from fastrl.envs import probe_env
 from fastrl.runner import arena_layout
 from fastrl.shm import Arena
+from fastrl.slots import worker_slot_ids
 
 
 def countdown_config(**overrides):
@@ -24,7 +25,7 @@ def run_worker(cfg, steps_per_env: int):
     """Step one worker by hand (the batcher's part: action 0, version 7). Returns the arena and
     the full slots in the order they were emitted."""
     arena = Arena(arena_layout(cfg, probe_env(cfg), num_weights=1), shared=False)
-    owned = worker_slot_ids(cfg, 0)
+    owned = worker_slot_ids(0, cfg.slots_per_worker)
     spare = deque(owned[cfg.env.envs_per_worker:].tolist())
 
     def take(n):

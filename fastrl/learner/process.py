@@ -7,7 +7,6 @@ update and no peer is left waiting inside a collective.
 from __future__ import annotations
 
 import os
-from collections import deque
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from ..checkpoint import CheckpointError
 from ..config import Config
 from ..process_utils import ProcessExit, ReadablePipes, configure_child
 from ..shm import Arena, Control, set_error
+from ..slots import FullQueue, slot_bytes, slot_ids_from
 from ..timing import Timers
 from .factory import make_learner
 from .host import LearnerHost, NonFiniteTraining, restore_learner
@@ -67,29 +67,30 @@ class DistributedStop:
 
 
 class FullSlots:
-    """The learner's ends of the slot pipes, one pair per rollout worker (``channels``: full-slot
-    pipes in, free-slot pipes out): full slot ids queued in arrival order and taken a batch at a
-    time; slots handed back to the worker that owns them once copied out (``release``)."""
+    """The learner's side of the slot protocol (fastrl.slots.FullQueue) over its ends of the slot
+    pipes, one pair per rollout worker (``channels``: full-slot pipes in, free-slot pipes out): full
+    slot ids queued in arrival order and taken a batch at a time; slots handed back to the worker
+    that owns them once copied out (``release``)."""
 
     def __init__(self, cfg: Config, arena: Arena, channels, parent_pid: int, timers: Timers):
-        full_in, self.free_out = channels
+        full_in, free_out = channels
         self.pipes = ReadablePipes(full_in)
         self.arena = arena
         self.parent_pid = parent_pid
         self.timers = timers
-        self.queue: deque[int] = deque()
-        self.needed = cfg.trajectories_per_batch
-        self.per_worker = cfg.env.envs_per_worker * cfg.slots_per_env
+        self.full = FullQueue(arena, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                              give_back=lambda w, slot_ids: free_out[w].send_bytes(slot_bytes(slot_ids)))
+        self.release = self.full.release
 
     def next_batch(self) -> np.ndarray | None:
         """The ids ``[trajectories_per_batch]`` int64 of the next batch's slots, oldest first. With
         fewer queued, first waits for workers to send more (``wait_s``; ProcessExit when the run
         stops meanwhile): None when the wait ended without enough."""
-        if len(self.queue) < self.needed:
+        batch = self.full.next_batch()
+        if batch is None:
             self.receive()
-            if len(self.queue) < self.needed:
-                return None
-        return np.array([self.queue.popleft() for _ in range(self.needed)], dtype=np.int64)
+            batch = self.full.next_batch()
+        return batch
 
     def receive(self) -> None:
         """Block until a worker sends full slot ids (or the wait times out); queue all that came."""
@@ -97,15 +98,8 @@ class FullSlots:
             ready = self.pipes.wait(self.arena.control, self.parent_pid)
         while ready:
             for conn in ready:
-                self.queue.extend(np.frombuffer(conn.recv_bytes(), dtype=np.int32).tolist())
+                self.full.put(slot_ids_from(conn.recv_bytes()))
             ready = self.pipes.ready()
-
-    def release(self, slot_ids: np.ndarray) -> None:
-        """Hand ``slot_ids`` ``[B]`` back to their workers: their contents were copied out."""
-        self.arena.slot_queued[slot_ids] = 0
-        owners = slot_ids // self.per_worker
-        for w in np.unique(owners):
-            self.free_out[w].send_bytes(slot_ids[owners == w].astype(np.int32).tobytes())
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
