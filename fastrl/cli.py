@@ -144,7 +144,7 @@ def eval_main(argv=None) -> int:
     args = p.parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        from .evaluate import evaluate_run, evaluation_device
+        from .policy_eval import evaluate_run, evaluation_device
         from .video import VideoError, write_run_video
 
         if args.episodes <= 0:

@@ -158,7 +158,7 @@ def group_by_seed(runs: list[Run]) -> list[SeedGroup]:
     return groups
 
 
-EVAL_X = {"env_steps": "eval_at_env_steps"}  # see fastrl.evaluator
+EVAL_X = {"env_steps": "eval_at_env_steps"}  # see fastrl.eval_during_training
 
 
 def series_keys(x_key: str, y_keys: list[str]) -> set[str]:

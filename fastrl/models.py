@@ -1,6 +1,6 @@
 """Networks: the actor-critic of the V-trace learners and the dueling Q-network of the dqn
 learner, built from an encoder (:mod:`fastrl.encoders`), an optional recurrent core
-(:mod:`fastrl.cores`) and heads (:mod:`fastrl.heads`).
+(:mod:`fastrl.recurrent`) and heads (:mod:`fastrl.heads`).
 
 Feed-forward: ``model(obs)`` with ``obs`` ``[B, *storage_shape]`` returns ``(params, value)``:
 action parameters ``[B, P]`` (logits for Discrete, (mean, log_std) for Box, their concatenation
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .cores import RecurrentCore
+from .recurrent import RecurrentCore
 from .encoders import (NATURE_MIN_SIDE, ImpalaResNet, LeafEncoder, LeafNormalizer, MLPEncoder, NatureCNN,  # noqa: F401
                        ObsNormalizer, SmallCNN, _orthogonal, image_encoder, scale_obs)
 from .heads import (LOG_STD_RANGE, MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead,  # noqa: F401

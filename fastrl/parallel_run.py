@@ -19,7 +19,7 @@ import time
 
 from . import distributed
 from .console import Console
-from .evaluator import EvalResults, evaluator_process
+from .eval_during_training import EvalResults, evaluator_process
 from .inference import inference_process
 from .learner import learner_process
 from .metrics import MetricsWriteError, Reporter

@@ -1,6 +1,6 @@
 """The serial run: every component in this process, in lockstep, for debugging with pdb or a
 profiler (``serial = true``). The same classes as the parallel run's processes (RolloutWorker,
-InferenceBatcher, LearnerHost), over a private arena."""
+InferenceBatcher, LearnerRuntime), over a private arena."""
 from __future__ import annotations
 
 import copy
@@ -11,9 +11,9 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from .console import Console
-from .evaluator import EvalResults, Evaluator
+from .eval_during_training import EvalResults, Evaluator
 from .inference import InferenceBatcher, batcher_epsilons
-from .learner import LearnerHost, make_learner, restore_learner
+from .learner import LearnerRuntime, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter, WorkerTiming
 from .rollout import RolloutWorker, make_worker_env
 from .run_plan import RunError, RunPlan, RunResult
@@ -41,7 +41,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     learner = make_learner(cfg, spec.observation_space, spec.action_space, model=plan.model, device=plan.device)
     if plan.resume_state is not None:
         restore_learner(learner, plan.resume_state)
-    host = LearnerHost(cfg, arena, learner, run_dir)
+    runtime = LearnerRuntime(cfg, arena, learner, run_dir)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
                                torch.device(plan.inference_device), batcher_epsilons(cfg),
                                numpy_mlp=cfg.inference.numpy_mlp)
@@ -51,7 +51,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                              slots.emit) for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks)
-    host.publish()
+    runtime.publish()
     # Serial mode evaluates in line (training waits meanwhile): it is for debugging, not speed.
     evaluator = Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir) if cfg.eval.every_s else None
     eval_results = EvalResults(arena)
@@ -72,23 +72,23 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
             for w, request in zip(ready_workers, ready_requests):
                 workers[w].act(request)
             while (slot_ids := full.next_batch()) is not None:
-                host.consume(slot_ids, full.release)
+                runtime.consume(slot_ids, full.release)
             if evaluator is not None and time.time() >= next_eval:
                 evaluator.evaluate()
                 next_eval = time.time() + cfg.eval.every_s
             if time.time() >= next_report:
                 reporter.report(eval_results.new())
                 next_report += cfg.report_every_s
-            if host.checkpoint_due():
-                host.checkpoint()
-        host.flush()  # the device path's last batch (fastrl.learner.feed)
+            if runtime.checkpoint_due():
+                runtime.checkpoint()
+        runtime.flush()  # the device path's last batch (fastrl.learner.staging)
     except (MetricsWriteError, SlotsExhausted) as exc:
         raise RunError(str(exc)) from None
     finally:
         for worker in workers:
             worker.env.close()
         try:
-            host.checkpoint()
+            runtime.checkpoint()
             if reporter.metrics_ok:
                 reporter.report(eval_results.new())
         finally:

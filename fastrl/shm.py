@@ -58,7 +58,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
                       num_weights: int, state_size: int = 0) -> ArenaLayout:
     """The arena of one run. Shapes: ``N`` slots, ``T`` steps, ``W`` workers, ``E`` envs per worker,
     ``S`` splits (outstanding inference requests per worker), ``b = E / S``; with a recurrent
-    core, ``state_size`` floats of state per env (see fastrl.cores)."""
+    core, ``state_size`` floats of state per env (see fastrl.recurrent)."""
     T, N, W, E, S = rollout, num_slots, num_workers, envs_per_worker, num_splits
     b = E // S
     specs = [
@@ -93,7 +93,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
-        ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.evaluator
+        ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.eval_during_training
     ]
     if state_size:
         specs += [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .config import Config
 from .console import Console
-from .evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
+from .eval_during_training import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
 from .run_dir import write_atomic
 from .run_plan import RunError
 from .shm import Arena, Control, get_error
@@ -98,7 +98,7 @@ class Supervisor:
         self._replace("evaluator", 0, dead, self.make_evaluator(), why, limit=EVALUATOR_MAX_RESTARTS)
 
     def _evaluator_failure(self, dead) -> str:
-        """The line a dead evaluator sent (fastrl.evaluator.failure_line), else how it ended."""
+        """The line a dead evaluator sent (fastrl.eval_during_training.failure_line), else how it ended."""
         said = None
         while self.evaluator_failures.poll():
             said = self.evaluator_failures.recv()

@@ -25,7 +25,7 @@ import torch
 from .config import Config
 from .envs import resolve_backend
 from .envs.base import VecEnv
-from .evaluate import evaluate_policy, load_run_model
+from .policy_eval import evaluate_policy, load_run_model
 
 VIDEO_EXTRA = "pip install 'fastrl[video]'"
 # A frame per agent step: CartPole steps at 50 Hz and Atari (frame skip 4) at 15 Hz, so 30 fps

@@ -4,7 +4,7 @@ and a checkpoint of an untrained model), so no training is needed."""
 import pytest
 import torch
 
-from fastrl import evaluate
+from fastrl import policy_eval
 from fastrl.checkpoint import best_checkpoint_path, save_checkpoint, write_checkpoint_file
 from fastrl.cli import eval_main, train_main
 from fastrl.config import build_config, to_toml
@@ -70,7 +70,7 @@ def test_ctrl_c_during_evaluation_exits_130_with_one_line(run_dir, capsys, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluate, "evaluate_policy", interrupted)
+    monkeypatch.setattr(policy_eval, "evaluate_policy", interrupted)
     one_line_error(capsys, eval_main([str(run_dir)]), 130, "fastrl-eval", "interrupted; no result")
 
 

@@ -1,4 +1,4 @@
-"""Evaluation during training (fastrl.evaluator): its own envs and counters, the newest
+"""Evaluation during training (fastrl.eval_during_training): its own envs and counters, the newest
 published weights, checkpoints/best.pt, the cadence, and the runner's metrics."""
 import json
 import os
@@ -11,12 +11,12 @@ import psutil
 import pytest
 import torch
 
-from fastrl import evaluator as evaluator_module
+from fastrl import eval_during_training as evaluator_module
 from fastrl import supervisor as supervisor_module
 from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.evaluator import EvalResults, EvalStats, Evaluator
+from fastrl.eval_during_training import EvalResults, EvalStats, Evaluator
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer

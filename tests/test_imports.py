@@ -2,6 +2,8 @@
 others) imports it back, whether at module level or inside a function (a function-level import
 hides a cycle; it does not remove it)."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +37,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             origin = node.module or ""
             if node.level:
                 origin = ".".join(base[:len(base) - node.level + 1] + ([origin] if origin else []))
-            targets = [origin] + [f"{origin}.{alias.name}" for alias in node.names]
+            submodules = [f"{origin}.{alias.name}" for alias in node.names]
+            # `from . import distributed` needs the submodule, not what the package itself defines
+            targets = submodules + ([] if all(s in known for s in submodules) else [origin])
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
@@ -77,7 +81,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_fastrl_has_no_import_cycle():
     graph = import_graph()
-    assert len(graph) > 20 and "fastrl.learner.host" in graph["fastrl.learner.process"]
+    assert len(graph) > 20 and "fastrl.learner.runtime" in graph["fastrl.learner.process"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -88,7 +92,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_learner_family_imports_down_only():
     graph = import_graph()
-    shell = {"fastrl.learner.process", "fastrl.learner.host"}
+    shell = {"fastrl.learner.process", "fastrl.learner.runtime"}
     algorithms = {"fastrl.learner.factory", "fastrl.learner.vtrace", "fastrl.learner.dqn", "fastrl.learner.base",
                   "fastrl.learner.qlearning", "fastrl.learner.r2d2"}
     for module in algorithms:
@@ -105,7 +109,7 @@ def test_the_runner_family_imports_down_only():
     entry, modes = "fastrl.runner", {"fastrl.parallel_run", "fastrl.serial_run"}
     parts = modes | {"fastrl.preflight", "fastrl.supervisor", "fastrl.run_plan"}
     assert parts <= graph[entry] | {"fastrl.supervisor"} and "fastrl.supervisor" in graph["fastrl.parallel_run"]
-    assert {name for name, imported in graph.items() if entry in imported} <= {"fastrl.cli", "fastrl.profiler.measure"}
+    assert {name for name, imported in graph.items() if entry in imported} <= {"fastrl", "fastrl.cli", "fastrl.profiler.measure"}
     for module in parts:
         assert entry not in graph[module], f"{module} imports the runner that composes it"
     assert not graph["fastrl.parallel_run"] & modes and not graph["fastrl.serial_run"] & modes
@@ -122,3 +126,11 @@ def test_the_slot_protocol_is_one_module_that_every_party_uses():
     for module in ("fastrl.config", "fastrl.rollout", "fastrl.inference", "fastrl.learner.process",
                    "fastrl.serial_run"):
         assert "fastrl.slots" in graph[module], f"{module} does not use fastrl.slots"
+
+
+def test_the_package_exports_train_and_build_config_without_importing_the_runner():
+    code = ("import sys, fastrl; assert 'fastrl.runner' not in sys.modules; "
+            "from fastrl import build_config, train; from fastrl.runner import train as runner_train; "
+            "assert train is runner_train; assert build_config('cartpole-appo').env.id == 'CartPole-v1'; "
+            "import pytest; pytest.raises(AttributeError, getattr, fastrl, 'trian')")
+    subprocess.run([sys.executable, "-c", code], check=True)

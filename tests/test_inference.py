@@ -15,7 +15,7 @@ from fastrl.device_io import BatchTransfer
 from fastrl.envs import probe_env
 from fastrl.inference import (InferenceBatcher, apex_epsilons, batch_buckets, batcher_epsilons, epsilon_greedy,
                               padded_size)
-from fastrl.learner import Learner, LearnerHost
+from fastrl.learner import Learner, LearnerRuntime
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout
 from fastrl.shm import Arena, WeightBuffer
@@ -193,7 +193,7 @@ def test_a_weight_refresh_is_one_copy_into_the_weights_the_model_views():
 def test_the_learner_publishes_its_weights_in_one_copy_from_the_device():
     cfg, spec, model, arena = small_run()
     learner = Learner(cfg, spec.observation_space, spec.action_space, device_path=True)
-    host = LearnerHost(cfg, arena, learner)
+    host = LearnerRuntime(cfg, arena, learner)
     assert host.device_flat is not host.flat
     with CopyCounter(host.flat) as counter:
         assert host.publish()

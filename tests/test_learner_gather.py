@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastrl.config import build_config
-from fastrl.learner import Learner, LearnerHost
+from fastrl.learner import Learner, LearnerRuntime
 from fastrl.learner.batch import BatchStaging, gather_trajectories
 from fastrl.models import num_state_values
 from fastrl.shm import Arena, trajectory_layout
@@ -77,7 +77,7 @@ def test_each_batch_is_trained_once_as_gathered_its_slots_released_first(device_
     arena = random_arena()
     cfg = build_config("cartpole-appo", {"learner.rollout": T, "learner.batch_size": T * B})
     learner = Learner(cfg, OBS, gymnasium.spaces.Discrete(2), device_path=device_path)
-    host = LearnerHost(cfg, arena, learner)
+    host = LearnerRuntime(cfg, arena, learner)
     trained, released, gather_threads = [], [], []
     train = learner.train
 

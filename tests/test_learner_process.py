@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastrl.config import build_config
-from fastrl.learner import Learner, LearnerHost
+from fastrl.learner import Learner, LearnerRuntime
 from fastrl.learner.process import FullSlots
 from fastrl.metrics import read_learner_stats
 from fastrl.process_utils import ProcessExit
@@ -86,7 +86,7 @@ def test_every_learner_times_its_phases_under_the_metrics_names():
 def test_the_host_writes_the_learners_timings_and_its_own_into_the_arena():
     arena = random_arena()
     cfg = build_config("cartpole-appo", {"learner.rollout": 5, "learner.batch_size": 5 * B})
-    host = LearnerHost(cfg, arena, Learner(cfg, OBS, gymnasium.spaces.Discrete(2)))
+    host = LearnerRuntime(cfg, arena, Learner(cfg, OBS, gymnasium.spaces.Discrete(2)))
     stats = host.train_on(np.array([0, 3, 6, 9]), lambda ids: None)
     written = read_learner_stats(arena)
     for name in ("forward_backward_s", "vtrace_s", "optimizer_s", "gather_s", "publish_s"):

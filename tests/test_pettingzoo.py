@@ -196,7 +196,7 @@ def test_action_masks_come_per_agent_and_evaluation_counts_each_agent_once():
     layout = ObsLayout(spec.observation_space)
     assert layout.mask is not None
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo="appo")
-    from fastrl.evaluate import evaluate_policy
+    from fastrl.policy_eval import evaluate_policy
 
     env = make_episode_env(cfg, 7, seed=3)
     assert env.num_envs == 9  # three games: the fewest that hold 7 agent rows

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastrl.config import ConfigError, ReplayConfig, build_config, validate
-from fastrl.evaluate import evaluate_run
+from fastrl.policy_eval import evaluate_run
 from fastrl.learner import R2D2Learner, make_learner
 from fastrl.learner.base import unroll
 from fastrl.learner.losses import inverse_value_rescale, sequence_priorities, value_rescale

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fastrl.config import ConfigError, build_config
-from fastrl.cores import RecurrentCore
+from fastrl.recurrent import RecurrentCore
 from fastrl.envs import probe_env
-from fastrl.evaluate import evaluate_run
+from fastrl.policy_eval import evaluate_run
 from fastrl.inference import InferenceBatcher, request_cursors
 from fastrl.learner.batch import Trajectories, gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner

@@ -13,7 +13,7 @@ from gymnasium import spaces
 from fastrl.checkpoint import list_checkpoints
 from fastrl.cli import eval_main
 from fastrl.config import build_config
-from fastrl.evaluate import load_run_model
+from fastrl.policy_eval import load_run_model
 from fastrl.heads import action_head
 from fastrl.runner import train
 from fastrl.spaces import ActionLayout, ObsLayout

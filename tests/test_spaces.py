@@ -19,7 +19,7 @@ from fastrl.config import ModelConfig, build_config
 from fastrl.encoders import SmallCNN, image_encoder
 from fastrl.envs import make_vec_env
 from fastrl.envs.toy import DictGridEnv, MaskedCueEnv, MatchComponentsEnv
-from fastrl.evaluate import evaluate_run
+from fastrl.policy_eval import evaluate_run
 from fastrl.heads import MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead, action_head, bounded_log_std
 from fastrl.inference import epsilon_greedy
 from fastrl.models import ActorCritic, DuelingQNetwork

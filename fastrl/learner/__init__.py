@@ -16,7 +16,7 @@ from .base import BaseLearner
 from .batch import Trajectories, gather_trajectories
 from .dqn import PRIORITY_EPS, DQNLearner
 from .factory import LEARNERS, make_learner
-from .host import LearnerHost, NonFiniteTraining, restore_learner
+from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
 from .process import learner_process
 from .r2d2 import R2D2Learner
@@ -25,6 +25,6 @@ from .vtrace import VTraceLearner
 
 Learner = VTraceLearner
 
-__all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerHost", "NonFiniteTraining", "PRIORITY_EPS",
+__all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerRuntime", "NonFiniteTraining", "PRIORITY_EPS",
            "R2D2Learner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
            "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]

@@ -2,7 +2,7 @@
 reward transform, policy-lag statistics, the guarded gradient step and the state dict.
 
 A learner subclass adds its networks and its ``train(batch, progress, env_ids, fresh)``; the
-process shell (:mod:`fastrl.learner.host`) drives any of them the same way.
+process shell (:mod:`fastrl.learner.runtime`) drives any of them the same way.
 
 On an accelerator the host queues work and waits only when it reads a result back, so the
 learners read as little as they can: statistics stay 0-d tensors until one read per ``train()``

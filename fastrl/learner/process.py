@@ -19,7 +19,7 @@ from ..shm import Arena, Control, set_error
 from ..slots import FullQueue, slot_bytes, slot_ids_from
 from ..timing import Timers
 from .factory import make_learner
-from .host import LearnerHost, NonFiniteTraining, restore_learner
+from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
 
 
 class LocalStop:
@@ -29,7 +29,7 @@ class LocalStop:
         self.arena = arena
 
     def before_batch(self, progress: float) -> tuple[bool, float | None]:
-        """(stop now, the training progress to use; None: the host's own)."""
+        """(stop now, the training progress to use; None: the runtime's own)."""
         return bool(self.arena.control[Control.STOP]), None
 
     def after_batch(self, learner) -> None:
@@ -127,30 +127,30 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
         distributed.join_data_parallel(learner, dist_info.world_size)
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
-    host = LearnerHost(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
-    host.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
-    slots = FullSlots(cfg, arena, channels, parent_pid, host.timers)
+    runtime = LearnerRuntime(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
+    runtime.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
+    slots = FullSlots(cfg, arena, channels, parent_pid, runtime.timers)
     checkpoint_failed = False
-    host.publish()
+    runtime.publish()
     try:
         while True:
             slot_ids = slots.next_batch()
             if slot_ids is not None:
                 # Checked before every batch: queued batches could outlast the shutdown grace.
-                stop, progress = stopping.before_batch(host.progress())
+                stop, progress = stopping.before_batch(runtime.progress())
                 if stop:
                     raise ProcessExit
-                host.consume(slot_ids, slots.release, progress)
+                runtime.consume(slot_ids, slots.release, progress)
                 stopping.after_batch(learner)
-            if host.checkpoint_due():
-                host.checkpoint()
+            if runtime.checkpoint_due():
+                runtime.checkpoint()
     except ProcessExit:
         # With several ranks a flush would be an extra all-reduce that a rank stopping from its
         # own wait (not from the agreement) does not join: there the last batch is dropped, as
         # it is when the parent is gone.
         if not parallel and os.getppid() == parent_pid:
             try:
-                host.flush(host.progress())
+                runtime.flush(runtime.progress())
             except NonFiniteTraining as exc:
                 set_error(arena, str(exc))
     except (NonFiniteTraining, CheckpointError) as exc:
@@ -158,14 +158,14 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         set_error(arena, str(exc))
     finally:
         try:
-            if stopping.leaving(host.progress()):
+            if stopping.leaving(runtime.progress()):
                 # Every rank reached the same final update: record that their weights agree.
-                host.extra_state["param_digests"] = distributed.gather_digests(learner.model)
-                host.extra_state["world_size"] = dist_info.world_size
+                runtime.extra_state["param_digests"] = distributed.gather_digests(learner.model)
+                runtime.extra_state["world_size"] = dist_info.world_size
         finally:
             if not checkpoint_failed:
                 try:
-                    host.checkpoint()
+                    runtime.checkpoint()
                 except CheckpointError as exc:
                     set_error(arena, str(exc))
         if parallel:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fastrl.config import ExpectConfig, build_config
-from fastrl.learner.host import NonFiniteTraining
+from fastrl.learner.runtime import NonFiniteTraining
 from fastrl.learning_curves import EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.plotting import pyplot
 from fastrl.profiler import hardware

@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 from fastrl.config import build_config
-from fastrl.evaluate import evaluate_run
+from fastrl.policy_eval import evaluate_run
 from fastrl.profiler import hardware, profile
 from fastrl.runner import train
 

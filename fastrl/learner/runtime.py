@@ -14,14 +14,14 @@ from ..models import num_state_values, state_to_flat
 from ..shm import Control, WeightBuffer
 from ..timing import Timers
 from .base import BaseLearner
-from .feed import BatchFeed, Gathered
+from .staging import BatchFeed, Gathered
 
 
 class NonFiniteTraining(RuntimeError):
     """Too many non-finite updates in a row: the run cannot make progress."""
 
 
-class LearnerHost:
+class LearnerRuntime:
     """Wraps any learner of the family for a run: arena in, weights and checkpoints out."""
 
     def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, world_size: int = 1):
@@ -88,7 +88,7 @@ class LearnerHost:
     def train_on(self, slot_ids: np.ndarray, release, progress: float | None = None) -> dict:
         """Copy ``slot_ids`` out of the arena, hand them back with ``release`` and train: on this
         batch, or on the device path on the previous one while this one is gathered
-        (:mod:`fastrl.learner.feed`). Returns the statistics, {} when nothing was trained yet."""
+        (:mod:`fastrl.learner.staging`). Returns the statistics, {} when nothing was trained yet."""
         with self.timers.time("gather_s"):
             previous = self.feed.take_waiting()
             incoming = self.feed.gather(slot_ids)

@@ -2,7 +2,7 @@
 published weights, every ``eval.every_s`` seconds, off the training hot path.
 
 The evaluator reads the weights the learner publishes, as the batcher does (fastrl.published_weights),
-plays ``eval.episodes`` episodes with ``fastrl.evaluate.evaluate_policy`` (not counted as training
+plays ``eval.episodes`` episodes with ``fastrl.policy_eval.evaluate_policy`` (not counted as training
 env steps, not in the training episode statistics), records the result in the arena's
 ``eval_stats`` for the runner's next report, and keeps ``checkpoints/best.pt``: the weights with
 the best evaluated mean return. In its own process it runs at a lower CPU priority: on a machine
@@ -24,7 +24,7 @@ import torch
 
 from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
 from .config import Config
-from .evaluate import evaluate_policy
+from .policy_eval import evaluate_policy
 from .models import build_model
 from .published_weights import PublishedWeights
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
