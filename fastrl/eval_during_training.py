@@ -11,6 +11,8 @@ with fewer cores than processes it takes what the actors and the learner leave.
 It is the run's most expendable process: whatever stops it (an env that fails only in evaluation,
 a kill, a full disk under best.pt) never stops training. It says why in one line through its
 ``failures`` pipe; the runner restarts it up to MAX_RESTARTS times, then trains on without it.
+The serial run, which evaluates in line, treats a failed evaluation alike: a new Evaluator (new
+envs) up to MAX_RESTARTS times, then training without evaluation.
 """
 from __future__ import annotations
 
@@ -229,6 +231,18 @@ def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch
     finally:
         del evaluator  # its views of the arena go first
         arena.close()
+
+
+def restarted_notice(failure: str, replacement: str, restart: int, limit: int) -> str:
+    """The notice for a failed evaluator that is replaced, in either run mode; ``failure`` names
+    the evaluator and says why it stopped (failure_line)."""
+    return f"[fastrl] {failure}; restarted as {replacement} (restart {restart} of {limit})"
+
+
+def given_up_notice(failure: str, restarts: int) -> str:
+    """The one notice for a failed evaluator that is not replaced again, in either run mode."""
+    return (f"[fastrl] {failure} after {restarts} restarts; training goes on without evaluation "
+            f"(best.pt keeps the best so far)")
 
 
 def failure_line(exc: Exception) -> str:

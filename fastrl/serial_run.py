@@ -11,7 +11,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from .console import Console
-from .eval_during_training import EvalResults, Evaluator
+from .eval_during_training import (MAX_RESTARTS, EvalResults, Evaluator, failure_line, given_up_notice,
+                                   restarted_notice)
 from .inference import InferenceBatcher, batcher_epsilons
 from .learner import LearnerRuntime, make_learner, restore_learner
 from .metrics import MetricsWriteError, Reporter, WorkerTiming
@@ -52,10 +53,9 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks)
     runtime.publish()
-    # Serial mode evaluates in line (training waits meanwhile): it is for debugging, not speed.
-    evaluator = Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir) if cfg.eval.every_s else None
+    evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
+                                    console) if cfg.eval.every_s else None
     eval_results = EvalResults(arena)
-    next_eval = time.time() + cfg.eval.every_s
     next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:
@@ -73,11 +73,10 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                 workers[w].act(request)
             while (slot_ids := full.next_batch()) is not None:
                 runtime.consume(slot_ids, full.release)
-            if evaluator is not None and time.time() >= next_eval:
-                evaluator.evaluate()
-                next_eval = time.time() + cfg.eval.every_s
+            if evaluations is not None:
+                evaluations.evaluate_if_due()
             if time.time() >= next_report:
-                reporter.report(eval_results.new())
+                reporter.report({**evaluation_counts(evaluations), **eval_results.new()})
                 next_report += cfg.report_every_s
             if runtime.checkpoint_due():
                 runtime.checkpoint()
@@ -90,7 +89,48 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
         try:
             runtime.checkpoint()
             if reporter.metrics_ok:
-                reporter.report(eval_results.new())
+                reporter.report({**evaluation_counts(evaluations), **eval_results.new()})
         finally:
             reporter.close()
     return RunResult(run_dir, list(reporter.history))
+
+
+class InlineEvaluations:
+    """The serial run's evaluations, in line every ``every_s`` seconds (training waits meanwhile:
+    this mode is for debugging, not speed). As expendable as the parallel run's evaluator process:
+    a failed evaluation is followed by a new Evaluator (new envs) up to MAX_RESTARTS times, then
+    training goes on without evaluation; each step says so in the notices the supervisor gives."""
+
+    def __init__(self, every_s: float, make_evaluator, console: Console):
+        self.every_s = every_s
+        self.make_evaluator = make_evaluator
+        self.console = console
+        self.evaluator: Evaluator | None = None
+        self.restarts = 0
+        self.given_up = False
+        self.due = time.time() + every_s
+
+    def evaluate_if_due(self) -> None:
+        if self.given_up or time.time() < self.due:
+            return
+        try:
+            if self.evaluator is None:
+                self.evaluator = self.make_evaluator()
+            self.evaluator.evaluate()
+        except Exception as exc:  # an observer's failure never stops training; Ctrl-C still does
+            self.evaluator = None
+            self._failed(f"the evaluator failed ({failure_line(exc)})")
+        self.due = time.time() + self.every_s
+
+    def _failed(self, failure: str) -> None:
+        if self.restarts >= MAX_RESTARTS:
+            self.given_up = True
+            self.console.notice(given_up_notice(failure, MAX_RESTARTS))
+            return
+        self.restarts += 1
+        self.console.notice(restarted_notice(failure, "a new evaluator with new envs", self.restarts, MAX_RESTARTS))
+
+
+def evaluation_counts(evaluations: InlineEvaluations | None) -> dict:
+    """The metrics' evaluator_restarts, as the parallel run reports them, when the run evaluates."""
+    return {"evaluator_restarts": evaluations.restarts} if evaluations is not None else {}

@@ -14,6 +14,7 @@ from pathlib import Path
 from .config import Config
 from .console import Console
 from .eval_during_training import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
+from .eval_during_training import given_up_notice, restarted_notice
 from .run_dir import write_atomic
 from .run_plan import RunError
 from .shm import Arena, Control, get_error
@@ -84,18 +85,23 @@ class Supervisor:
                            f"{self.cfg.restart_window_s:.0f} s (last: {dead.name}, exit code {dead.exitcode}); "
                            f"stopping (raise max_worker_restarts to tolerate more, or fix the env)")
         self.generations[w] += 1
-        self._replace("rollout", w, dead, self.make_worker(w, self.generations[w]), f"exited with code {dead.exitcode}")
+        replacement = self.make_worker(w, self.generations[w])
+        self._replace("rollout", w, replacement)
+        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as "
+                            f"pid {replacement.pid} (restart {self.restarts['rollout']})")
 
     def restart_evaluator(self, dead) -> None:
         """Start a new evaluator, or after EVALUATOR_MAX_RESTARTS go on without one (one notice)."""
-        why = self._evaluator_failure(dead)
+        failure = f"{dead.name} (pid {dead.pid}) {self._evaluator_failure(dead)}"
         if self.restarts["evaluator"] >= EVALUATOR_MAX_RESTARTS:
             self.procs["evaluator"] = []
             self.write_process_file()
-            self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why} after {EVALUATOR_MAX_RESTARTS} restarts; "
-                                f"training goes on without evaluation (best.pt keeps the best so far)")
+            self.console.notice(given_up_notice(failure, EVALUATOR_MAX_RESTARTS))
             return
-        self._replace("evaluator", 0, dead, self.make_evaluator(), why, limit=EVALUATOR_MAX_RESTARTS)
+        replacement = self.make_evaluator()
+        self._replace("evaluator", 0, replacement)
+        self.console.notice(restarted_notice(failure, f"pid {replacement.pid}", self.restarts["evaluator"],
+                                             EVALUATOR_MAX_RESTARTS))
 
     def _evaluator_failure(self, dead) -> str:
         """The line a dead evaluator sent (fastrl.eval_during_training.failure_line), else how it ended."""
@@ -108,14 +114,11 @@ class Supervisor:
             return f"was killed by {signal.Signals(-dead.exitcode).name}"
         return f"exited with code {dead.exitcode}"
 
-    def _replace(self, role: str, index: int, dead, replacement, why: str, limit: int | None = None) -> None:
+    def _replace(self, role: str, index: int, replacement) -> None:
         replacement.start()
         self.procs[role][index] = replacement
         self.restarts[role] += 1
         self.write_process_file()
-        of = f" of {limit}" if limit is not None else ""
-        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) {why}; restarted as pid {replacement.pid} "
-                            f"(restart {self.restarts[role]}{of})")
 
 
 def stop_processes(arena: Arena, procs: dict, console: Console) -> None:

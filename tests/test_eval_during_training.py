@@ -1,10 +1,14 @@
 """Evaluation during training (fastrl.eval_during_training): its own envs and counters, the newest
 published weights, checkpoints/best.pt, the cadence, and the runner's metrics."""
+import errno
 import json
+import multiprocessing
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -13,7 +17,7 @@ import torch
 
 from fastrl import eval_during_training as evaluator_module
 from fastrl import supervisor as supervisor_module
-from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
+from fastrl.checkpoint import BEST_CHECKPOINT, best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.eval_during_training import EvalResults, EvalStats, Evaluator
@@ -239,6 +243,56 @@ def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, m
     assert failed in restarted and "(restart 1 of 1)" in restarted
     assert failed in gave_up and "after 1 restarts" in gave_up
     assert json.loads((run_dir / "processes.json").read_text())["evaluator"] == []
+    assert not any("eval_return_mean" in r for r in result.reports)
+
+
+def _as_the_evaluator_process(evaluate):
+    """Evaluator.evaluate run under the evaluator process's name: tests.fault_envs.make_raises_in
+    then fails in the serial run's evaluation only, as it does in the parallel run's evaluator."""
+    def evaluate_as_the_evaluator(self):
+        process = multiprocessing.current_process()
+        name, process.name = process.name, "fastrl-evaluator"
+        try:
+            return evaluate(self)
+        finally:
+            process.name = name
+    return evaluate_as_the_evaluator
+
+
+def _no_space_for_best_pt(mkstemp):
+    def mkstemp_unless_best(*args, prefix="", **kwargs):
+        if prefix.startswith(f".{Path(BEST_CHECKPOINT).stem}."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return mkstemp(*args, prefix=prefix, **kwargs)
+    return mkstemp_unless_best
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["an env that fails only in evaluation", "no space for best.pt"])
+def test_a_serial_run_restarts_a_failing_evaluator_then_trains_on_without_it(tmp_path, monkeypatch, fault):
+    overrides = {**COUNTDOWN, "serial": True, "train_for_env_steps": 0, "train_for_seconds": 4.0,
+                 "report_every_s": 0.5, "eval.every_s": 0.2}
+    if fault == "no space for best.pt":
+        monkeypatch.setattr(tempfile, "mkstemp", _no_space_for_best_pt(tempfile.mkstemp))
+        failed = "failed (cannot write checkpoint"
+    else:
+        overrides.update({"env.id": "tests.fault_envs:make_raises_in",
+                          "env.kwargs": {"process": "fastrl-evaluator", "length": 7}})
+        monkeypatch.setattr(Evaluator, "evaluate", _as_the_evaluator_process(Evaluator.evaluate))
+        failed = "failed (RuntimeError: injected fault: RaisesAtEnv step 1)"
+    run_dir = tmp_path / "run"
+    result = train(build_config("cartpole-appo", overrides), run_dir=run_dir, quiet=True)
+    assert result.final["trained_seconds"] >= 4.0 and result.final["env_steps"] > 0
+    limit = evaluator_module.MAX_RESTARTS
+    assert result.final["evaluator_restarts"] == limit
+    restarted = _notices(run_dir, "restarted as a new evaluator with new envs")
+    assert len(restarted) == limit and all(failed in line for line in restarted)
+    assert [f"(restart {n} of {limit})" in line for n, line in enumerate(restarted, 1)] == [True] * limit
+    [gave_up] = _notices(run_dir, "training goes on without evaluation")
+    assert failed in gave_up and f"after {limit} restarts" in gave_up
+    # Training went on after the evaluator was given up: reports came after its last restart.
+    given_up_at = next(i for i, r in enumerate(result.reports) if r["evaluator_restarts"] == limit)
+    assert result.final["env_steps"] > result.reports[given_up_at]["env_steps"]
     assert not any("eval_return_mean" in r for r in result.reports)
 
 
