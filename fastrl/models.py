@@ -286,6 +286,11 @@ def num_state_values(model: nn.Module) -> int:
     return sum(t.numel() for t in state_tensors(model))
 
 
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of one copy of the model's state (on the meta device too, where nothing is allocated)."""
+    return sum(t.numel() * t.element_size() for t in state_tensors(model))
+
+
 @torch.no_grad()
 def state_to_flat(model: nn.Module, out: torch.Tensor) -> torch.Tensor:
     """Write the model's state into the 1-D float32 ``out`` (CPU)."""

@@ -15,8 +15,8 @@ from .config import Config, to_toml, validate, weights_mismatch
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
 from .main_guard import unguarded_main_call
-from .models import build_model, num_state_values
-from .resources import ResourceError, check_resources
+from .models import build_model, num_state_values, state_bytes
+from .resources import ResourceError, check_resources, model_memory_error
 from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
 from .run_plan import RunError, RunPlan
 from .shm import remove_stale_segments, trajectory_layout
@@ -63,12 +63,14 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         device = resolve_device(cfg.device, dist_info)
         inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
-        template = build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
-        resume_state = load_resume_state(run_dir, cfg, template) if resume else None
-        layout = arena_layout(cfg, spec, num_state_values(template), getattr(template, "state_size", 0))
+        shape = model_shape(cfg, spec, model)
+        layout = arena_layout(cfg, spec, num_state_values(shape), getattr(shape, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
         check_resources(cfg, layout.nbytes, spec.observation_space, dist_info.local_world_size,
-                        shared=not cfg.serial)
+                        shared=not cfg.serial, model_bytes=state_bytes(shape),
+                        learner_on_cpu=torch.device(device).type == "cpu")
+        template = shape if model is not None else build_template(cfg, spec)
+        resume_state = load_resume_state(run_dir, cfg, template) if resume else None
         config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:
             prepare_run_dir(run_dir, resume, overwrite)
@@ -79,6 +81,26 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
     return RunPlan(cfg, run_dir, spec, layout, model, device, inference_device, resume_state, launched_at, dist_info,
                    lock)
+
+
+def model_shape(cfg: Config, spec: EnvSpec, model: torch.nn.Module | None) -> torch.nn.Module:
+    """The run's network with its parameters on torch's meta device (sizes, no memory), so that
+    the resource check can refuse one too large before it is built; a user's model as given."""
+    if model is not None:
+        return build_model(spec.observation_space, spec.action_space, cfg.model, model, cfg.learner.algo)
+    with torch.device("meta"):
+        return build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+
+
+def build_template(cfg: Config, spec: EnvSpec) -> torch.nn.Module:
+    """The network in memory (to check a checkpoint against). An allocation that fails all the
+    same (memory taken since the check) is the resource check's one-line error, not a traceback."""
+    try:
+        return build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "can't allocate memory" not in str(exc):
+            raise
+        raise model_memory_error(cfg, exc) from None
 
 
 def resolve_device(name: str, dist_info: DistInfo = DistInfo()) -> str:

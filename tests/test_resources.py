@@ -1,12 +1,18 @@
 """Resource checks: a run that cannot fit stops with the sizes and the fix, before any process starts."""
 from collections import namedtuple
 
+import gymnasium as gym
+import numpy as np
 import pytest
+import torch
 
-from fastrl import resources
+from fastrl import preflight, resources
+from fastrl.cli import train_main
 from fastrl.config import build_config
+from fastrl.models import build_model, state_bytes
 from fastrl.resources import ResourceError, check_memmap_dir, check_shared_memory, replay_ram_bytes
-from fastrl.runner import RunError, train
+from fastrl.runner import RunError, RunResult, train
+from tests.test_cli_errors import one_line_error
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -57,3 +63,83 @@ def test_memmap_dir_must_exist_and_have_room(tmp_path, monkeypatch):
     monkeypatch.setattr(resources.shutil, "disk_usage", lambda path: Usage(2**30, 0, 2**20))
     with pytest.raises(ResourceError, match=r"need 2\.00 GiB .* has 1 MiB free"):
         check_memmap_dir(str(tmp_path), 2 * 2**30)
+
+
+class SixtyFourGiB:
+    available = 64 * 2**30
+
+
+@pytest.mark.parametrize("overrides, kind", [
+    ({}, "mlp"), ({"model.core": "lstm", "model.core_layers": 2}, "mlp"), ({"model.core": "gru"}, "mlp"),
+    ({"learner.algo": "r2d2", "model.core": "lstm"}, "mlp"), ({"learner.algo": "dqn"}, "mlp"),
+    ({"model.separate_critic": True, "model.normalize_obs": True}, "mlp"),
+    ({}, "nature_cnn"), ({}, "impala_resnet"), ({"model.core": "lstm"}, "dict"),
+])
+def test_a_model_on_the_meta_device_has_the_bytes_of_the_one_built(overrides, kind):
+    observation = {"mlp": gym.spaces.Box(-1, 1, (4,), np.float32), "dict": gym.spaces.Dict(
+        {"position": gym.spaces.Box(-1, 1, (3,), np.float32), "cell": gym.spaces.Discrete(5)})}.get(
+        kind, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))
+    settings = {"model.kind": kind} if kind in ("nature_cnn", "impala_resnet") else {}
+    cfg = build_config("cartpole-appo", {**settings, **overrides})
+    args = (observation, gym.spaces.Discrete(3), cfg.model, None, cfg.learner.algo)
+    with torch.device("meta"):
+        shape = build_model(*args)
+    assert all(p.is_meta for p in shape.parameters())
+    assert state_bytes(shape) == state_bytes(build_model(*args)) > 0
+
+
+def _train_refusing_starts(monkeypatch, args, build=build_model):
+    """fastrl-train's exit code with ``args`` on a machine with 64 GiB available, the runs it
+    started and, for every model the checks built (with ``build``), its parameters' device."""
+    started, built = [], []
+    monkeypatch.setattr("psutil.virtual_memory", lambda: SixtyFourGiB)
+    for mode in ("parallel", "serial"):
+        monkeypatch.setattr(f"fastrl.runner.run_{mode}",
+                            lambda plan, console, mode=mode: started.append(mode) or RunResult(plan.run_dir))
+
+    def recorded_build(*a, **k):
+        model = build(*a, **k)
+        built.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(preflight, "build_model", recorded_build)
+    return train_main(args), started, built
+
+
+@pytest.mark.parametrize("setting", ["model.core_size=65536", "model.hidden_sizes=[65536,65536]"])
+@pytest.mark.parametrize("serial", [False, True])
+def test_a_model_too_large_for_ram_is_refused_in_one_line_before_it_is_built(tmp_path, capsys, monkeypatch, setting,
+                                                                            serial):
+    run_dir = tmp_path / "run"
+    args = ["--profile", "cartpole-r2d2", "--set", setting, "--run-dir", str(run_dir), *(["--serial"] if serial else [])]
+    code, started, built = _train_refusing_starts(monkeypatch, args)
+    one_line_error(capsys, code, 2, "fastrl-train", "of RAM but only 64.00 GiB is available; lower model.hidden_sizes, "
+                                                    "model.core_size or model.core_layers")
+    assert built == ["meta"] and not started and not (run_dir / "config.toml").exists()
+
+
+def test_a_model_that_fits_passes_the_check_and_is_counted(tmp_path, capsys, monkeypatch):
+    code, started, built = _train_refusing_starts(monkeypatch, ["--profile", "cartpole-r2d2", "--run-dir",
+                                                                str(tmp_path / "run")])
+    assert code == 0 and started == ["parallel"] and built == ["meta", "cpu"], capsys.readouterr().err
+    cfg = build_config("cartpole-r2d2")
+    # The learner's weights, gradients, Adam's moments, published copy and target network; the
+    # batcher's and the evaluator's model and loaded copy.
+    copies = 6 + 2 * (1 + (cfg.eval.every_s > 0))
+    assert resources.model_ram_bytes(cfg, 1000) == 1000 * copies
+
+
+def test_an_allocation_that_fails_while_the_model_is_built_is_one_line(tmp_path, capsys, monkeypatch):
+    def build_in_memory_fails(*args, **kwargs):
+        if torch.get_default_device().type == "meta":
+            return build_model(*args, **kwargs)
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+
+    code, started, _ = _train_refusing_starts(monkeypatch, ["--profile", "cartpole-r2d2", "--run-dir",
+                                                            str(tmp_path / "run")], build_in_memory_fails)
+    one_line_error(capsys, code, 2, "fastrl-train", "building the model ran out of memory ([enforce fail at "
+                   "alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                   "68719476736 bytes. Error code 12 (Cannot allocate memory)) with 64.00 GiB available; lower "
+                   "model.hidden_sizes, model.core_size or model.core_layers")
+    assert not started
