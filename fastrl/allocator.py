@@ -4,11 +4,10 @@ glibc serves an allocation above its mmap threshold (128 KiB at start, raised on
 32 MiB) with a fresh ``mmap`` and returns it to the kernel on ``free``; it also gives the top of
 the heap back once more than the trim threshold lies free there. Then a batch can page-fault its
 activations and gradients in again. For a CartPole learner step (``[4224, 64]`` activations, 1 MiB
-each), whether glibc settles into that depends on the order of allocations: three alternating
-runs of ``python scripts/bench_learner.py --profile cartpole-appo --calls 100 --rounds 3 [--set
-retain_freed_memory=false]`` on the development VM (2026-11-24) gave 909, 1,552 and 57 faults
-per call and a median of 7.1, 6.8 and 4.7 ms per ``train()`` without this setting; with it, 0
-faults and 4.1, 4.8 and 4.4 ms.
+each), whether glibc settles into that depends on the order of allocations: without this
+setting a call can page-fault hundreds of times and take half as long again as with it
+(``python scripts/bench.py learner --profile cartpole-appo [--set retain_freed_memory=false]``;
+figures in docs/results.md).
 
 :func:`retain_freed_memory` keeps allocations up to 32 MiB (glibc's largest threshold) on the
 heap and never trims it, so a process's resident memory stays at its peak instead of following

@@ -100,9 +100,9 @@ class NumpyMLPActorCritic:
 
     Why: a CartPole learner batch (4,224 rows, 4 -> 32 -> 32 -> 2 + 1) is ~20 torch ops each way,
     mostly dispatch and autograd bookkeeping; BLAS does the products at the same speed either way.
-    Measured in one process, one thread (2026-11-24): train() of that batch took 2.5 ms with the
+    Measured in one process, one thread: train() of that batch took 2.5 ms with the
     compiled head and loss alone and 1.8 ms with this path too; all torch ops, 2.5-3.2 ms
-    (scripts/bench_learner.py --profile cartpole-appo --compare torch-ops)."""
+    (python scripts/bench.py learner --profile cartpole-appo --compare torch-ops)."""
 
     @staticmethod
     def supports(model: nn.Module, observation_dtype) -> bool:

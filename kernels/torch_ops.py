@@ -157,7 +157,7 @@ class CategoricalLogProbEntropy(torch.autograd.Function):
     ``exp`` / ``mul`` / ``sum`` and their backward ops: torch's ``log_softmax`` over a last
     dimension of 2 took ~100 us forward and ~60 backward on a CartPole batch ([4224, 2]) here.
     Forward and backward of both, [4096, 2] float32, one thread: 206 us against 328 us by torch
-    ops (2026-11-24)."""
+    ops."""
 
     @staticmethod
     def forward(ctx, logits, actions):

@@ -109,8 +109,8 @@ class DirectPoolIO:
     `config` dict rebuilt on every `send`).
 
     Why: a CartPole batch of 512 envs spent 32 us of the worker's CPU in `recv` and 36 us in
-    `send`; through this path 10-12 and 20-23 us (one thread, the step done before `recv`,
-    2026-11-24, this host). The worker's main thread does that once per batch, in sampling and
+    `send`; through this path 10-12 and 20-23 us (one thread, the step done before `recv`).
+    The worker's main thread does that once per batch, in sampling and
     in the raw env measurement alike.
 
     `of(pool)` returns None where the pool's layout is not the one read here (one "obs" array,

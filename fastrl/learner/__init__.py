@@ -10,7 +10,7 @@
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay, fastrl.models and
   fastrl.kernels.
 
-``fastrl.learner.Learner`` is the V-trace learner, as it always was.
+``fastrl.learner.Learner`` is the V-trace learner (appo / impala).
 """
 from .base import BaseLearner
 from .batch import Trajectories, gather_trajectories

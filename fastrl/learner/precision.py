@@ -6,8 +6,8 @@ rate there) and float32 everywhere else: on GPUs, which a user tunes knowingly, 
 would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float32. Only x86
 Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
 set bfloat16 there by hand. Measured on a Zen 4 EPYC (AVX512_BF16): the Pong learner alone
-(Nature CNN, batch 512) 340-350 -> 206-210 ms per ``train()`` (``python
-scripts/bench_learner.py --pong --set learner.precision=bfloat16``).
+(Nature CNN, batch 512) 340-350 -> 206-210 ms per ``train()`` (``python scripts/bench.py
+learner --layout pong-cpu --set learner.precision=bfloat16``).
 """
 from __future__ import annotations
 
