@@ -32,6 +32,7 @@ RUN_ID_FILE = "run_id"  # in RUN_DIR/wandb
 INIT_TIMEOUT_S = 30.0
 QUEUE_SIZE = 256  # calls waiting for W&B, a report each mostly; past that they are dropped and counted
 CLOSE_WAIT_S = 10.0  # the most the end of a run waits for W&B to finish
+SERVICE_STOP_WAIT_S = 2.0  # then for W&B's service process to stop before it is killed
 
 
 def require_wandb() -> None:
@@ -192,12 +193,21 @@ def _abandon(wandb) -> None:
     until its own timeout. Teardown takes the hook off first, then waits for the service: on a
     daemon thread; the service is stopped here."""
     threading.Thread(target=_teardown_quietly, args=(wandb,), name="fastrl-wandb-teardown", daemon=True).start()
+    services = []
     for child in psutil.Process().children():
         try:
             if child.name() == "wandb-core":
                 child.terminate()
+                services.append(child)
         except psutil.Error:
             pass  # already gone
+    # Told to stop, wandb-core still tries its server for ~15 s, holding the run's console pipes.
+    _, alive = psutil.wait_procs(services, timeout=SERVICE_STOP_WAIT_S)
+    for service in alive:
+        try:
+            service.kill()
+        except psutil.Error:
+            pass
 
 
 def _teardown_quietly(wandb) -> None:

@@ -294,11 +294,12 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     # The budget is checked every 0.25 s and W&B's start (30 s to its timeout) did not hold it up.
     assert final["trained_seconds"] < 5 + 2
-    # W&B had CLOSE_WAIT_S to finish, said so in train.log's last line, and then W&B's own exit
-    # hook did not hold the process for its server (it would for another 30 s).
+    # W&B had CLOSE_WAIT_S to finish, said so in train.log's last line, and then neither W&B's own
+    # exit hook nor its service (which tries the server for ~15 s more when told to stop) held the
+    # process for its server: that would be another 30 s. The bound leaves room for a loaded machine.
     log = run_dir / "train.log"
     assert f"Weights & Biases did not finish within {CLOSE_WAIT_S:.0f} s" in log.read_text().splitlines()[-1]
-    assert ended - log.stat().st_mtime < 5
+    assert ended - log.stat().st_mtime < 20
 
 
 def _kill_wandb_services_of(pid):
