@@ -121,12 +121,14 @@ class EnvConfig:
     worker processes."""
 
     id: str = key("CartPole-v1", help="envpool task id, gymnasium id, `module:callable` factory of one env, or "
-                            "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module)")
+                            "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module, or a turn-based AEC one)")
     backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
                        help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
     num_workers: int = key(2, allowed=AT_LEAST_1, help="rollout worker processes")
     envs_per_worker: int = key(256, allowed=AT_LEAST_1, help="envs each worker steps; a multiple of env.num_splits; "
-                                                                  "for a multi-agent env, agent rows (a split holds whole games)")
+                                                                  "for a multi-agent env, agent rows (a split holds whole games; a "
+                                                                  "turn-based game of n seats needs env.num_splits a "
+                                                                  "multiple of n)")
     # A request travels as one byte (fastrl.slots): MAX_SPLITS keeps two generation tags, so that a
     # restarted worker ignores replies meant for the one it replaced.
     num_splits: int = key(2, allowed=Range(1, MAX_SPLITS),

@@ -73,7 +73,8 @@ class RolloutWorker:
 
     def start(self) -> None:
         self.env.async_reset()
-        self.batches_in_env = len(self.free_requests)
+        # A turn-based game has fewer batches in flight than requests: one per group of games.
+        self.batches_in_env = min(len(self.free_requests), self.env.batches_in_flight)
 
     def can_recv(self) -> bool:
         return bool(self.free_requests) and self.batches_in_env > 0

@@ -169,7 +169,7 @@ def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.n
         except TypeError as exc:
             if "render_mode" not in str(exc):
                 raise
-            raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() must accept "
+            raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() (or env()) must accept "
                              f"render_mode='rgb_array' and return RGB frames from render()") from None
         return game, game.render_game
     from .envs import _gymnasium_env_fn

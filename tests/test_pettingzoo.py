@@ -162,14 +162,6 @@ def test_agents_with_different_spaces_cannot_share_the_policy():
         make_vec_env("pettingzoo:mpe2.simple_adversary_v3", num_envs=3, batch_size=3, seed=0)
 
 
-def test_turn_based_games_are_refused_in_one_line():
-    with pytest.raises(ValueError) as error:
-        make_vec_env("pettingzoo:pettingzoo.classic.connect_four_v3", num_envs=2, batch_size=2, seed=0)
-    message = str(error.value)
-    assert "\n" not in message
-    assert "turn-based AEC games are not supported yet" in message and SPREAD in message
-
-
 @pytest.mark.parametrize("env_id, kwargs, message", [
     (CUE_GAME, {"colour": 1}, "takes no argument 'colour'"),
     ("pettingzoo:no_such_module_here", {}, "cannot import 'no_such_module_here'"),

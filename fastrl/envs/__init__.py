@@ -7,6 +7,8 @@
   factory     "module:callable" returning a gym.Env     GymnasiumSplits
   pettingzoo  "pettingzoo:MODULE", a PettingZoo           PettingZooSplits: every agent a row, games of
               ParallelEnv module (env.backend auto)     n agents in n consecutive rows
+              ... or an AEC (turn-based) module         TurnBasedGames: every seat a row, a batch the
+                                                        seat to move of each game of a group
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class EnvSpec:
 def probe_env(cfg) -> EnvSpec:
     """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance.
 
-    A multi-agent env is probed as one split of a worker's rows, which must hold whole games; it
-    makes one game (PettingZooSplits makes the others at their first reset)."""
-    rows = cfg.env.envs_per_worker // cfg.env.num_splits if is_pettingzoo_id(cfg.env.id) else 1
-    env = make_vec_env(cfg.env.id, num_envs=rows, batch_size=rows, seed=cfg.seed, backend=cfg.env.backend,
+    A multi-agent env is probed as a worker's rows in its batches, which must hold whole games; it
+    makes one game (the others are made at their first reset)."""
+    num_envs, batch_size = 1, 1
+    if is_pettingzoo_id(cfg.env.id):
+        num_envs, batch_size = cfg.env.envs_per_worker, cfg.env.envs_per_worker // cfg.env.num_splits
+    env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs)
     try:
         return EnvSpec(env.observation_space, env.action_space, env.frame_skip)

@@ -8,8 +8,8 @@ A rollout worker owns one `VecEnv` (a "group" of `num_envs` envs) and drives it 
         actions = policy(obs)                                       # may overlap the next recv
         env.send(actions, env_ids)
 
-with up to `num_envs // batch_size` batches outstanding, so that the envs of batch B step while
-the actions of batch A are computed (double buffering).
+with up to `batches_in_flight` (`num_envs // batch_size`) batches outstanding, so that the envs of
+batch B step while the actions of batch A are computed (double buffering).
 
 Autoreset is NEXT_STEP, as in gymnasium 1.x and envpool: the step after a done returns the
 reset observation with reward 0 and terminated = truncated = False, and the action sent for
@@ -111,6 +111,13 @@ class VecEnv(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches `recv()` can return before any of them is sent: every split's, `num_envs //
+        batch_size`, unless some rows can step only once an earlier batch's actions came back
+        (turn-based games, see fastrl/envs/pettingzoo_turns.py)."""
+        return self.num_envs // self.batch_size
 
     @functools.cached_property
     def action_layout(self) -> ActionLayout:

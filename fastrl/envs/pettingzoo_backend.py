@@ -1,4 +1,5 @@
-"""PettingZoo backend: ``pettingzoo:MODULE`` ParallelEnvs, each agent one row of the batch.
+"""PettingZoo backend: ``pettingzoo:MODULE`` ParallelEnvs, each agent one row of the batch; a
+module with ``env()`` and no ``parallel_env()`` is a turn-based game (fastrl/envs/pettingzoo_turns.py).
 
 ``--env pettingzoo:mpe2.simple_spread_v3`` imports ``mpe2.simple_spread_v3`` and makes its games
 with ``parallel_env(**env.kwargs)``. Every agent of ``possible_agents`` is a row, like an env of a
@@ -32,12 +33,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from fastrl.envs.base import Batch, SplitVecEnv
-from fastrl.spaces import UnsupportedSpace
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
+from fastrl.envs.pettingzoo_games import Games
+from fastrl.envs.pettingzoo_turns import TurnBasedGames, check_turn_groups
 
 PREFIX = "pettingzoo:"
 EXAMPLE = "pettingzoo:mpe2.simple_spread_v3"
@@ -47,12 +48,12 @@ def is_pettingzoo_id(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
 
 
-def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
-    """A zero-argument constructor of one game of ``env_id`` ("pettingzoo:MODULE"): MODULE's
-    ``parallel_env(**env_kwargs)``. Raises ValueError (one line) for a module that cannot be
-    imported, has no ``parallel_env`` (a turn-based AEC game has only ``env``), or makes no
-    ParallelEnv."""
-    from pettingzoo.utils.env import ParallelEnv  # the [multiagent] extra: imported only when used
+def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Callable[[], Any], bool]:
+    """A zero-argument constructor of one game of ``env_id`` ("pettingzoo:MODULE"), and whether the
+    game is turn-based: MODULE's ``parallel_env(**env_kwargs)``, else its ``env(**env_kwargs)`` (an
+    AECEnv, fastrl/envs/pettingzoo_turns.py). Raises ValueError (one line) for a module that cannot
+    be imported, has neither, or makes no env of PettingZoo's kind."""
+    from pettingzoo.utils.env import AECEnv, ParallelEnv  # the [multiagent] extra: imported only when used
 
     module_name = env_id[len(PREFIX):]
     try:
@@ -60,38 +61,20 @@ def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
     except ImportError as exc:
         raise ValueError(f"{env_id!r}: cannot import {module_name!r} ({exc}); correct the module name or install it "
                          f"(pip install 'fastrl[multiagent]' installs pettingzoo and mpe2)") from None
-    make = getattr(module, "parallel_env", None)
+    make, kind, name = getattr(module, "parallel_env", None), ParallelEnv, "parallel_env"
     if make is None:
-        kind = "a turn-based AEC game (it has env() but no parallel_env())" if hasattr(module, "env") else (
-            "not a PettingZoo env module (it has no parallel_env())")
-        raise ValueError(f"{env_id!r} is {kind}: turn-based AEC games are not supported yet; fastrl trains "
-                         f"PettingZoo ParallelEnvs, e.g. --env {EXAMPLE}")
+        make, kind, name = getattr(module, "env", None), AECEnv, "env"
+    if make is None:
+        raise ValueError(f"{env_id!r} is not a PettingZoo env module (it has neither parallel_env() nor env()), "
+                         f"e.g. --env {EXAMPLE}")
 
     def make_game():
         game = make(**env_kwargs)
-        if not isinstance(game, ParallelEnv):
-            raise ValueError(f"{env_id!r}: parallel_env() returned {type(game).__name__}, not a "
-                             f"pettingzoo.ParallelEnv")
+        if not isinstance(game, kind):
+            raise ValueError(f"{env_id!r}: {name}() returned {type(game).__name__}, not a pettingzoo.{kind.__name__}")
         return game
 
-    return make_game
-
-
-def shared_spaces(env_id: str, game, agents: tuple[str, ...]) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """The observation and action space every agent of ``game`` has; UnsupportedSpace (one line,
-    naming the agents of each space) when they differ: one policy acts for all of them."""
-    for kind in ("observation", "action"):
-        spaces = [getattr(game, f"{kind}_space")(agent) for agent in agents]
-        if any(space != spaces[0] for space in spaces[1:]):
-            groups: dict[str, list[str]] = {}
-            for agent, space in zip(agents, spaces):
-                groups.setdefault(str(space), []).append(agent)
-            listed = "; ".join(f"{', '.join(names)}: {space}" for space, names in groups.items())
-            raise UnsupportedSpace(f"{env_id!r}: its agents share one policy, so they need the same {kind} "
-                                   f"space, but they differ ({listed}); several policies are not supported yet: "
-                                   f"pad the spaces to one (e.g. supersuit's pad_observations_v0 / "
-                                   f"pad_action_space_v0) in a module of your own")
-    return (game.observation_space(agents[0]), game.action_space(agents[0]))
+    return make_game, kind is AECEnv
 
 
 def check_whole_games(env_id: str, num_agents: int, rows_per_split: int) -> None:
@@ -106,52 +89,46 @@ def check_whole_games(env_id: str, num_agents: int, rows_per_split: int) -> None
 
 
 def make_pettingzoo_vec_env(env_id: str, num_envs: int, batch_size: int, seed: int,
-                            env_kwargs: dict[str, Any]) -> PettingZooSplits:
-    """``num_envs`` agent rows of ``env_id`` in splits of ``batch_size`` rows (both whole games)."""
-    make_game = game_maker(env_id, env_kwargs)
+                            env_kwargs: dict[str, Any]) -> VecEnv:
+    """``num_envs`` agent rows of ``env_id`` returned ``batch_size`` at a time: splits of whole
+    games for a ParallelEnv, a row from each of ``batch_size`` games for a turn-based one."""
+    make_game, turn_based = game_maker(env_id, env_kwargs)
     first = make_game()
+    n = len(first.possible_agents)
     try:
-        check_whole_games(env_id, len(first.possible_agents), batch_size)
+        if turn_based:
+            check_turn_groups(env_id, n, num_envs, batch_size)
+        else:
+            check_whole_games(env_id, n, batch_size)
     except ValueError:
         first.close()
         raise
-    n = len(first.possible_agents)
+    if turn_based:
+        return TurnBasedGames(env_id, make_game, num_envs // n, batch_size, seed, first)
     return PettingZooSplits(env_id, make_game, num_envs // n, batch_size // n, seed, first)
 
 
-def open_games(env_id: str, min_rows: int, seed: int, env_kwargs: dict[str, Any]) -> PettingZooSplits:
-    """The fewest games of ``env_id`` that hold ``min_rows`` agent rows, in one split (evaluation,
-    videos)."""
-    make_game = game_maker(env_id, env_kwargs)
+def open_games(env_id: str, min_rows: int, seed: int, env_kwargs: dict[str, Any]) -> VecEnv:
+    """The fewest games of ``env_id`` that hold ``min_rows`` agent rows, all in one batch (a
+    split, or for a turn-based game one group: a row of each game), for evaluation and videos."""
+    make_game, turn_based = game_maker(env_id, env_kwargs)
     first = make_game()
     games = -(-min_rows // len(first.possible_agents))
+    if turn_based:
+        return TurnBasedGames(env_id, make_game, games, games, seed, first)
     return PettingZooSplits(env_id, make_game, games, games, seed, first)
 
 
-class PettingZooSplits(SplitVecEnv):
-    """``games`` games of one ParallelEnv, ``games_per_split`` to a split, every agent a row.
-
-    Game g's first reset is seeded ``seed + g * n`` (the seed of its first row, as envs are seeded
-    ``seed + i`` elsewhere); later resets continue its own random stream. Games other than
-    ``first`` are made at their first reset, so that probing a group's spaces makes one game.
-    """
+class PettingZooSplits(Games, SplitVecEnv):
+    """``games`` games of one ParallelEnv, ``games_per_split`` to a split, every agent a row
+    (seeds: see Games)."""
 
     def __init__(self, env_id: str, make_game: Callable[[], Any], games: int, games_per_split: int, seed: int,
                  first) -> None:
-        self.env_id = env_id
-        self.agents: tuple[str, ...] = tuple(first.possible_agents)
+        self._hold_games(env_id, make_game, games, seed, first)
         n = len(self.agents)
         super().__init__(games * n, games_per_split * n)
-        try:
-            self.observation_space, self.action_space = shared_spaces(env_id, first, self.agents)
-        except UnsupportedSpace:
-            first.close()
-            raise
-        self.frame_skip = 1
-        self._make_game = make_game
-        self._games: list = [first] + [None] * (games - 1)
         self._games_per_split = games_per_split
-        self._seeds: list[int | None] = [seed + g * n for g in range(games)]
         self._game_over = np.ones(games, dtype=bool)  # it resets at its next step
         self._present = np.zeros(self.num_envs, dtype=bool)  # the row's agent plays in its game
         self._left_terminated = np.zeros(self.num_envs, dtype=bool)  # how an absent row's agent left
@@ -242,13 +219,3 @@ class PettingZooSplits(SplitVecEnv):
 
     def _split_games(self, split: int) -> range:
         return range(split * self._games_per_split, (split + 1) * self._games_per_split)
-
-    def render_game(self, g: int = 0):
-        """Game g's ``render()`` (made with ``render_mode="rgb_array"``: a uint8 [H, W, 3] frame)."""
-        return self._games[g].render()
-
-    def close(self) -> None:
-        for game in self._games:
-            if game is not None:
-                game.close()
-        self._games = []
