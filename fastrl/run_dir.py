@@ -36,6 +36,7 @@ RUN_FILE_PATTERNS = ("processes*.json",)
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints", "processes.json")
 # Kept (never removed): removing a lock file lets a waiting opener and a new one lock two files.
 LOCK_FILE = ".lock"
+PID_RECORD_WAIT_S = 1.0  # how long a refusal waits for a runner that just took the lock to record its pid
 
 
 class RunDirError(RuntimeError):
@@ -204,12 +205,15 @@ def _adopt_lock(path: Path, dup) -> RunDirLock:
 def lock_holder(path: Path) -> str:
     """Who holds the lock file at ``path``, in words: the runner whose pid it records while that
     process lives; else the processes that have it open (a child its runner left behind)."""
-    try:
-        pid = int(path.read_text())
-    except (OSError, ValueError):
-        pid = None
-    if pid is not None and pid != os.getpid() and _runs_since(pid, path.stat().st_mtime):
-        return f"a running fastrl-train (pid {pid})"
+    # A runner that has just taken the lock records its pid a moment later: give it that moment.
+    deadline = time.monotonic() + PID_RECORD_WAIT_S
+    while True:
+        pid = _recorded_pid(path)
+        if pid is not None and pid != os.getpid() and _runs_since(pid, path.stat().st_mtime):
+            return f"a running fastrl-train (pid {pid})"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     target = os.path.realpath(path)
     holders = []
     for process in psutil.process_iter():
@@ -224,6 +228,13 @@ def lock_holder(path: Path) -> str:
     if pid == os.getpid():
         return f"another train() of this process (pid {pid})"
     return f"another process (it holds '{path}')"
+
+
+def _recorded_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None  # not written yet, or being rewritten
 
 
 def _runs_since(pid: int, since: float) -> bool:
