@@ -5,6 +5,8 @@
   gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
                                                         are preprocessed like envpool (atari.py)
   factory     "module:callable" returning a gym.Env     GymnasiumSplits
+              ... or "module:Class", a VecEnv subclass   Class itself: a vectorized env that makes a
+                                                        worker's whole group (fastrl.envs.toy.AgreementGames)
   pettingzoo  "pettingzoo:MODULE", a PettingZoo           PettingZooSplits: every agent a row, games of
               ParallelEnv module (env.backend auto)     n agents in n consecutive rows
               ... or an AEC (turn-based) module         TurnBasedGames: every seat a row, a batch the
@@ -40,20 +42,24 @@ class EnvSpec:
     observation_space: object
     action_space: object
     frame_skip: int
+    agents: tuple[str, ...] = ()  # a multi-agent env's agents of one game (VecEnv.agents)
 
 
 def probe_env(cfg) -> EnvSpec:
     """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance.
 
     A multi-agent env is probed as a worker's rows in its batches, which must hold whole games; it
-    makes one game (the others are made at their first reset)."""
+    makes one game (the others are made at their first reset); a VecEnv class makes one game."""
     num_envs, batch_size = 1, 1
+    vector = vector_env_class(cfg.env.id, cfg.env.backend)
     if is_pettingzoo_id(cfg.env.id):
         num_envs, batch_size = cfg.env.envs_per_worker, cfg.env.envs_per_worker // cfg.env.num_splits
+    elif vector is not None:
+        num_envs = batch_size = vector.game_rows(**cfg.env.kwargs)
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs)
     try:
-        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
     finally:
         env.close()
 
@@ -66,6 +72,11 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
 
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             return open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs)
+    vector = vector_env_class(cfg.env.id, cfg.env.backend)
+    if vector is not None:
+        with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
+            rows = vector.game_rows(**cfg.env.kwargs)
+        num_envs = -(-num_envs // rows) * rows
     return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=num_envs, seed=seed, backend=cfg.env.backend,
                         env_kwargs=cfg.env.kwargs)
 
@@ -84,7 +95,8 @@ def make_vec_env(
     """Make one group of `num_envs` envs, returned `batch_size` at a time by `recv()`.
 
     Args:
-        env_id: envpool task id, gymnasium id, "module:callable" factory, or "pettingzoo:MODULE".
+        env_id: envpool task id, gymnasium id, "module:callable" factory, "module:Class" of a VecEnv
+            subclass (made as ``Class(num_envs, batch_size, seed, **env_kwargs)``), or "pettingzoo:MODULE".
         num_envs: envs in the group; a multiple of `batch_size`. For a multi-agent env these are
             agent rows: `batch_size` must be a multiple of the agents of a game.
         batch_size: envs per `recv()`.
@@ -116,6 +128,8 @@ def make_vec_env(
             from fastrl.envs.pettingzoo_backend import make_pettingzoo_vec_env  # pettingzoo is optional
 
             env = make_pettingzoo_vec_env(env_id, num_envs, batch_size, seed, env_kwargs)
+        elif (vector := vector_env_class(env_id, backend)) is not None:
+            env = vector(num_envs, batch_size, seed, **env_kwargs)
         else:
             env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
             env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
@@ -182,6 +196,18 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
         _import_factory(env_id)
         return "factory"
     raise ValueError(_unknown_id_message(env_id, "not an envpool or gymnasium id"))
+
+
+def vector_env_class(env_id: str, backend: str = "auto") -> type[VecEnv] | None:
+    """The VecEnv subclass that ``env_id`` names as "module:Class" (a vectorized env that steps a
+    worker's whole group of rows itself), or None for any other id."""
+    if backend not in ("auto", "factory") or is_pettingzoo_id(env_id) or ":" not in env_id:
+        return None
+    try:
+        named = _import_factory(env_id)
+    except ValueError:
+        return None
+    return named if isinstance(named, type) and issubclass(named, VecEnv) else None
 
 
 def _registered_ids(backend: str) -> Mapping[str, Any]:

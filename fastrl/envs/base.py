@@ -49,6 +49,17 @@ def as_batch(
     )
 
 
+def check_whole_games(env_id: str, num_agents: int, rows_per_split: int) -> None:
+    """ValueError (one line) unless a split of ``rows_per_split`` rows holds whole games."""
+    if rows_per_split < num_agents or rows_per_split % num_agents:
+        below = rows_per_split // num_agents * num_agents
+        fitting = f"{below} or {below + num_agents}" if below else str(num_agents)
+        raise ValueError(f"{env_id!r}: each game is {num_agents} rows (one per agent) and a split of "
+                         f"env.envs_per_worker / env.num_splits = {rows_per_split} rows must hold whole games: "
+                         f"make env.envs_per_worker a multiple of {num_agents} x env.num_splits (splits of "
+                         f"{fitting} rows)")
+
+
 class VecEnv(abc.ABC):
     """A group of `num_envs` envs stepped in batches of `batch_size`.
 
@@ -58,6 +69,8 @@ class VecEnv(abc.ABC):
         observation_space: the observation space of ONE env (see fastrl.spaces.ObsLayout).
         action_space: the action space of ONE env (see fastrl.spaces.ActionLayout).
         frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
+        agents: a multi-agent env's agents of one game, in row order (game g holds rows
+            ``g * n .. (g + 1) * n - 1``); () for a single-agent env. [policies] maps them to policies.
     """
 
     num_envs: int
@@ -65,6 +78,7 @@ class VecEnv(abc.ABC):
     observation_space: gymnasium.Space
     action_space: gymnasium.Space
     frame_skip: int
+    agents: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def async_reset(self) -> None:
@@ -111,6 +125,13 @@ class VecEnv(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @classmethod
+    def game_rows(cls, **env_kwargs) -> int:
+        """Rows of one game (its agents) of this class made with ``env_kwargs``, for a class given
+        as ``--env module:Class``: a probe makes one game and evaluation whole games. 1 unless
+        the class makes multi-agent games."""
+        return 1
 
     @property
     def batches_in_flight(self) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
 from fastrl.envs.pettingzoo_games import Games
 from fastrl.envs.pettingzoo_turns import TurnBasedGames, check_turn_groups
 
@@ -75,17 +75,6 @@ def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Callable[[], An
         return game
 
     return make_game, kind is AECEnv
-
-
-def check_whole_games(env_id: str, num_agents: int, rows_per_split: int) -> None:
-    """ValueError (one line) unless a split of ``rows_per_split`` rows holds whole games."""
-    if rows_per_split < num_agents or rows_per_split % num_agents:
-        below = rows_per_split // num_agents * num_agents
-        fitting = f"{below} or {below + num_agents}" if below else str(num_agents)
-        raise ValueError(f"{env_id!r}: each game is {num_agents} rows (one per agent) and a split of "
-                         f"env.envs_per_worker / env.num_splits = {rows_per_split} rows must hold whole games: "
-                         f"make env.envs_per_worker a multiple of {num_agents} x env.num_splits (splits of "
-                         f"{fitting} rows)")
 
 
 def make_pettingzoo_vec_env(env_id: str, num_envs: int, batch_size: int, seed: int,
@@ -174,13 +163,7 @@ class PettingZooSplits(Games, SplitVecEnv):
         return obs, rewards, terminated, truncated, self._local_ids
 
     def _reset_game(self, g: int, rows: range) -> None:
-        game = self._games[g]
-        observations, _ = game.reset(seed=self._seeds[g])
-        self._seeds[g] = None
-        if set(game.agents) != set(self.agents):
-            raise RuntimeError(f"{self.env_id!r} reset with agents {list(game.agents)} of possible_agents "
-                               f"{list(self.agents)}: every agent must play from the reset (agents that join "
-                               f"later are not supported)")
+        observations, _ = self._begin_episode(g)
         for row, agent in zip(rows, self.agents):
             self._last_obs[row] = observations[agent]
         self._present[rows.start:rows.stop] = True

@@ -1,7 +1,8 @@
 """Tiny deterministic gymnasium envs whose right answers are known (returns, a memory task, every
 space fastrl takes): a quick check of a learner or a setup, and the tests' envs. Factories are usable
 as "module:callable" (e.g. `make_vec_env("fastrl.envs.toy:make_countdown", ..., env_kwargs={"length":
-5})`), so spawned worker processes can build them by name.
+5})`), so spawned worker processes can build them by name. AgreementGames, a multi-agent VecEnv
+stepped in numpy, is given as "module:Class" and makes a worker's whole group of rows itself.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+from fastrl.envs.base import Batch, SplitVecEnv, check_whole_games
 
 
 class CountdownEnv(gymnasium.Env):
@@ -476,3 +479,93 @@ class PaintedCountdownEnv(CountdownEnv):
 def make_painted_countdown(length: int = 5, render_mode: str | None = None, height: int = 32,
                            width: int = 48) -> PaintedCountdownEnv:
     return PaintedCountdownEnv(length, render_mode, height, width)
+
+
+# ---------------------------------------------------------------------------------------------
+# A vectorized multi-agent env: a whole group of games stepped in numpy, made by fastrl as
+# `--env fastrl.envs.toy:AgreementGames` (a VecEnv subclass given as "module:Class").
+
+
+class AgreementGames(SplitVecEnv):
+    """Cooperative games of ``agents`` players, every game and agent of a split stepped at once in
+    numpy: no Python per game or agent, so a benchmark sees the framework's cost per agent row.
+
+    Rows follow the multi-agent conventions (docs/multiagent.md): agent k of game g is row
+    ``g * agents + k``, a split (``batch_size`` rows) holds whole games, autoreset is next-step
+    per game. With ``agents=1`` every row is a game of its own: the single-agent env with the same
+    work per row. ``agents`` names them ``agent_0``, ``agent_1``, ... (none for one agent).
+
+    Actions Discrete(num_actions). At step t = 1, 2, ... of a game, m is the mean action of the
+    agents playing it; each of them gets reward ``1 - |a_k - m| / (num_actions - 1)`` (1 when all
+    agree) and observes float32 [5] ``(t, k, g, a_k, m)`` (g: the game's index in the group); the
+    reset observation is ``(0, k, g, -1, -1)``. Agent k plays ``length - k * stagger`` steps and
+    is terminated on the last; from then until its game resets it is an absent row: no action of
+    its counts, its observation stays, its reward is 0 and it reports terminated on every step.
+    The game ends when agent 0 leaves, after ``length`` steps, and its next step is the reset
+    (reward 0, no flags). The games are deterministic: ``seed`` is not used.
+    """
+
+    OBS_SIZE = 5
+    DEFAULT_AGENTS = 2
+
+    def __init__(self, num_envs: int, batch_size: int, seed: int, agents: int = DEFAULT_AGENTS, length: int = 32,
+                 stagger: int = 0, num_actions: int = 4) -> None:
+        if agents < 1 or num_actions < 2 or length - (agents - 1) * stagger < 1 or stagger < 0:
+            raise ValueError(f"AgreementGames needs agents >= 1, num_actions >= 2, stagger >= 0 and every agent "
+                             f"playing a step (length - (agents - 1) * stagger >= 1), got {agents=}, {length=}, "
+                             f"{stagger=}, {num_actions=}")
+        check_whole_games(f"{__name__}:{type(self).__name__}", agents, batch_size)
+        super().__init__(num_envs, batch_size)
+        self.agents = tuple(f"agent_{k}" for k in range(agents)) if agents > 1 else ()
+        self.length = length
+        self.num_actions = num_actions
+        self.observation_space = spaces.Box(-1.0, np.inf, (self.OBS_SIZE,), np.float32)
+        self.action_space = spaces.Discrete(num_actions)
+        self.frame_skip = 1
+        S, G, B = self.num_splits, batch_size // agents, batch_size
+        self._games_per_split = G
+        self._lifetime = length - stagger * np.arange(agents)  # [A] steps agent k plays
+        self._t = np.zeros((S, G), np.int64)  # steps the game has played
+        self._resets = np.ones((S, G), bool)  # the game resets at its next step
+        self._actions = np.zeros((S, B), np.int64)
+        self._obs = np.zeros((S, B, self.OBS_SIZE), np.float32)
+        self._rewards = np.zeros((S, B), np.float32)
+        self._terminated = np.zeros((S, B), bool)
+        self._truncated = np.zeros((S, B), bool)  # no time limit: never set
+        rows = np.arange(num_envs).reshape(S, B)
+        self._reset_obs = np.stack([np.zeros((S, B)), rows % agents, rows // agents, np.full((S, B), -1.0),
+                                    np.full((S, B), -1.0)], axis=-1).astype(np.float32)
+        self._local_ids = np.arange(B, dtype=np.int32)
+
+    @classmethod
+    def game_rows(cls, agents: int = DEFAULT_AGENTS, **_) -> int:
+        return agents
+
+    def _reset_split(self, split: int) -> None:
+        self._resets[split] = True
+
+    def _send_split(self, split: int, actions: np.ndarray, local_ids: np.ndarray) -> None:
+        self._actions[split][local_ids] = self._env_actions(actions)
+
+    def _recv_split(self, split: int) -> Batch:
+        G, A = self._games_per_split, self._lifetime.size
+        t, resets = self._t[split], self._resets[split]
+        obs = self._obs[split].reshape(G, A, self.OBS_SIZE)
+        rewards = self._rewards[split].reshape(G, A)
+        terminated = self._terminated[split].reshape(G, A)
+        playing = (t[:, None] < self._lifetime) & ~resets[:, None]  # [G, A]: the agents this step moves
+        actions = self._actions[split].reshape(G, A)
+        t += 1
+        t[resets] = 0
+        mean = (actions * playing).sum(axis=1) / np.maximum(playing.sum(axis=1), 1)  # [G]
+        np.multiply(1.0 - np.abs(actions - mean[:, None]) / (self.num_actions - 1), playing, out=rewards)
+        np.copyto(obs[..., 0], t[:, None], where=playing)
+        np.copyto(obs[..., 3], actions, where=playing)
+        np.copyto(obs[..., 4], mean[:, None], where=playing)
+        np.greater_equal(t[:, None], self._lifetime, out=terminated)  # left on this step or before
+        obs[resets] = self._reset_obs[split].reshape(G, A, self.OBS_SIZE)[resets]
+        np.greater_equal(t, self.length, out=resets)
+        return self._obs[split], self._rewards[split], self._terminated[split], self._truncated[split], self._local_ids
+
+    def close(self) -> None:
+        """Nothing to release: the games are arrays."""
