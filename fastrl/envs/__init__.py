@@ -42,7 +42,6 @@ class EnvSpec:
     observation_space: object
     action_space: object
     frame_skip: int
-    agents: tuple[str, ...] = ()  # a multi-agent env's agents of one game (VecEnv.agents)
 
 
 def probe_env(cfg) -> EnvSpec:
@@ -59,7 +58,7 @@ def probe_env(cfg) -> EnvSpec:
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs)
     try:
-        return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
     finally:
         env.close()
 
