@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "learning": ("learning", "whether a profile keeps its [expect] promise: steps and wall time to the threshold"),
     "throughput": ("throughput", "training throughput against the raw env limit, and CartPole time-to-solve"),
     "compare": ("compare", "a profile's steady env steps/s with and without some overrides, alternating"),
+    "agents": ("agents", "agent rows/s of multi-agent games against the single-agent path, alternating"),
     "learner": ("learner", "the learner alone: train() calls per second on synthetic batches"),
     "batcher": ("batcher", "the inference batcher's infer() alone"),
     "kernels": ("kernels", "fastrl.kernels against the loops they replace"),
