@@ -127,8 +127,8 @@ def train_main(argv=None) -> int:
 
 def eval_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="fastrl-eval",
-                                description="Evaluate the latest (or the best) checkpoint of a run; optionally "
-                                            "write a video of the episodes.")
+                                description="Evaluate the latest (or the best) checkpoint of a run, alone or "
+                                            "against an opponent; optionally write a video of the episodes.")
     p.add_argument("run_dir")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--deterministic", action="store_true", help="argmax / mean actions instead of sampling")
@@ -141,6 +141,14 @@ def eval_main(argv=None) -> int:
                    help="play the episodes one at a time on a rendered env and write them as an H.264 MP4 "
                         "(needs pip install 'fastrl[video]')")
     p.add_argument("--fps", type=int, help="frames per second of the video: one frame per env step (default 30)")
+    p.add_argument("--opponent", metavar="NAME|MODULE:CALLABLE",
+                   help="in a multi-agent env, play the policy in one seat and this opponent in every other, the "
+                        "policy's seat rotating so each seat gets an equal share of --episodes; prints win_rate, "
+                        "draw_rate and loss_rate overall and per seat: the sign of the policy's seat's episode "
+                        "return (> 0 a win, 0 a draw, < 0 a loss, as in zero-sum classic games). Built in: random "
+                        "(uniform over the legal actions), connect_four_one_ply (wins now, else blocks, else random); "
+                        "MODULE:CALLABLE is fn(observation, agent) -> action, given the agent's observation as the "
+                        "env returns it (with action_mask in classic games) and its name")
     args = p.parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -156,10 +164,10 @@ def eval_main(argv=None) -> int:
         device = evaluation_device(args.device)
         if args.video is not None:
             result = write_run_video(Path(args.run_dir), args.video, args.episodes, args.deterministic, device,
-                                     args.seed, args.best, args.fps)
+                                     args.seed, args.best, args.fps, args.opponent)
         else:
             result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, device, args.seed,
-                                  args.best)
+                                  args.best, args.opponent)
     except (*_user_errors(), VideoError) as exc:
         return _fail("fastrl-eval", exc)
     except KeyboardInterrupt:

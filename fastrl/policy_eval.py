@@ -1,4 +1,4 @@
-"""Evaluation: run complete episodes with a trained policy."""
+"""Evaluation: complete episodes with a trained policy, alone or against a scripted opponent."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,11 +10,87 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_pa
                          load_latest_checkpoint, load_model_state)
 from .config import Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
 from .envs import make_episode_env, probe_env
+from .envs.pettingzoo_games import Games
 from .models import action_head, build_model
+from .opponents import checked_action, find_opponent, make_opponent, opponent_name
 from .spaces import ObsLayout
 
 
-@torch.no_grad()
+class PolicyActions:
+    """A model's actions for rows of one VecEnv of ``num_envs`` rows, each row with its own
+    recurrent state. A dqn policy always acts greedily on its Q-values (they are not logits to
+    sample from)."""
+
+    def __init__(self, cfg: Config, model: torch.nn.Module, env, deterministic: bool, device: str):
+        self.model = model.to(device).eval()
+        self.device = device
+        self.deterministic = deterministic or cfg.learner.algo in Q_LEARNERS
+        self.head = action_head(env.action_space)
+        self.layout = ObsLayout(env.observation_space)
+        self.recurrent = getattr(model, "is_recurrent", False)
+        self.state = model.initial_state(env.num_envs, device) if self.recurrent else None
+
+    @torch.no_grad()
+    def __call__(self, obs: np.ndarray, ids: np.ndarray, episode_start: np.ndarray, final: np.ndarray) -> np.ndarray:
+        """Actions ``[k, *action shape]`` for rows ``ids`` (int ``[k]``) observing ``obs`` (``[k,
+        *storage_shape]``, packed by ``self.layout.pack``). ``episode_start`` (bool ``[k]``)
+        restarts a row's recurrent state; ``final`` (bool ``[k]``) marks an episode's final
+        observation, whose action is discarded and whose mask may allow nothing."""
+        obs = torch.as_tensor(obs).to(self.device)
+        if self.layout.mask is not None:
+            self.model.check_mask(obs, torch.as_tensor(final))
+        if self.recurrent:
+            starts = torch.as_tensor(episode_start, device=self.device)[None]
+            rows = torch.as_tensor(ids, device=self.device)
+            params, _, new_state = self.model(obs[None], self.state[rows], starts)
+            self.state[rows] = new_state
+            params = params[0]
+        else:
+            params, _ = self.model(obs)
+        return self.head.sample(params, deterministic=self.deterministic).cpu().numpy()
+
+
+class EpisodeSteps:
+    """The batches of a VecEnv under next-step autoreset, as episodes: which rows end a step and
+    which begin an episode, and each row's return and length so far. ``keep_going()`` is called
+    before, and ``after_recv()`` after, every ``recv()``."""
+
+    def __init__(self, env, keep_going=None, after_recv=None):
+        self.env = env
+        self.keep_going = keep_going
+        self.after_recv = after_recv
+        self.started = np.zeros(env.num_envs, dtype=bool)
+        self.after_done = np.zeros(env.num_envs, dtype=bool)
+        self.returns = np.zeros(env.num_envs)
+        self.lengths = np.zeros(env.num_envs, dtype=np.int64)
+
+    def next_batch(self) -> tuple:
+        """The env's next batch, its rewards added to its rows' returns: ``(obs, ids, done,
+        stepped)``, ``stepped`` bool ``[k]`` the rows whose observation ends a step, not a reset
+        observation (nor, in a multi-agent env, an agent that left its game before and still
+        reports it)."""
+        if self.keep_going is not None:
+            self.keep_going()
+        obs, rewards, terminated, truncated, ids = self.env.recv()
+        if self.after_recv is not None:
+            self.after_recv()
+        ids = np.asarray(ids)
+        stepped = self.started[ids] & ~self.after_done[ids]
+        self.returns[ids] += np.where(stepped, rewards, 0.0)
+        self.lengths[ids] += stepped
+        return obs, ids, np.logical_or(terminated, truncated), stepped
+
+    def advance(self, ids: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Close the episodes of rows ``ids[done]`` (read their returns before); bool ``[k]``:
+        the rows whose observation begins an episode (after an autoreset step, or the first)."""
+        self.returns[ids[done]] = 0.0
+        self.lengths[ids[done]] = 0
+        episode_start = self.after_done[ids] | ~self.started[ids]
+        self.started[ids] = True
+        self.after_done[ids] = done
+        return episode_start
+
+
 def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, deterministic: bool = False,
                     device: str = "cpu", seed: int = 12345, num_envs: int = 8, keep_going=None, env=None,
                     after_recv=None) -> dict:
@@ -22,76 +98,127 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     the env steps they took.
 
     Each of the ``n`` parallel envs (at most ``num_envs``) plays a fixed quota of episodes: taking
-    the first episodes to finish across envs would favour short episodes. A dqn policy always acts
-    greedily on its Q-values (they are not logits to sample from). ``keep_going()`` is called
-    every step; an evaluation inside a run raises from it to stop at once. Given ``env`` (a VecEnv
-    of ``cfg.env``, closed here) the episodes are played on its envs, all at once, and
+    the first episodes to finish across envs would favour short episodes. ``keep_going()`` is
+    called every step; an evaluation inside a run raises from it to stop at once. Given ``env`` (a
+    VecEnv of ``cfg.env``, closed here) the episodes are played on its envs, all at once, and
     ``after_recv()`` is called after every ``recv()``: fastrl.video grabs its frames there.
     In a multi-agent env every agent is an env here (its episodes count one by one) and whole
     games are played: the fewest that hold ``min(episodes, num_envs)`` agents, so ``n`` may
     exceed ``num_envs`` by less than a game.
     """
-    deterministic = deterministic or cfg.learner.algo in Q_LEARNERS
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     n = env.num_envs
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
-    model = model.to(device).eval()
-    head = action_head(env.action_space)
-    layout = ObsLayout(env.observation_space)
-    recurrent = getattr(model, "is_recurrent", False)
-    state = model.initial_state(n, device) if recurrent else None
-    started = np.zeros(n, dtype=bool)
+    act = PolicyActions(cfg, model, env, deterministic, device)
+    steps = EpisodeSteps(env, keep_going, after_recv)
     returns: list[float] = []
     lengths: list[int] = []
-    running = np.zeros(n)
-    running_length = np.zeros(n, dtype=np.int64)
     env_steps = 0
     finished = np.zeros(n, dtype=np.int64)
-    after_done = np.zeros(n, dtype=bool)
     try:
         env.async_reset()
         while (finished < quota).any():
-            if keep_going is not None:
-                keep_going()
-            obs, rewards, terminated, truncated, ids = env.recv()
-            if after_recv is not None:
-                after_recv()
-            ids = np.asarray(ids)
-            stepped = started[ids] & ~after_done[ids]  # not a reset observation
+            obs, ids, done, stepped = steps.next_batch()
             env_steps += int(stepped.sum())
-            running[ids] += np.where(stepped, rewards, 0.0)
-            running_length[ids] += stepped
-            done = np.logical_or(terminated, truncated)
             # A done that ends no step is an agent that left its game before, still reporting it.
             for i in ids[done & stepped]:
                 if finished[i] < quota[i]:
-                    returns.append(float(running[i]))
-                    lengths.append(int(running_length[i]))
+                    returns.append(float(steps.returns[i]))
+                    lengths.append(int(steps.lengths[i]))
                     finished[i] += 1
-            running[ids[done]] = 0.0
-            running_length[ids[done]] = 0
-            # The observation after an autoreset step (or the first one) begins an episode.
-            episode_start = after_done[ids] | ~started[ids]
-            started[ids] = True
-            after_done[ids] = done
-            obs = torch.as_tensor(layout.pack(obs, len(ids))).to(device)
-            if layout.mask is not None:
-                model.check_mask(obs, torch.as_tensor(done))
-            if recurrent:
-                starts = torch.as_tensor(episode_start, device=device)[None]
-                rows = torch.as_tensor(ids, device=device)
-                params, _, new_state = model(obs[None], state[rows], starts)
-                state[rows] = new_state
-                params = params[0]
-            else:
-                params, _ = model(obs)
-            actions = head.sample(params, deterministic=deterministic).cpu().numpy()
-            env.send(actions, ids)
+            episode_start = steps.advance(ids, done)
+            env.send(act(act.layout.pack(obs, len(ids)), ids, episode_start, done), ids)
     finally:
         env.close()
     return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
             "episode_length_mean": float(np.mean(lengths)), "episodes": len(returns), "env_steps_played": env_steps}
+
+
+def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: int, deterministic: bool = False,
+                     device: str = "cpu", seed: int = 12345, num_envs: int = 8, keep_going=None, env=None,
+                     after_recv=None) -> dict:
+    """``model`` playing one seat of ``cfg.env``'s multi-agent games and ``opponent`` every other
+    seat (fastrl.opponents: a built-in name, ``MODULE:CALLABLE`` or a callable ``fn(observation,
+    agent) -> action``, called with each agent's observation as its game gave it): the model's
+    seat's win, draw and loss rates and mean return over ``episodes`` episodes, overall and per
+    seat (``seats``, by agent name).
+
+    The outcome of an episode is the sign of the model's seat's return: > 0 a win, 0 a draw, < 0 a
+    loss (PettingZoo's classic games are zero-sum, +1 / 0 / -1 at the end). The model's seat
+    rotates so that every seat gets an equal share: of the ``G`` games played at once (the fewest
+    that hold ``min(episodes, num_envs)`` agent rows), game g plays episodes ``j = g, g + G, g +
+    2G, ...`` of the ``episodes``, the model in seat ``j % n`` of its ``n``. Rows the opponent plays
+    are never given to the model; it acts on a row's final observation for neither side.
+    ``keep_going``, ``env`` and ``after_recv`` as for evaluate_policy.
+
+    Raises ConfigError for an env without several agents, OpponentError (one line) for an
+    opponent that cannot be found or made, or plays an illegal action.
+    """
+    found = find_opponent(opponent)
+    name = opponent_name(opponent)
+    if env is None:
+        env = make_episode_env(cfg, min(episodes, num_envs), seed)
+    try:
+        check_opponent_seats(cfg.env.id, env)
+        play = make_opponent(found, env.observation_space, env.action_space, seed)
+        n = len(env.agents)
+        games = env.num_envs // n
+        quota = -(-(episodes - np.arange(games)) // games)  # episodes g, g + G, ... below ``episodes``
+        act = PolicyActions(cfg, model, env, deterministic, device)
+        steps = EpisodeSteps(env, keep_going, after_recv)
+        returns: list[list[float]] = [[] for _ in range(n)]  # the model's returns, by its seat
+        counted = np.zeros(games, dtype=np.int64)
+        env.async_reset()
+        first_episode = env.episodes_begun.copy()
+        # A game is done once its quota is counted, or has begun the episode past it: an episode
+        # whose model's seat had no turn (a game over before it) has no outcome to count.
+        while ((counted < quota) & (env.episodes_begun - first_episode <= quota)).any():
+            obs, ids, done, stepped = steps.next_batch()
+            game, seat = ids // n, ids % n
+            episode = env.episodes_begun[game] - first_episode[game] - 1
+            model_seat = seat == (game + episode * games) % n
+            for i in np.flatnonzero(done & stepped & model_seat & (episode < quota[game])):
+                returns[seat[i]].append(float(steps.returns[ids[i]]))
+                counted[game[i]] += 1
+            episode_start = steps.advance(ids, done)
+            actions = np.zeros((len(ids), *env.action_layout.shape), dtype=env.action_layout.dtype)
+            model_rows = model_seat & ~done
+            if model_rows.any():
+                packed = act.layout.pack(obs, len(ids))[model_rows]
+                actions[model_rows] = act(packed, ids[model_rows], episode_start[model_rows], done[model_rows])
+            for i in np.flatnonzero(~model_seat & ~done):
+                agent, observation = env.agents[seat[i]], env.agent_observation(int(ids[i]))
+                action = checked_action(name, play(observation, agent), observation, agent, env.action_space)
+                actions[i] = env.action_layout.encode(action)
+            env.send(actions, ids)
+    finally:
+        env.close()
+    return {"opponent": name, **outcome_rates(sum(returns, [])),
+            "seats": {agent: outcome_rates(returns[k]) for k, agent in enumerate(env.agents)}}
+
+
+def check_opponent_seats(env_id: str, env) -> None:
+    """ConfigError (one line) unless ``env`` holds PettingZoo games of several agents: an opponent
+    plays the seats the model does not, on each agent's observation as its game gave it."""
+    if isinstance(env, Games) and len(env.agents) > 1:
+        return
+    if len(getattr(env, "agents", ())) > 1:
+        raise ConfigError(f"--opponent plays PettingZoo games (--env pettingzoo:MODULE), handing the opponent each "
+                          f"agent's observation as the game gives it, and {env_id!r} is not one: evaluate it "
+                          f"without --opponent")
+    raise ConfigError(f"--opponent plays the other seats of a multi-agent game, and {env_id!r} has one agent: "
+                      f"evaluate it without --opponent (multi-agent envs: --env pettingzoo:MODULE, "
+                      f"docs/multiagent.md)")
+
+
+def outcome_rates(returns: list[float]) -> dict:
+    """``returns`` of one side's episodes as win, draw and loss rates (the sign of each return)
+    and their mean; rates and mean are None for no episodes."""
+    signs = np.sign(returns)
+    share = (lambda sign: float(np.mean(signs == sign))) if returns else (lambda sign: None)
+    return {"episodes": len(returns), "win_rate": share(1), "draw_rate": share(0), "loss_rate": share(-1),
+            "episode_return_mean": float(np.mean(returns)) if returns else None}
 
 
 def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.Module, dict]:
@@ -142,7 +269,12 @@ def evaluation_device(name: str) -> str:
 
 
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
-                 seed: int = 12345, best: bool = False) -> dict:
-    """fastrl-eval: evaluate a run's latest (or ``best``) weights."""
+                 seed: int = 12345, best: bool = False, opponent=None) -> dict:
+    """fastrl-eval: evaluate a run's latest (or ``best``) weights; against ``opponent`` in a
+    multi-agent game (evaluate_against) when given."""
+    if opponent is not None:
+        find_opponent(opponent)  # a missing opponent fails before the checkpoint loads
     cfg, model, source = load_run_model(run_dir, best)
+    if opponent is not None:
+        return {**evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed), **source}
     return {**evaluate_policy(cfg, model, episodes, deterministic, device, seed), **source}

@@ -25,7 +25,8 @@ import torch
 from .config import Config
 from .envs import resolve_backend
 from .envs.base import VecEnv
-from .policy_eval import evaluate_policy, load_run_model
+from .opponents import find_opponent
+from .policy_eval import evaluate_against, evaluate_policy, load_run_model
 
 VIDEO_EXTRA = "pip install 'fastrl[video]'"
 # A frame per agent step: CartPole steps at 50 Hz and Atari (frame skip 4) at 15 Hz, so 30 fps
@@ -66,11 +67,12 @@ def check_video_output(path: str | Path) -> Path:
 
 def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes: int, deterministic: bool = False,
                 device: str = "cpu", seed: int = 12345, fps: int | None = None, max_frames: int | None = None,
-                keep_going=None) -> dict:
-    """Play ``episodes`` episodes with ``model`` on one rendered env of ``cfg.env`` and write them
-    (their first ``max_frames`` frames, if given) to ``path`` as H.264 at ``fps`` (default
-    DEFAULT_FPS). Returns evaluate_policy's result with ``video`` (the path) and ``video_frames``.
-    Raises VideoError (one line).
+                keep_going=None, opponent=None) -> dict:
+    """Play ``episodes`` episodes with ``model`` on one rendered env of ``cfg.env`` (against
+    ``opponent`` in a multi-agent game, if given) and write them (their first ``max_frames``
+    frames, if given) to ``path`` as H.264 at ``fps`` (default DEFAULT_FPS). Returns
+    evaluate_policy's result (evaluate_against's with an opponent) with ``video`` (the path) and
+    ``video_frames``. Raises VideoError (one line).
 
     The frames go to a hidden file beside ``path`` that replaces it only once the video is
     complete: whatever stops the recording (an error, Ctrl-C, SIGTERM raised as an exception)
@@ -91,7 +93,7 @@ def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes:
                 frames += 1
 
         try:
-            result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going)
+            result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going, opponent)
             writer.close()
         except BaseException:
             _close_quietly(writer)
@@ -107,12 +109,14 @@ def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes:
 
 
 def write_run_video(run_dir: Path, path: str | Path, episodes: int, deterministic: bool = False, device: str = "cpu",
-                    seed: int = 12345, best: bool = False, fps: int | None = None) -> dict:
-    """fastrl-eval --video: write_video with a run's latest (or ``best``) weights; the result also
-    says which checkpoint (evaluate.load_run_model)."""
+                    seed: int = 12345, best: bool = False, fps: int | None = None, opponent=None) -> dict:
+    """fastrl-eval --video: write_video with a run's latest (or ``best``) weights, against
+    ``opponent`` if given; the result also says which checkpoint (policy_eval.load_run_model)."""
     path = check_video_output(path)  # before the slow part: a bad path or a missing extra fails at once
+    if opponent is not None:
+        find_opponent(opponent)
     cfg, model, source = load_run_model(run_dir, best)
-    return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps), **source}
+    return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps, opponent=opponent), **source}
 
 
 def record_frames(cfg: Config, model: torch.nn.Module, episodes: int = 1, max_frames: int = 1000,
@@ -131,8 +135,10 @@ def record_frames(cfg: Config, model: torch.nn.Module, episodes: int = 1, max_fr
 
 
 def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: Callable[[np.ndarray], None],
-                  deterministic: bool = False, device: str = "cpu", seed: int = 12345, keep_going=None) -> dict:
-    """evaluate_policy on one rendered env, handing every frame (uint8 [H, W, 3]) to ``on_frame``."""
+                  deterministic: bool = False, device: str = "cpu", seed: int = 12345, keep_going=None,
+                  opponent=None) -> dict:
+    """evaluate_policy (evaluate_against, given an ``opponent``) on one rendered env, handing every
+    frame (uint8 [H, W, 3]) to ``on_frame``."""
     env, render = open_rendered_env(cfg, seed)
 
     def grab() -> None:
@@ -143,6 +149,9 @@ def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: 
             raise VideoError(f"cannot render {cfg.env.id!r} ({type(exc).__name__}: {first_line})") from None
         on_frame(_checked_frame(frame, cfg.env.id))
 
+    if opponent is not None:
+        return evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed, env=env,
+                                after_recv=grab, keep_going=keep_going)
     return evaluate_policy(cfg, model, episodes, deterministic, device, seed, env=env, after_recv=grab,
                            keep_going=keep_going)
 

@@ -163,13 +163,7 @@ class PettingZooSplits(Games, SplitVecEnv):
         return obs, rewards, terminated, truncated, self._local_ids
 
     def _reset_game(self, g: int, rows: range) -> None:
-        game = self._games[g]
-        observations, _ = game.reset(seed=self._seeds[g])
-        self._seeds[g] = None
-        if set(game.agents) != set(self.agents):
-            raise RuntimeError(f"{self.env_id!r} reset with agents {list(game.agents)} of possible_agents "
-                               f"{list(self.agents)}: every agent must play from the reset (agents that join "
-                               f"later are not supported)")
+        observations, _ = self._begin_episode(g)
         for row, agent in zip(rows, self.agents):
             self._last_obs[row] = observations[agent]
         self._present[rows.start:rows.stop] = True

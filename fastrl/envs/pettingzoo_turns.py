@@ -156,13 +156,7 @@ class TurnBasedGames(Games, VecEnv):
     def _reset_game(self, g: int) -> None:
         if self._games[g] is None:
             self._games[g] = self._make_game()
-        game = self._games[g]
-        game.reset(seed=self._seeds[g])
-        self._seeds[g] = None
-        if set(game.agents) != set(self.agents):
-            raise RuntimeError(f"{self.env_id!r} reset with agents {list(game.agents)} of possible_agents "
-                               f"{list(self.agents)}: every agent must play from the reset (agents that join "
-                               f"later are not supported)")
+        self._begin_episode(g)
         rows = slice(g * len(self.agents), (g + 1) * len(self.agents))
         for array in (self._done, self._reported, self._terminated, self._truncated, self._in_game):
             array[rows] = False

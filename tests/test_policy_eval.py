@@ -1,0 +1,165 @@
+"""fastrl-eval --opponent (fastrl.policy_eval.evaluate_against): the policy in one seat, a scripted
+opponent in the others, the policy's seat rotating; win, draw and loss rates overall and per seat,
+in turn-based and parallel games, with a video too; one-line errors. Run directories are made by
+hand (config.toml and a checkpoint of an untrained model), so no training is needed."""
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from fastrl.checkpoint import save_checkpoint
+from fastrl.cli import eval_main
+from fastrl.config import build_config, to_toml
+from fastrl.envs import probe_env
+from fastrl.models import build_model
+from fastrl.policy_eval import evaluate_against
+from tests.test_cli_errors import one_line_error, untrained_state
+
+TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"
+COUNT_GAME = "pettingzoo:tests.turn_based_envs"
+CUE_GAME = "pettingzoo:tests.pettingzoo_envs"
+CUE_LENGTH = 5
+
+
+def game_config(env_id, env_kwargs=None):
+    return build_config("cartpole-appo", {
+        "env.id": env_id, "env.kwargs": env_kwargs or {}, "env.num_workers": 1, "env.envs_per_worker": 6,
+        "env.num_splits": 1 if env_id == CUE_GAME else 2, "learner.rollout": 2, "learner.batch_size": 6,
+        "device": "cpu", "model.kind": "mlp", "model.hidden_sizes": [16]})
+
+
+def untrained(env_id, env_kwargs=None):
+    cfg = game_config(env_id, env_kwargs)
+    spec = probe_env(cfg)
+    return cfg, build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+
+
+def untrained_run(tmp_path, env_id, env_kwargs=None):
+    """A run directory as fastrl-train leaves it, holding an untrained model of ``env_id``."""
+    cfg = game_config(env_id, env_kwargs)
+    (tmp_path / "config.toml").write_text(to_toml(cfg))
+    save_checkpoint(tmp_path, untrained_state(cfg), 100, keep=3)
+    return tmp_path
+
+
+def evaluate(capsys, *args):
+    code = eval_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "", err
+    return json.loads(out)
+
+
+def check_rates(result, seats, episodes):
+    assert result["episodes"] == sum(seat["episodes"] for seat in result["seats"].values()) == episodes
+    assert list(result["seats"]) == seats
+    for rates in [result, *result["seats"].values()]:
+        assert rates["win_rate"] + rates["draw_rate"] + rates["loss_rate"] == pytest.approx(1.0)
+    overall = sum(seat["win_rate"] * seat["episodes"] for seat in result["seats"].values()) / episodes
+    assert result["win_rate"] == pytest.approx(overall)
+
+
+class Recording:
+    """An opponent that keeps every (observation, agent) it is given and plays a legal action:
+    ``choose(observation, agent)``, else the first the action_mask allows."""
+
+    def __init__(self, choose=None):
+        self.calls = []
+        self.choose = choose
+
+    def __call__(self, observation, agent):
+        self.calls.append((observation, agent))
+        if self.choose is not None:
+            return self.choose(observation, agent)
+        return int(np.flatnonzero(observation["action_mask"])[0])
+
+
+def test_random_against_random_at_tic_tac_toe_gives_rates_per_seat(tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, TIC_TAC_TOE)  # an untrained policy plays about at random
+    result = evaluate(capsys, run_dir, "--opponent", "random", "--episodes", 60)
+    check_rates(result, ["player_1", "player_2"], 60)
+    assert [seat["episodes"] for seat in result["seats"].values()] == [30, 30]
+    assert result["opponent"] == "random" and result["env_steps"] == 100
+    # Either side wins some, and some games are drawn (random play: 59% / 29% / 13%).
+    assert 0 < result["win_rate"] < 1 and 0 < result["loss_rate"] < 1
+
+
+def test_an_untrained_policy_loses_most_games_to_one_ply_at_connect_four():
+    cfg, model = untrained(CONNECT_FOUR)
+    result = evaluate_against(cfg, model, "connect_four_one_ply", 40)
+    check_rates(result, ["player_0", "player_1"], 40)
+    assert result["loss_rate"] >= 0.75 and all(seat["loss_rate"] >= 0.6 for seat in result["seats"].values())
+
+
+def test_the_opponent_gets_each_agents_observation_as_the_game_gives_it_and_its_name():
+    cfg, model = untrained(TIC_TAC_TOE)
+    opponent = Recording()
+    evaluate_against(cfg, model, opponent, 6)
+    observations, agents = zip(*opponent.calls)
+    assert set(agents) == {"player_1", "player_2"}
+    for observation in observations:
+        assert type(observation) is dict and set(observation) == {"observation", "action_mask"}
+        assert observation["observation"].dtype == np.int8 and observation["observation"].shape == (3, 3, 2)
+        assert observation["action_mask"].any()  # never asked to play an ended game
+
+
+def test_the_policys_seat_rotates_and_each_outcome_is_its_own_seats():
+    # The count game to 3: seat 0 moves, then seat 1 reaches 3 whatever it plays. An opponent
+    # adding 2 therefore always wins in seat 0 and always loses in seat 1, whatever the policy does.
+    cfg, model = untrained(COUNT_GAME, {"seats": 2, "target": 3})
+    opponent = Recording(choose=lambda observation, agent: 1)
+    result = evaluate_against(cfg, model, opponent, 7)
+    check_rates(result, ["player_0", "player_1"], 7)
+    seats = result["seats"]
+    assert seats["player_0"]["episodes"] == 4 and seats["player_0"]["loss_rate"] == 1.0
+    assert seats["player_1"]["episodes"] == 3 and seats["player_1"]["win_rate"] == 1.0
+    assert seats["player_1"]["episode_return_mean"] == pytest.approx(1.0)  # its winning move
+    # Each call shows the agent its own observation [seat, turn, count, game], on its own turn.
+    assert all(observation[0] == int(agent[-1]) == observation[1] % 2 for observation, agent in opponent.calls)
+
+
+def test_in_a_parallel_game_the_opponent_acts_for_the_other_agents_rows():
+    cfg, model = untrained(CUE_GAME, {"num_agents": 3, "length": CUE_LENGTH, "masked": True})
+    opponent = Recording(choose=lambda observation, agent: int(observation["observation"][2]))  # its cue
+    result = evaluate_against(cfg, model, opponent, 6)
+    check_rates(result, ["agent_0", "agent_1", "agent_2"], 6)
+    assert all(seat["episodes"] == 2 for seat in result["seats"].values())
+    # The team's reward: at least the two opponents' 2 / 3 each step, whatever the policy plays.
+    assert result["win_rate"] == 1.0 and result["episode_return_mean"] >= CUE_LENGTH * 2 / 3 - 1e-6
+    # Each agent is the opponent's in 4 of the 6 games, for its 5 moves; always its own observation.
+    counts = {agent: 0 for agent in ["agent_0", "agent_1", "agent_2"]}
+    for observation, agent in opponent.calls:
+        counts[agent] += 1
+        assert observation["observation"][0] == int(agent[-1]) and observation["action_mask"].sum() == 2
+    assert counts == {"agent_0": 20, "agent_1": 20, "agent_2": 20}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
+                    reason="the [video] extra (imageio, imageio-ffmpeg) is not installed")
+def test_a_video_of_games_against_an_opponent(tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, CUE_GAME, {"num_agents": 3, "length": CUE_LENGTH})
+    result = evaluate(capsys, run_dir, "--opponent", "random", "--episodes", 3, "--video", tmp_path / "games.mp4")
+    check_rates(result, ["agent_0", "agent_1", "agent_2"], 3)
+    # One game rendered: its first observation and a frame per step, game after game.
+    assert result["video_frames"] == 3 * (CUE_LENGTH + 1) and (tmp_path / "games.mp4").stat().st_size > 0
+
+
+def always_the_first_square(observation, agent):
+    return 0
+
+
+@pytest.mark.parametrize("env_id, opponent, message", [
+    (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor "
+                          "MODULE:CALLABLE"),
+    (TIC_TAC_TOE, "no_such_module_x:fn", "cannot import 'no_such_module_x'"),
+    (TIC_TAC_TOE, "fastrl.opponents:BUILT_IN", "is a dict, not callable"),
+    (TIC_TAC_TOE, "tests.test_policy_eval:always_the_first_square",
+     "chose action 0 for 'player_"),
+    (TIC_TAC_TOE, "connect_four_one_ply", "connect_four_one_ply plays PettingZoo's connect_four_v3"),
+    ("fastrl.envs.toy:make_countdown", "random", "has one agent: evaluate it without --opponent"),
+])
+def test_what_cannot_be_played_is_one_line(tmp_path, capsys, env_id, opponent, message):
+    run_dir = untrained_run(tmp_path, env_id)
+    one_line_error(capsys, eval_main([str(run_dir), "--opponent", opponent, "--episodes", "4"]), 2, "fastrl-eval",
+                   message)
