@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -93,6 +94,7 @@ class DeviceNames:
         return self.text
 
 
+POLICY_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a policy's name is part of metric keys and file names
 POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
 FINITE = Range(-math.inf)
 # A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
@@ -305,6 +307,34 @@ class LoggingConfig:
 
 
 @dataclass
+class PoliciesConfig:
+    """The run's policies and which one acts for, and trains on, each agent's rows
+    (docs/multiagent.md). Each policy has its own weights, learner, checkpoints and metrics."""
+
+    names: list[str] = key(["main"], help="the run's policies; with mapping=per_agent leave it at the default: "
+                                          "each policy is named after its agent")
+    mapping: str = key("shared", help="agent -> policy: shared (every agent -> the first of policies.names), "
+                                      "per_agent (one policy per agent), or module:fn, fn(agent_id) -> a policy name")
+
+
+@dataclass
+class SelfPlayConfig:
+    """Self-play against a league of frozen snapshots of the policy (docs/multiagent.md): per game
+    the policy plays one seat drawn at random and a snapshot every other seat; snapshot rows are
+    never trained on."""
+
+    enabled: bool = key(False, help="play against the league of the policy's own snapshots (a multi-agent env, "
+                                    "one policy)")
+    snapshot_every: int = key(100, allowed=AT_LEAST_1, help="learner updates between snapshots")
+    max_snapshots: int = key(8, allowed=Range(1, 64), help="snapshots kept in the league; the oldest goes first")
+    latest_prob: float = key(0.5, allowed=UNIT, help="chance a game's opponent is the newest snapshot; otherwise "
+                                                     "one of the others, drawn by prioritized fictitious self-play")
+    pfsp_power: float = key(2.0, allowed=NON_NEGATIVE,
+                            help="PFSP weights each older snapshot (1 - win rate against it) ** pfsp_power "
+                                 "(0: uniform)")
+
+
+@dataclass
 class ExpectConfig:
     """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
     ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
@@ -363,6 +393,8 @@ class Config:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     expect: ExpectConfig = field(default_factory=ExpectConfig)
+    policies: PoliciesConfig = field(default_factory=PoliciesConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -386,7 +418,8 @@ class Config:
 
 
 SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplayConfig,
-            "eval": EvalConfig, "inference": InferenceConfig, "logging": LoggingConfig, "expect": ExpectConfig}
+            "eval": EvalConfig, "inference": InferenceConfig, "logging": LoggingConfig, "expect": ExpectConfig,
+            "policies": PoliciesConfig, "selfplay": SelfPlayConfig}
 
 
 @dataclass(frozen=True)
@@ -632,6 +665,7 @@ def validate(cfg: Config) -> None:
     if cfg.eval.video_every_s and not cfg.eval.every_s:
         raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")
+    _validate_policies(cfg)
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
     queued = cfg.total_envs * (cfg.slots_per_env - 1)
@@ -666,6 +700,28 @@ def _validate_core(cfg: Config) -> None:
     if model.separate_critic and model.core != "none":
         raise ConfigError(f"model.separate_critic needs a feed-forward model; with model.core={model.core} the "
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
+
+
+def _validate_policies(cfg: Config) -> None:
+    """The checks that need no env: names, mapping's form, self-play's one policy; ConfigError."""
+    pcfg = cfg.policies
+    if not pcfg.names:
+        raise ConfigError("policies.names is empty: name at least one policy (the default is [\"main\"])")
+    bad = [name for name in pcfg.names if not POLICY_NAME.fullmatch(name)]
+    if bad:
+        raise ConfigError(f"policies.names {bad[0]!r}: a policy name is letters, digits, '_', '-' and '.' (it names "
+                          f"metrics and checkpoint entries)")
+    if len(set(pcfg.names)) != len(pcfg.names):
+        raise ConfigError(f"policies.names lists a policy twice ({pcfg.names}): give each a name of its own")
+    if pcfg.mapping not in ("shared", "per_agent") and ":" not in pcfg.mapping:
+        raise ConfigError(f"policies.mapping={pcfg.mapping!r}: use shared, per_agent or module:fn (fn(agent_id) "
+                          f"returns a policy name)")
+    if pcfg.mapping == "shared" and len(pcfg.names) > 1:
+        raise ConfigError(f"policies.mapping=shared sends every agent to {pcfg.names[0]!r}, leaving "
+                          f"{', '.join(pcfg.names[1:])} unused: set policies.mapping to per_agent or module:fn")
+    if cfg.selfplay.enabled and (len(pcfg.names) > 1 or pcfg.mapping != "shared"):
+        raise ConfigError("selfplay.enabled plays one policy against its own snapshots: keep one policy "
+                          "(policies.mapping=shared)")
 
 
 def _validate_expect(expect: ExpectConfig) -> None:

@@ -13,6 +13,7 @@ when the env is at the first step of a slot, and writes the new state back with 
 from __future__ import annotations
 
 import bisect
+import copy
 import time
 from multiprocessing.connection import wait
 
@@ -42,27 +43,18 @@ def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, t
     return (epsilon ** exponent).astype(np.float32)
 
 
-class InferenceBatcher:
-    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head.
+class Actor:
+    """One weight set's network as the batcher acts with it: the model at the weights the learner
+    publishes for that set (a policy, or a self-play snapshot), and the function that acts.
 
-    ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
-    (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
-    host and device (one copy each way on CUDA, see fastrl.device_io). ``timings``: the row its
-    BatcherTiming columns go to, the arena's batcher row by default (a rollout worker acting for
-    itself passes a private row: two processes adding to one shared row would lose updates)."""
+    Feed-forward, acting needs the action parameters only (a separate critic is not run); a plain
+    MLP on the CPU acts through numpy's BLAS and numba instead of torch ops (fastrl.mlp_policy)."""
 
-    def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
-                 epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
-                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None):
-        self.arena = arena
+    def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device, index: int, compile: bool,
+                 numpy_mlp: bool):
         self.model = model.to(device).eval()
-        self.device = device
-        self.head = action_head(action_space)
-        self.weights = PublishedWeights(arena, self.model, device)
-        self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32))
-        self.buckets = tuple(buckets)
+        self.weights = PublishedWeights(arena, self.model, device, index)
         self.recurrent = bool(getattr(model, "is_recurrent", False))
-        # Feed-forward, acting needs the action parameters only (a separate critic is not run).
         if self.recurrent:
             self.policy = self.model
         elif isinstance(self.model, ActorCritic):
@@ -73,12 +65,42 @@ class InferenceBatcher:
             # "reduce-overhead" replays CUDA graphs: the weights keep their addresses (view_flat).
             self.policy = torch.compile(self.policy, mode="reduce-overhead" if device.type == "cuda" else None,
                                         dynamic=False)
-        self.transfer = BatchTransfer(device) if transfer is None else transfer
+        self.numpy_mlp = NumpyMLPPolicy(self.model) if numpy_mlp else None
+
+    def _params_of_forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """A user model's action parameters (its forward returns ``(params, value)``)."""
+        return self.model(obs)[0]
+
+
+class InferenceBatcher:
+    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head.
+
+    ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
+    (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
+    host and device (one copy each way on CUDA, see fastrl.device_io). ``timings``: the row its
+    BatcherTiming columns go to, the arena's batcher row by default (a rollout worker acting for
+    itself passes a private row: two processes adding to one shared row would lose updates).
+
+    One Actor per weight set of the arena (``model`` is copied for the others): each env row is
+    acted by the set ``arena.env_actor`` names, one forward pass per set a batch holds rows of."""
+
+    def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
+                 epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
+                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None):
+        self.arena = arena
+        self.device = device
+        self.head = action_head(action_space)
+        self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32).reshape(-1))
+        self.buckets = tuple(buckets)
+        self.recurrent = bool(getattr(model, "is_recurrent", False))
         self.masks = getattr(getattr(model, "obs_layout", None), "mask", None) is not None
-        # A plain MLP policy on the CPU: numpy's BLAS and numba instead of torch ops (fastrl.mlp_policy).
-        self.numpy_mlp = (NumpyMLPPolicy(self.model) if numpy_mlp and device.type == "cpu" and epsilons is None
-                          and not compile and not self.masks and NumpyMLPPolicy.supports(self.model, arena.obs.dtype)
-                          else None)
+        numpy_mlp = (numpy_mlp and device.type == "cpu" and epsilons is None and not compile and not self.masks
+                     and NumpyMLPPolicy.supports(model, arena.obs.dtype))
+        models = [model] + [copy.deepcopy(model) for _ in range(arena.weight_version.shape[0] - 1)]
+        self.actors = [Actor(arena, m, device, k, compile, numpy_mlp) for k, m in enumerate(models)]
+        self.model = self.actors[0].model
+        self.weights = self.actors[0].weights
+        self.transfer = BatchTransfer(device) if transfer is None else transfer
         self.timings = BatcherTiming.row(arena) if timings is None else timings
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
         self.obs_rows = arena.obs.reshape(-1, *arena.obs.shape[2:])  # [N * (T + 1), *obs] view
@@ -86,9 +108,15 @@ class InferenceBatcher:
         # lookup through __getattr__, and infer() runs ~2,000 times a second on CartPole).
         self.cursor_arrays = (arena.request_envs, arena.env_slot, arena.env_t, arena.obs.shape[1])
         self.slot_outputs = (self.slot_actions, arena.behaviour_logp, arena.version)
+        W, E = arena.env_start.shape
+        self.envs_per_worker = E
+        self.env_actor = arena.env_actor.reshape(W * E)  # [W * E] views
+        self.env_final = arena.env_final.reshape(W * E)
+        # Row ids across workers are needed beyond the plain single-policy feed-forward batch.
+        self.needs_env_rows = self.recurrent or self.masks or epsilons is not None or len(self.actors) > 1
         if self.recurrent:
-            W, E, S = arena.env_state.shape
-            self.env_state = arena.env_state.reshape(W * E, S)  # [W * E, S] views
+            S = arena.env_state.shape[2]
+            self.env_state = arena.env_state.reshape(W * E, S)
             self.env_start = arena.env_start.reshape(W * E)
 
     @property
@@ -97,11 +125,17 @@ class InferenceBatcher:
         return self.weights.version
 
     def refresh_weights(self) -> bool:
-        """Load the newest published weights; True once any weights are loaded."""
+        """Load the newest published weights of every weight set; True once the first policy's are loaded."""
         start = time.perf_counter()
-        loaded = self.weights.refresh()
+        for actor in self.actors:
+            actor.weights.refresh()
         self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
-        return loaded
+        return all(actor.weights.version >= 0 for actor in self.actors[:self.num_policies])
+
+    @property
+    def num_policies(self) -> int:
+        """Weight sets that are policies (the rest are self-play snapshots)."""
+        return self.arena.learner_stats.shape[0]
 
     def wait_for_weights(self, control, parent_pid: int) -> None:
         """Block until the learner's first weights are loaded (it publishes them within a moment of
@@ -113,44 +147,61 @@ class InferenceBatcher:
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
         """Act for the requests ``(workers[i], requests[i])``."""
         start = time.perf_counter()
-        arena = self.arena
         slots, steps, obs_index = request_cursors(*self.cursor_arrays, workers, requests)
+        env_rows = None
+        if self.needs_env_rows:
+            env_rows = (workers[:, None].astype(np.int64) * self.envs_per_worker
+                        + self.arena.request_envs[workers, requests]).reshape(-1)
+        if len(self.actors) == 1:
+            self.act(self.actors[0], slots, steps, obs_index, env_rows)
+        else:
+            acting = self.env_actor[env_rows]
+            first = acting[0]
+            if (acting == first).all():
+                self.act(self.actors[first], slots, steps, obs_index, env_rows)
+            else:
+                for k in np.unique(acting):
+                    rows = np.flatnonzero(acting == k)
+                    self.act(self.actors[k], slots[rows], steps[rows], obs_index[rows], env_rows[rows])
+        self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
+        self.timings[BatcherTiming.BATCHES] += 1
+        self.timings[BatcherTiming.REQUESTS] += len(requests)
+
+    def act(self, actor: Actor, slots: np.ndarray, steps: np.ndarray, obs_index: np.ndarray,
+            env_rows: np.ndarray | None) -> None:
+        """Act with ``actor`` for the env rows at cursors ``(slots, steps)`` ``[n]`` (observations at
+        ``obs_index``, env rows ``env_rows`` across workers): actions, behaviour log-probs and the
+        actor's version into those slot rows."""
         n = len(slots)
+        if actor.weights.version < 0:
+            actor.weights.load_newest()  # a snapshot drawn as it was published
         rows = padded_size(n, self.buckets)
         inputs = self.transfer.host_arrays(self.input_specs(rows))
         # Padding rows repeat row 0: a valid input, whose outputs are dropped. mode="clip" writes
         # `out` unbuffered.
         np.take(self.obs_rows, pad_rows(obs_index, rows), axis=0, out=inputs[0], mode="clip")
         if self.recurrent:
-            E = arena.env_start.shape[1]
-            env_rows = (workers[:, None].astype(np.int64) * E + arena.request_envs[workers, requests]).reshape(-1)
             self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
-        if self.numpy_mlp is not None:
-            actions, behaviour_logp = self.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
+        if actor.numpy_mlp is not None:
+            actions, behaviour_logp = actor.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
         else:
             with torch.inference_mode():
-                outputs, actions, behaviour_logp = self.act_in_torch(inputs, workers, requests, n)
+                outputs, actions, behaviour_logp = self.act_in_torch(actor, inputs, env_rows, n)
         if self.recurrent:
             self.env_state[env_rows] = outputs[-1][:n]
-        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, self.version, *self.slot_outputs)
-        self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
-        self.timings[BatcherTiming.BATCHES] += 1
-        self.timings[BatcherTiming.REQUESTS] += len(requests)
+        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, actor.weights.version, *self.slot_outputs)
 
-    def act_in_torch(self, inputs: list[np.ndarray], workers: np.ndarray, requests: np.ndarray,
+    def act_in_torch(self, actor: Actor, inputs: list[np.ndarray], env_rows: np.ndarray | None,
                      n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-        """The policy's outputs for a batch's ``inputs`` (padded to their rows), then the actions and
+        """The actor's outputs for a batch's ``inputs`` (padded to their rows), then the actions and
         behaviour log-probabilities of its ``n`` real rows (epsilon-greedy for dqn)."""
-        arena = self.arena
         if self.masks:
-            final = arena.env_final[workers[:, None], arena.request_envs[workers, requests]].reshape(-1)
-            self.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-        outputs = self.transfer.to_host(self.forward(self.transfer.to_device(inputs)))
+            final = self.env_final[env_rows]
+            actor.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
+        outputs = self.transfer.to_host(self.forward(actor, self.transfer.to_device(inputs)))
         if self.epsilons is None:
             return outputs, outputs[0][:n], outputs[1][:n]
-        env_ids = arena.request_envs[workers, requests]  # [n, b]
-        epsilons = self.epsilons[workers[:, None], env_ids].reshape(-1)
-        actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), epsilons)
+        actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), self.epsilons[env_rows])
         return outputs, actions.numpy(), behaviour_logp.numpy()
 
     def input_specs(self, rows: int) -> list[tuple[tuple, np.dtype]]:
@@ -168,19 +219,15 @@ class InferenceBatcher:
         first = np.flatnonzero(steps == 0)
         self.arena.slot_state[slots[first]] = out[first]
 
-    def _params_of_forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """A user model's action parameters (its forward returns ``(params, value)``)."""
-        return self.model(obs)[0]
-
-    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(self, actor: Actor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Device inputs (obs ``[rows, *obs]``, state ``[rows, S]`` when recurrent) -> what goes back
         to the host: (actions ``[rows, ...]``, behaviour log-probs ``[rows]``), or Q-values
         ``[rows, A]`` for dqn, then the new states ``[rows, S]`` when recurrent."""
         if self.recurrent:
-            params, _, new_state = self.policy(inputs[0].unsqueeze(0), inputs[1], None)
+            params, _, new_state = actor.policy(inputs[0].unsqueeze(0), inputs[1], None)
             params, extra = params[0], [new_state]
         else:
-            params = self.policy(inputs[0])
+            params = actor.policy(inputs[0])
             extra = []
         if self.epsilons is not None:
             return [params, *extra]

@@ -83,14 +83,16 @@ def read_timings(arena: Arena) -> dict:
     return out
 
 
-def write_learner_stats(arena: Arena, stats: dict) -> None:
+def write_learner_stats(arena: Arena, stats: dict, policy: int = 0) -> None:
+    row = arena.learner_stats[policy]
     for name, value in stats.items():
         if name in STAT:
-            arena.learner_stats[STAT[name]] = value
+            row[STAT[name]] = value
 
 
-def read_learner_stats(arena: Arena) -> dict:
-    return {name: float(arena.learner_stats[i]) for name, i in STAT.items()}
+def read_learner_stats(arena: Arena, policy: int = 0) -> dict:
+    row = arena.learner_stats[policy]
+    return {name: float(row[i]) for name, i in STAT.items()}
 
 
 class MetricsWriteError(RuntimeError):
@@ -112,8 +114,12 @@ class Reporter:
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
-                 aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0):
+                 aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
+                 policy_names: tuple[str, ...] = ("main",), league=None):
         self.arena = arena
+        self.policy_names = tuple(policy_names)
+        self.league = league  # fastrl.league.LeagueRecord with self-play
+        self.policy_means = {name: (math.nan, math.nan) for name in self.policy_names}
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
         self.target_seconds = target_seconds
@@ -162,17 +168,36 @@ class Reporter:
         self.tick()
         return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up()
 
-    def recent_episodes(self) -> tuple[np.ndarray, np.ndarray]:
-        """Episodes finished since the last report (at most the ring's size per worker)."""
+    def recent_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Episodes finished since the last report (at most the ring's size per worker): returns,
+        lengths, the weight set that played each (a policy, or a self-play snapshot) and the
+        snapshot version its policy played against (-1: none)."""
         counts = self.arena.episode_count.copy()
-        returns, lengths = [], []
+        columns = (self.arena.episode_return, self.arena.episode_length, self.arena.episode_actor,
+                   self.arena.episode_opponent)
+        parts: list[list[np.ndarray]] = [[] for _ in columns]
         for w, (seen, now) in enumerate(zip(self.episodes_seen, counts)):
             new = int(min(now - seen, EPISODE_RING))
             index = (now - new + np.arange(new)) % EPISODE_RING
-            returns.append(self.arena.episode_return[w, index])
-            lengths.append(self.arena.episode_length[w, index])
+            for part, column in zip(parts, columns):
+                part.append(column[w, index])
         self.episodes_seen = counts
-        return np.concatenate(returns), np.concatenate(lengths)
+        returns, lengths, actors, opponents = (np.concatenate(part) for part in parts)
+        return returns, lengths, actors, opponents
+
+    def policy_episodes(self, returns: np.ndarray, lengths: np.ndarray, actors: np.ndarray) -> dict:
+        """``policy/<name>/...`` figures of each policy: its episodes (means kept from the last
+        report that had some) and its learner's statistics."""
+        out = {}
+        for p, name in enumerate(self.policy_names):
+            mine = actors == p
+            if mine.any():
+                self.policy_means[name] = (float(returns[mine].mean()), float(lengths[mine].mean()))
+            prefix = f"policy/{name}/"
+            out[prefix + "episode_return_mean"], out[prefix + "episode_length_mean"] = self.policy_means[name]
+            out[prefix + "episodes_recent"] = int(mine.sum())
+            out.update({f"{prefix}learner/{k}": v for k, v in read_learner_stats(self.arena, p).items()})
+        return out
 
     def report(self, extra: dict | None = None) -> dict:
         """One report. In a distributed run this is a collective: every rank calls it in step,
@@ -184,7 +209,13 @@ class Reporter:
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_steps = now, steps
-        returns, lengths = self.recent_episodes()
+        returns, lengths, actors, opponents = self.recent_episodes()
+        by_policy = self.policy_episodes(returns, lengths, actors)
+        # A self-play snapshot's episodes are the opponent's: the run's figures are its policies'.
+        ours = actors < len(self.policy_names)
+        league = self.league.record(opponents[ours & (opponents >= 0)], returns[ours & (opponents >= 0)]) \
+            if self.league is not None else {}
+        returns, lengths = returns[ours], lengths[ours]
         local = np.array([steps, rate, returns.sum(), len(returns), lengths.sum(), float(time_up)])
         table = local[None] if self.aggregate is None else self.aggregate(local)
         steps, rate, return_sum, episodes, length_sum, any_time_up = table.sum(axis=0)
@@ -204,6 +235,9 @@ class Reporter:
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
+        if len(self.policy_names) > 1:
+            record.update(by_policy)
+        record.update(league)
         if self.aggregate is not None:
             record.update(world_size=len(table), env_steps_per_rank=[int(v) for v in table[:, 0]])
         record.update(read_timings(self.arena))

@@ -65,7 +65,8 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
             aggregate = distributed.gather_counters
         reporter = Reporter(arena, plan.run_dir if dist_info.is_main else None, plan.spec.frame_skip,
                             cfg.train_for_env_steps, cfg.train_for_seconds, console, plan.launched_at, aggregate,
-                            *plan.clocks)
+                            *plan.clocks, policy_names=plan.policies.names,
+                            league=plan.league_record(arena, dist_info.is_main))
         _supervise_until_done(plan, supervisor, reporter, eval_results)
         clean = True
     except _Interrupted as exc:
@@ -124,12 +125,13 @@ def _supervised_children(plan: RunPlan, ctx, arena: Arena, console: Console) -> 
         # elsewhere and its replacement reuses the same pipes.
         return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
                            args=(w, cfg, plan.layout, arena.name, channels.workers[w], parent, generation,
-                                 dist_info.rank, spaces if in_workers else None, plan.model if in_workers else None))
+                                 dist_info.rank, spaces if in_workers else None, plan.model if in_workers else None,
+                                 plan.policies))
 
     procs = {
         "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
             cfg, plan.layout, arena.name, spaces, plan.model, plan.device, channels.learner, parent,
-            plan.run_dir if main else None, plan.resume_state, dist_info, plan.lock))],
+            plan.run_dir if main else None, plan.resume_state, dist_info, plan.lock, plan.policies))],
         # inference.in_workers: each worker acts for itself, no batcher process.
         "inference": [] if in_workers else [ctx.Process(target=inference_process, name="fastrl-inference", args=(
             cfg, plan.layout, arena.name, spaces, plan.model, plan.inference_device, channels.batcher, parent))],

@@ -11,11 +11,12 @@ import torch
 
 from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
                          remove_partial_checkpoints, set_aside_newer_checkpoints)
-from .config import Config, to_toml, validate, weights_mismatch
+from .config import Config, ConfigError, to_toml, validate, weights_mismatch
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
 from .main_guard import unguarded_main_call
 from .models import build_model, num_state_values, state_bytes
+from .policy_map import PolicyMap, check_slots_per_policy, policy_map
 from .resources import ResourceError, check_resources, model_memory_error
 from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
 from .run_plan import RunError, RunPlan
@@ -63,6 +64,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         device = resolve_device(cfg.device, dist_info)
         inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
+        policies = run_policies(cfg, spec)
         shape = model_shape(cfg, spec, model)
         layout = arena_layout(cfg, spec, num_state_values(shape), getattr(shape, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
@@ -80,7 +82,17 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
     except OSError as exc:
         raise RunError(f"cannot write {exc.filename or run_dir}: {exc.strerror or exc}") from None
     return RunPlan(cfg, run_dir, spec, layout, model, device, inference_device, resume_state, launched_at, dist_info,
-                   lock)
+                   lock, policies)
+
+
+def run_policies(cfg: Config, spec: EnvSpec) -> PolicyMap:
+    """The run's policies over the env's agents (ConfigError: a mapping or self-play that cannot work here)."""
+    policies = policy_map(cfg, spec.agents)
+    check_slots_per_policy(cfg, policies.num_policies)
+    if cfg.selfplay.enabled and len(spec.agents) < 2:
+        raise ConfigError(f"selfplay.enabled needs a multi-agent env (a game with seats to share out), and "
+                          f"{cfg.env.id!r} has one agent: set selfplay.enabled=false")
+    return policies
 
 
 def model_shape(cfg: Config, spec: EnvSpec, model: torch.nn.Module | None) -> torch.nn.Module:
@@ -139,13 +151,15 @@ def resolve_device(name: str, dist_info: DistInfo = DistInfo()) -> str:
 
 
 def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int = 0):
-    """The run's arena; ``state_size`` > 0 adds the recurrent state arrays (model.core)."""
+    """The run's arena; ``state_size`` > 0 adds the recurrent state arrays (model.core); a weight
+    set per policy, and per league snapshot with self-play."""
     obs, act = ObsLayout(spec.observation_space), ActionLayout(spec.action_space)
     return trajectory_layout(
         num_slots=cfg.num_slots, rollout=cfg.learner.rollout, obs_shape=obs.storage_shape,
         obs_dtype=obs.storage_dtype, action_shape=act.shape, action_dtype=act.dtype, num_workers=cfg.env.num_workers,
         envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights,
-        state_size=state_size)
+        state_size=state_size, num_policies=policy_map(cfg, spec.agents).num_policies,
+        num_snapshots=cfg.selfplay.max_snapshots if cfg.selfplay.enabled else 0)
 
 
 def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> dict:

@@ -20,10 +20,11 @@ TORN_READ_RETRY_S = 0.001  # the learner is writing the buffer just read: it is 
 
 
 class PublishedWeights:
-    """Loads the weights the learner publishes in ``arena`` into ``model`` (already on ``device``)."""
+    """Loads the weights the learner publishes in ``arena`` for weight set ``index`` (a policy, or a
+    self-play snapshot) into ``model`` (already on ``device``)."""
 
-    def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device):
-        self.buffer = WeightBuffer(arena)
+    def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device, index: int = 0):
+        self.buffer = WeightBuffer(arena, index)
         self.host = pinned_empty(num_state_values(model), torch.float32, device)  # [P] newest weights read
         self.host_np = self.host.numpy()
         self.on_device = torch.empty_like(self.host, device=device)

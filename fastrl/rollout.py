@@ -16,7 +16,9 @@ import numpy as np
 
 from .config import Config
 from .envs import make_vec_env
+from .league import SelfPlaySeats
 from .metrics import WorkerTiming
+from .policy_map import PolicyMap
 from .process_utils import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from .shm import Arena, set_error
 from .slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
@@ -34,7 +36,8 @@ class RolloutWorker:
     """
 
     def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, first_slots: np.ndarray,
-                 take_free_slots: Callable[[int], np.ndarray], emit_full: Callable[[np.ndarray], None]):
+                 take_free_slots: Callable[[int], np.ndarray], emit_full: Callable[[np.ndarray], None],
+                 row_policies: np.ndarray | None = None, seats: SelfPlaySeats | None = None):
         self.worker_id = worker_id
         self.env = env
         self.arena = arena
@@ -70,6 +73,14 @@ class RolloutWorker:
         self.slot_actions = arena.actions.reshape(arena.actions.shape[0], arena.actions.shape[1], -1)  # [N, T, A]
         self.full_rows = np.empty(E, dtype=np.int64)  # batch rows whose slot filled, see _record_steps
         self.timings = WorkerTiming.row(arena, worker_id)
+        # Who acts for each row (a weight set: its policy, or with self-play a snapshot), whether
+        # its steps are trained on, and the snapshot its policy plays against (-1: none).
+        self.row_actor = arena.env_actor[worker_id]
+        self.row_actor[:] = 0 if row_policies is None else row_policies
+        self.row_trained = np.ones(E, dtype=np.uint8)
+        self.row_opponent = np.full(E, -1, dtype=np.int64)
+        self.seats = seats
+        self.episode_tags = (arena.episode_actor[worker_id], arena.episode_opponent[worker_id])
 
     def start(self) -> None:
         self.env.async_reset()
@@ -109,7 +120,13 @@ class RolloutWorker:
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
             self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
             self.episode_length, self.slot_obs, *self.slot_arrays, *self.episode_ring, self.steps_counter,
-            self.full_rows)
+            self.full_rows, self.row_actor, self.row_trained, self.row_opponent, *self.episode_tags)
+        if self.seats is not None:
+            # A row starts an episode on its reset observation (an absent agent's repeated final
+            # step is no start): its game's opponent and seats are drawn then, before it acts.
+            starting = ids[(self.env_start[ids] == 1) & (self.env_final[ids] == 0)]
+            if len(starting):
+                self.seats.start_rows(starting, self.row_actor, self.row_trained, self.row_opponent)
         if num_full == 0:
             return
         arena = self.arena
@@ -138,7 +155,8 @@ class RolloutWorker:
 def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
                   env_slot, env_t, started, prev_done, env_start, env_final, episode_return, episode_length,
                   slot_obs, slot_rewards, slot_terminated, slot_truncated, slot_valid,
-                  ring_return, ring_length, ring_count, steps_counter, full_rows):
+                  ring_return, ring_length, ring_count, steps_counter, full_rows,
+                  row_actor, row_trained, row_opponent, ring_actor, ring_opponent):
     """Write the batch row i of env ``ids[i]`` at its cursor ``(env_slot, env_t)``.
 
     Batch: ``ids`` ``[B]``, ``obs`` ``[B, D]`` (flattened), ``rewards``/``terminated``/``truncated``
@@ -147,7 +165,10 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
     acted step starts an episode), ``env_final`` (set: it acts on an episode's final observation),
     running episode return and length.
     Arena: ``slot_obs`` ``[N, T + 1, D]``, step arrays ``[N, T]``, the worker's finished-episode
-    ring ``[R]`` and its count ``[1]``, the worker's env-step counter ``[1]``.
+    ring ``[R]`` and its count ``[1]``, the worker's env-step counter ``[1]``. Per env: the weight
+    set acting for it, whether its steps are trained on (0: a self-play snapshot's row, every step
+    invalid) and the snapshot its policy plays (-1: none), recorded with each finished episode in
+    the ring's ``ring_actor`` / ``ring_opponent`` ``[R]``.
 
     An env's first row after the initial reset only stores its first observation. Otherwise the
     step's reward and flags go to ``t`` and the new observation to ``t + 1``; when ``t + 1 == T``
@@ -170,26 +191,28 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
             continue
         stepped += 1
         t = env_t[env]
-        valid = not prev_done[env]
+        autoreset = prev_done[env]
         done = terminated[i] or truncated[i]
         slot_rewards[slot, t] = rewards[i]
         slot_terminated[slot, t] = terminated[i]
         slot_truncated[slot, t] = truncated[i]
-        slot_valid[slot, t] = valid
+        slot_valid[slot, t] = not autoreset and row_trained[env]
         prev_done[env] = done
         # After the autoreset step the observation is a reset one: a new episode acts next.
-        env_start[env] = not valid
+        env_start[env] = autoreset
         env_final[env] = done
-        if valid:
+        if not autoreset:
             episode_return[env] += rewards[i]
             episode_length[env] += 1
-        # Only a valid step ends an episode. A done on an invalid step is a multi-agent row whose
-        # agent has left its game: it reports the flags it left with until the game resets
-        # (fastrl/envs/pettingzoo_backend.py), and its episode was counted when it left.
-        if done and valid:
+        # Only a step past the autoreset ends an episode. A done on an autoreset step is a
+        # multi-agent row whose agent has left its game: it reports the flags it left with until
+        # the game resets (fastrl/envs/pettingzoo_backend.py), and its episode was counted when it left.
+        if done and not autoreset:
             k = ring_count[0] % ring_size
             ring_return[k] = episode_return[env]
             ring_length[k] = episode_length[env]
+            ring_actor[k] = row_actor[env]
+            ring_opponent[k] = row_opponent[env]
             ring_count[0] += 1
             episode_return[env] = 0.0
             episode_length[env] = 0
@@ -303,6 +326,20 @@ def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChan
                        WorkerTiming.cell(arena, worker_id, WorkerTiming.WAIT_SLOTS))
 
 
+def worker_policies(cfg: Config, arena: Arena, policies: PolicyMap | None, worker_id: int, rank: int = 0,
+                    generation: int = 0) -> tuple[np.ndarray | None, SelfPlaySeats | None]:
+    """A worker's rows' policies, and with self-play its seat draws (seeded per worker, rank and
+    restart), as RolloutWorker takes them."""
+    if policies is None:
+        return None, None
+    E = cfg.env.envs_per_worker
+    seats = None
+    if cfg.selfplay.enabled:
+        seed = (cfg.seed, rank, worker_id, generation)
+        seats = SelfPlaySeats(arena, E, len(policies.agents), policies.num_policies, cfg.selfplay, seed)
+    return policies.row_policies(E), seats
+
+
 def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
     ecfg = cfg.env
     return make_vec_env(
@@ -314,7 +351,8 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,
-                    parent_pid: int, generation: int = 0, rank: int = 0, spaces=None, model=None) -> None:
+                    parent_pid: int, generation: int = 0, rank: int = 0, spaces=None, model=None,
+                    policies: PolicyMap | None = None) -> None:
     """Main loop of a rollout worker process.
 
     ``generation`` counts restarts of this worker: a restarted worker ignores action replies
@@ -323,7 +361,8 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
 
     With ``inference.in_workers`` the worker acts for its own batches (``act_for_itself``):
     ``spaces`` (observation, action) and ``model`` (the user's network or None) are then the
-    batcher's, see ``fastrl.inference.make_batcher``.
+    batcher's, see ``fastrl.inference.make_batcher``. ``policies``: the run's, which act for and
+    train on its rows (None: one policy).
     """
     configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
     arena = Arena.attach(layout, arena_name)
@@ -332,7 +371,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     try:
         env = make_worker_env(cfg, worker_id, rank)
         worker = RolloutWorker(worker_id, cfg, arena, env, slots.take(cfg.env.envs_per_worker), slots.take,
-                               slots.emit)
+                               slots.emit, *worker_policies(cfg, arena, policies, worker_id, rank, generation))
         worker.start()
         if cfg.inference.in_workers:
             act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit

@@ -9,6 +9,8 @@ from pathlib import Path
 from .config import Config
 from .distributed import DistInfo
 from .envs import EnvSpec
+from .league import LeagueRecord
+from .policy_map import PolicyMap
 from .run_dir import RunDirLock
 from .shm import Arena, ArenaLayout, Control
 
@@ -35,7 +37,8 @@ class RunPlan:
     ``device`` and ``inference_device`` are resolved for this rank (fastrl.preflight.resolve_device);
     ``resume_state`` is the checkpoint a resumed run continues from (None: a new run);
     ``launched_at`` is when train() was called (``time.time()``); ``lock`` is the lock on
-    ``run_dir`` (None without one), which the learner process shares."""
+    ``run_dir`` (None without one), which the learner process shares; ``policies`` the run's
+    policies over the env's agents."""
 
     cfg: Config
     run_dir: Path | None
@@ -48,6 +51,7 @@ class RunPlan:
     launched_at: float
     dist_info: DistInfo
     lock: RunDirLock | None
+    policies: PolicyMap
 
     @property
     def clocks(self) -> tuple[float, float]:
@@ -55,10 +59,17 @@ class RunPlan:
         counters = self.resume_state["counters"] if self.resume_state else {}
         return counters.get("wall_time", 0.0), counters.get("trained_seconds", counters.get("wall_time", 0.0))
 
+    def league_record(self, arena: Arena, main: bool = True) -> LeagueRecord | None:
+        """With self-play, the runner's record of the league in ``arena`` (written by the main rank)."""
+        if not self.cfg.selfplay.enabled:
+            return None
+        return LeagueRecord(arena, self.policies.num_policies, self.cfg.selfplay, self.run_dir if main else None,
+                            self.policies.names[0])
+
     def new_arena(self, shared: bool) -> Arena:
         """The run's arena (private memory unless ``shared``), its counters carried over from a resume."""
         arena = Arena(self.layout, shared=shared)
-        arena.weight_version[0] = -1
+        arena.weight_version[:] = -1  # no weights published yet, in any weight set
         if self.resume_state is not None:
             # The run's count before the resume, shared out so that the ranks' counts sum to it.
             counters = self.resume_state["counters"]

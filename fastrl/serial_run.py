@@ -14,9 +14,9 @@ from .console import Console
 from .eval_during_training import (MAX_RESTARTS, EvalResults, Evaluator, failure_line, given_up_notice,
                                    restarted_notice)
 from .inference import InferenceBatcher, batcher_epsilons
-from .learner import LearnerRuntime, make_learner, restore_learner
+from .learner.policies import PolicyRuntimes, make_policy_learners, restore_policies
 from .metrics import MetricsWriteError, Reporter, WorkerTiming
-from .rollout import RolloutWorker, make_worker_env
+from .rollout import RolloutWorker, make_worker_env, worker_policies
 from .run_plan import RunError, RunPlan, RunResult
 from .slots import SlotsExhausted, serial_slots
 
@@ -39,19 +39,26 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     arena = plan.new_arena(shared=False)
-    learner = make_learner(cfg, spec.observation_space, spec.action_space, model=plan.model, device=plan.device)
+    policies = plan.policies
+    learners = make_policy_learners(cfg, (spec.observation_space, spec.action_space), plan.model, plan.device,
+                                    policies.num_policies)
+    learner = learners[0]
     if plan.resume_state is not None:
-        restore_learner(learner, plan.resume_state)
-    runtime = LearnerRuntime(cfg, arena, learner, run_dir)
+        restore_policies(learners, policies.names, plan.resume_state)
+    runtime = PolicyRuntimes(cfg, arena, learners, policies, run_dir, resume_state=plan.resume_state)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
                                torch.device(plan.inference_device), batcher_epsilons(cfg),
                                numpy_mlp=cfg.inference.numpy_mlp)
+    row_policy = np.tile(policies.row_policies(cfg.env.envs_per_worker), cfg.env.num_workers)
     worker_slots, full = serial_slots(arena, cfg.env.num_workers, cfg.slots_per_worker, cfg.trajectories_per_batch,
-                                      lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS))
+                                      lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS), row_policy,
+                                      drop_untrained=cfg.selfplay.enabled)
     workers = [RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), slots.take(cfg.env.envs_per_worker), slots.take,
-                             slots.emit) for w, slots in enumerate(worker_slots)]
+                             slots.emit, *worker_policies(cfg, arena, policies, w))
+               for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
-                        plan.launched_at, None, *plan.clocks)
+                        plan.launched_at, None, *plan.clocks, policy_names=policies.names,
+                        league=plan.league_record(arena))
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
@@ -71,8 +78,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
             batcher.infer(np.array(ready_workers), np.array(ready_requests))
             for w, request in zip(ready_workers, ready_requests):
                 workers[w].act(request)
-            while (slot_ids := full.next_batch()) is not None:
-                runtime.consume(slot_ids, full.release)
+            while (batch := full.next_batch()) is not None:
+                runtime.consume(*batch, full.release)
             if evaluations is not None:
                 evaluations.evaluate_if_due()
             if time.time() >= next_report:

@@ -55,11 +55,17 @@ class ArenaLayout:
 
 def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
                       action_dtype, num_workers: int, envs_per_worker: int, num_splits: int,
-                      num_weights: int, state_size: int = 0) -> ArenaLayout:
+                      num_weights: int, state_size: int = 0, num_policies: int = 1,
+                      num_snapshots: int = 0) -> ArenaLayout:
     """The arena of one run. Shapes: ``N`` slots, ``T`` steps, ``W`` workers, ``E`` envs per worker,
     ``S`` splits (outstanding inference requests per worker), ``b = E / S``; with a recurrent
-    core, ``state_size`` floats of state per env (see fastrl.recurrent)."""
+    core, ``state_size`` floats of state per env (see fastrl.recurrent).
+
+    Weight sets: ``K = num_policies + num_snapshots``, the policies' weights (set ``p`` for policy
+    ``p``), then the self-play league's snapshots (fastrl.league); ``env_actor`` names the set
+    that acts for each env row."""
     T, N, W, E, S = rollout, num_slots, num_workers, envs_per_worker, num_splits
+    K = num_policies + num_snapshots
     b = E // S
     specs = [
         ArraySpec("obs", (N, T + 1, *obs_shape), np.dtype(obs_dtype).str),
@@ -82,16 +88,21 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         # discarded by the autoreset); an empty action mask is allowed there.
         ArraySpec("env_final", (W, E), "|u1"),
         ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
+        ArraySpec("env_actor", (W, E), "<i2"),  # the weight set acting for the env row (a policy or a snapshot)
         ArraySpec("env_steps", (W,), "<i8"),
         ArraySpec("episode_return", (W, EPISODE_RING), "<f8"),
         ArraySpec("episode_length", (W, EPISODE_RING), "<i8"),
+        ArraySpec("episode_actor", (W, EPISODE_RING), "<i2"),  # the weight set that played the episode
+        # the version of the snapshot the episode's policy played against, -1 without one (self-play)
+        ArraySpec("episode_opponent", (W, EPISODE_RING), "<i8"),
         ArraySpec("episode_count", (W,), "<i8"),
-        ArraySpec("weights", (2, num_weights), "<f4"),  # double buffer, see WeightBuffer
-        ArraySpec("weight_seq", (2,), "<i8"),
-        ArraySpec("weight_version", (1,), "<i8"),
+        ArraySpec("weights", (K, 2, num_weights), "<f4"),  # a double buffer per weight set, see WeightBuffer
+        ArraySpec("weight_seq", (K, 2), "<i8"),
+        ArraySpec("weight_version", (K,), "<i8"),
+        ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.league)
         ArraySpec("control", (7,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
-        ArraySpec("learner_stats", (32,), "<f8"),  # see fastrl.metrics.LEARNER_STATS
+        ArraySpec("learner_stats", (num_policies, 32), "<f8"),  # per policy, see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
         ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.eval_during_training
     ]
@@ -239,7 +250,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 class WeightBuffer:
-    """Flat float32 weights published by the learner, read by the inference batcher.
+    """Flat float32 weights of weight set ``index`` (a policy, or a league snapshot) published by
+    the learner, read by the inference batcher.
 
     Two buffers and a seqlock per buffer: the learner writes version ``v`` into buffer ``v % 2``
     (sequence odd while writing), then publishes ``v``. A reader copies buffer ``v % 2`` and keeps
@@ -247,10 +259,10 @@ class WeightBuffer:
     is retried instead of used.
     """
 
-    def __init__(self, arena: Arena):
-        self.weights = arena.weights
-        self.seq = arena.weight_seq
-        self.version = arena.weight_version
+    def __init__(self, arena: Arena, index: int = 0):
+        self.weights = arena.weights[index]
+        self.seq = arena.weight_seq[index]
+        self.version = arena.weight_version[index:index + 1]
 
     def publish(self, flat: np.ndarray, version: int) -> None:
         slot = version % 2

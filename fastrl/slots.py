@@ -165,13 +165,59 @@ class FullQueue:
             self.give_back(int(w), slot_ids[owners == w])
 
 
+class PolicyQueues:
+    """The learner's side with several policies: a FullQueue per policy, each full slot put on its
+    env row's policy's queue (``row_policy`` ``[W * E]``, indexed by ``arena.slot_env``), batches
+    taken from the queues in turn. With ``drop_untrained`` (self-play) a slot with no valid step
+    (a snapshot's rows: nothing to train on) is released as it arrives instead of queued."""
+
+    def __init__(self, arena, per_worker: int, batch_size: int, give_back: Callable[[int, np.ndarray], None],
+                 row_policy: np.ndarray, drop_untrained: bool = False):
+        num_policies = int(row_policy.max()) + 1
+        self.queues = [FullQueue(arena, per_worker, batch_size, give_back) for _ in range(num_policies)]
+        self.slot_env = arena.slot_env
+        self.valid = arena.valid
+        self.row_policy = row_policy
+        self.drop_untrained = drop_untrained
+        self.release = self.queues[0].release
+        self.turn = 0  # the queue asked first for the next batch
+
+    def put(self, slot_ids: np.ndarray) -> None:
+        if self.drop_untrained:
+            untrained = ~self.valid[slot_ids].any(axis=1)
+            if untrained.any():
+                self.release(slot_ids[untrained])
+                slot_ids = slot_ids[~untrained]
+        if len(self.queues) == 1:
+            self.queues[0].put(slot_ids)
+            return
+        policies = self.row_policy[self.slot_env[slot_ids]]
+        for p in np.unique(policies):
+            self.queues[p].put(slot_ids[policies == p])
+
+    def next_batch(self) -> tuple[int, np.ndarray] | None:
+        """(policy, its ``[batch_size]`` oldest queued ids) from the first queue in turn that holds a
+        batch, or None while none does."""
+        for k in range(len(self.queues)):
+            p = (self.turn + k) % len(self.queues)
+            batch = self.queues[p].next_batch()
+            if batch is not None:
+                self.turn = (p + 1) % len(self.queues)
+                return p, batch
+        return None
+
+
 def serial_slots(arena, num_workers: int, per_worker: int, batch_size: int,
-                 wait_seconds: Callable[[int], np.ndarray]) -> tuple[list[WorkerSlots], FullQueue]:
-    """The protocol in one process: every worker's WorkerSlots and the learner's FullQueue, emits
-    put straight on the full queue and releases straight into the owner's free queue.
-    ``wait_seconds(w)`` is worker ``w``'s ``[1]`` timing element (see WorkerSlots)."""
+                 wait_seconds: Callable[[int], np.ndarray], row_policy: np.ndarray | None = None,
+                 drop_untrained: bool = False) -> tuple[list[WorkerSlots], PolicyQueues]:
+    """The protocol in one process: every worker's WorkerSlots and the learner's PolicyQueues
+    (``row_policy``: see there; None, one policy), emits put straight on the full queues and
+    releases straight into the owner's free queue. ``wait_seconds(w)`` is worker ``w``'s ``[1]``
+    timing element (see WorkerSlots)."""
     workers: list[WorkerSlots] = []
-    full = FullQueue(arena, per_worker, batch_size, give_back=lambda w, slot_ids: workers[w].returned(slot_ids))
+    row_policy = np.zeros(arena.env_slot.size, np.int16) if row_policy is None else row_policy
+    full = PolicyQueues(arena, per_worker, batch_size, lambda w, slot_ids: workers[w].returned(slot_ids),
+                        row_policy, drop_untrained)
     for w in range(num_workers):
         workers.append(WorkerSlots(arena, worker_slot_ids(w, per_worker), full.put, _nothing_to_wait_for,
                                    wait_seconds(w)))

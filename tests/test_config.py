@@ -263,8 +263,11 @@ def test_every_numeric_key_has_a_range():
         section, _, name = key.rpartition(".")
         return getattr(getattr(cfg, section) if section else cfg, name)
 
-    numeric = [key for key in KEYS
-               if isinstance(default(key), (int, float, list)) and not isinstance(default(key), bool)]
+    def is_number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    numeric = [key for key in KEYS if is_number(default(key))
+               or isinstance(default(key), list) and all(is_number(v) for v in default(key))]
     assert numeric and sorted(RANGES) == sorted(numeric)
 
 

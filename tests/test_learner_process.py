@@ -43,12 +43,12 @@ def test_full_slots_come_a_batch_at_a_time_oldest_first_and_go_back_to_their_own
     assert slots.next_batch() is None  # two queued: short of a batch, and nothing more came
     send(workers_full[1], [4, 5])
     send(workers_full[0], [2])
-    batch = slots.next_batch()
-    assert batch.dtype == np.int64 and batch[:2].tolist() == [0, 1] and set(batch[2:].tolist()) <= {2, 4, 5}
+    policy, batch = slots.next_batch()
+    assert policy == 0 and batch.dtype == np.int64 and batch[:2].tolist() == [0, 1] and set(batch[2:].tolist()) <= {2, 4, 5}
     assert slots.next_batch() is None  # two left: the call waited out the pipes' timeout for more
     assert slots.timers.read()["wait_s"] >= 0.4
     send(workers_full[1], [6])
-    second = slots.next_batch()
+    _, second = slots.next_batch()
     assert second[-1] == 6 and sorted([*batch, *second]) == [0, 1, 2, 4, 5, 6]
 
     arena.slot_queued[:] = 1

@@ -72,8 +72,8 @@ def test_serial_take_emit_release_keep_every_free_queue_exact():
     assert arena.slot_queued.nonzero()[0].tolist() == [0, 1, 7]
     assert workers[0].take(2).tolist() == [2, 3] and workers[1].take(1).tolist() == [8]
 
-    batch = full.next_batch()
-    assert batch.dtype == np.int64 and batch.tolist() == [7, 1, 0]  # arrival order
+    policy, batch = full.next_batch()
+    assert policy == 0 and batch.dtype == np.int64 and batch.tolist() == [7, 1, 0]  # arrival order
     assert full.next_batch() is None
     full.release(batch)
     assert not arena.slot_queued.any()
@@ -115,8 +115,8 @@ def test_slots_go_round_over_the_pipes_of_a_run():
     assert workers[1].take(PER_WORKER).tolist() == list(range(PER_WORKER, 2 * PER_WORKER))
     workers[1].emit(np.array([8, 6], np.int32))
     assert arena.slot_queued.nonzero()[0].tolist() == [6, 8]
-    batch = learner.next_batch()
-    assert batch.tolist() == [8, 6]
+    policy, batch = learner.next_batch()
+    assert policy == 0 and batch.tolist() == [8, 6]
     learner.release(batch)
     assert not arena.slot_queued.any()
     assert workers[1].take(2).tolist() == [8, 6]  # it had none spare: the release came through its free pipe

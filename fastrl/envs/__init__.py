@@ -42,6 +42,7 @@ class EnvSpec:
     observation_space: object
     action_space: object
     frame_skip: int
+    agents: tuple[str, ...] = ()  # a multi-agent env's agents of one game (VecEnv.agents)
 
 
 def probe_env(cfg) -> EnvSpec:
@@ -58,7 +59,7 @@ def probe_env(cfg) -> EnvSpec:
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs)
     try:
-        return EnvSpec(env.observation_space, env.action_space, env.frame_skip)
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
     finally:
         env.close()
 

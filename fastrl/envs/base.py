@@ -69,6 +69,8 @@ class VecEnv(abc.ABC):
         observation_space: the observation space of ONE env (see fastrl.spaces.ObsLayout).
         action_space: the action space of ONE env (see fastrl.spaces.ActionLayout).
         frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
+        agents: a multi-agent env's agents of one game, in row order (game g holds rows
+            ``g * n .. (g + 1) * n - 1``); () for a single-agent env. [policies] maps them to policies.
     """
 
     num_envs: int
@@ -76,6 +78,7 @@ class VecEnv(abc.ABC):
     observation_space: gymnasium.Space
     action_space: gymnasium.Space
     frame_skip: int
+    agents: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def async_reset(self) -> None:

@@ -16,10 +16,11 @@ from ..checkpoint import CheckpointError
 from ..config import Config
 from ..process_utils import ProcessExit, ReadablePipes, configure_child
 from ..shm import Arena, Control, set_error
-from ..slots import FullQueue, slot_bytes, slot_ids_from
+from ..policy_map import PolicyMap, policy_map
+from ..slots import PolicyQueues, slot_bytes, slot_ids_from
 from ..timing import Timers
-from .factory import make_learner
-from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
+from .policies import PolicyRuntimes, make_policy_learners, restore_policies
+from .runtime import NonFiniteTraining
 
 
 class LocalStop:
@@ -67,25 +68,29 @@ class DistributedStop:
 
 
 class FullSlots:
-    """The learner's side of the slot protocol (fastrl.slots.FullQueue) over its ends of the slot
-    pipes, one pair per rollout worker (``channels``: full-slot pipes in, free-slot pipes out): full
-    slot ids queued in arrival order and taken a batch at a time; slots handed back to the worker
-    that owns them once copied out (``release``)."""
+    """The learner's side of the slot protocol (fastrl.slots.PolicyQueues) over its ends of the
+    slot pipes, one pair per rollout worker (``channels``: full-slot pipes in, free-slot pipes
+    out): full slot ids queued per policy in arrival order and taken a batch at a time; slots
+    handed back to the worker that owns them once copied out (``release``)."""
 
-    def __init__(self, cfg: Config, arena: Arena, channels, parent_pid: int, timers: Timers):
+    def __init__(self, cfg: Config, arena: Arena, channels, parent_pid: int, timers: Timers,
+                 policies: PolicyMap | None = None):
         full_in, free_out = channels
         self.pipes = ReadablePipes(full_in)
         self.arena = arena
         self.parent_pid = parent_pid
         self.timers = timers
-        self.full = FullQueue(arena, cfg.slots_per_worker, cfg.trajectories_per_batch,
-                              give_back=lambda w, slot_ids: free_out[w].send_bytes(slot_bytes(slot_ids)))
+        policies = policy_map(cfg, ()) if policies is None else policies
+        row_policy = np.tile(policies.row_policies(cfg.env.envs_per_worker), cfg.env.num_workers)
+        self.full = PolicyQueues(arena, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                 lambda w, slot_ids: free_out[w].send_bytes(slot_bytes(slot_ids)), row_policy,
+                                 drop_untrained=cfg.selfplay.enabled)
         self.release = self.full.release
 
-    def next_batch(self) -> np.ndarray | None:
-        """The ids ``[trajectories_per_batch]`` int64 of the next batch's slots, oldest first. With
-        fewer queued, first waits for workers to send more (``wait_s``; ProcessExit when the run
-        stops meanwhile): None when the wait ended without enough."""
+    def next_batch(self) -> tuple[int, np.ndarray] | None:
+        """(policy, the ids ``[trajectories_per_batch]`` int64 of its next batch's slots, oldest
+        first). With no batch queued, first waits for workers to send more (``wait_s``;
+        ProcessExit when the run stops meanwhile): None when the wait ended without one."""
         batch = self.full.next_batch()
         if batch is None:
             self.receive()
@@ -103,12 +108,14 @@ class FullSlots:
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
-                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None) -> None:
+                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None,
+                    policies: PolicyMap | None = None) -> None:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
     one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
     checkpoint into (fastrl.distributed). ``run_dir_lock`` is the runner's lock on ``run_dir``
     (fastrl.run_dir.RunDirLock): received, this process holds it too until it exits, so the final
-    checkpoint it writes after the runner was killed still belongs to this run."""
+    checkpoint it writes after the runner was killed still belongs to this run. ``policies``: the
+    run's (fastrl.learner.policies trains each); None, one policy."""
     configure_child(parent_pid, cfg.retain_freed_memory)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
@@ -119,29 +126,33 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         # model's device="cuda", torch.cuda calls without an index) runs on the current one, and
         # left at cuda:0 every rank would open a context there. NCCL uses the current device too.
         torch.cuda.set_device(torch.device(device))
-    learner = make_learner(cfg, *spaces, model=model, device=device)
+    policies = policy_map(cfg, ()) if policies is None else policies
+    learners = make_policy_learners(cfg, spaces, model, device, policies.num_policies)
     if resume_state is not None:
-        restore_learner(learner, resume_state)
+        restore_policies(learners, policies.names, resume_state)
     parallel = dist_info is not None and dist_info.enabled
     if parallel:
         distributed.init_group(dist_info, "learner", device, cfg.dist_timeout_s)
-        distributed.join_data_parallel(learner, dist_info.world_size)
+        for learner in learners:
+            distributed.join_data_parallel(learner, dist_info.world_size)
+    learner = learners[0]
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
-    runtime = LearnerRuntime(cfg, arena, learner, run_dir, dist_info.world_size if parallel else 1)
-    runtime.trained_env_steps = (resume_state or {}).get("counters", {}).get("trained_env_steps", 0)
-    slots = FullSlots(cfg, arena, channels, parent_pid, runtime.timers)
+    runtime = PolicyRuntimes(cfg, arena, learners, policies, run_dir, dist_info.world_size if parallel else 1,
+                             resume_state)
+    slots = FullSlots(cfg, arena, channels, parent_pid, runtime.timers, policies)
     checkpoint_failed = False
     runtime.publish()
     try:
         while True:
-            slot_ids = slots.next_batch()
-            if slot_ids is not None:
+            batch = slots.next_batch()
+            if batch is not None:
+                policy, slot_ids = batch
                 # Checked before every batch: queued batches could outlast the shutdown grace.
                 stop, progress = stopping.before_batch(runtime.progress())
                 if stop:
                     raise ProcessExit
-                runtime.consume(slot_ids, slots.release, progress)
-                stopping.after_batch(learner)
+                runtime.consume(policy, slot_ids, slots.release, progress)
+                stopping.after_batch(learners[policy])
             if runtime.checkpoint_due():
                 runtime.checkpoint()
     except ProcessExit:
@@ -160,8 +171,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         try:
             if stopping.leaving(runtime.progress()):
                 # Every rank reached the same final update: record that their weights agree.
-                runtime.extra_state["param_digests"] = distributed.gather_digests(learner.model)
-                runtime.extra_state["world_size"] = dist_info.world_size
+                runtime.first.extra_state["param_digests"] = distributed.gather_digests(learner.model)
+                runtime.first.extra_state["world_size"] = dist_info.world_size
         finally:
             if not checkpoint_failed:
                 try:

@@ -24,13 +24,14 @@ class NonFiniteTraining(RuntimeError):
 class LearnerRuntime:
     """Wraps any learner of the family for a run: arena in, weights and checkpoints out."""
 
-    def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, world_size: int = 1):
+    def __init__(self, cfg: Config, arena, learner: BaseLearner, run_dir=None, world_size: int = 1, policy: int = 0):
         self.cfg = cfg
         self.arena = arena
         self.learner = learner
         self.run_dir = run_dir
         self.world_size = world_size
-        self.weights = WeightBuffer(arena)
+        self.policy = policy  # its weight set and learner_stats row (fastrl.policy_map)
+        self.weights = WeightBuffer(arena, policy)
         # [P] weights as published. On the learner's device path they are gathered on the device
         # and reach this (pinned) buffer in one copy: one wait per publication, not one per tensor.
         self.flat = pinned_empty(num_state_values(learner.model), torch.float32, learner.device)
@@ -119,15 +120,16 @@ class LearnerRuntime:
         self.trained_env_steps += batch.rewards.numel()
         self.publish()
         stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps)
-        write_learner_stats(self.arena, stats)
+        write_learner_stats(self.arena, stats, self.policy)
         return stats
 
     def checkpoint_due(self) -> bool:
         return (time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_s
                 or bool(self.arena.control[Control.CHECKPOINT]))
 
-    def checkpoint(self):
-        """Save a checkpoint (rank 0); raises CheckpointError when it cannot be written."""
+    def checkpoint(self, more: dict | None = None):
+        """Save a checkpoint (rank 0), with ``more`` entries (the other policies'); raises
+        CheckpointError when it cannot be written."""
         if self.run_dir is None:
             return None
         state = {
@@ -137,6 +139,7 @@ class LearnerRuntime:
             "rng": capture_rng(self.learner.device),
             "config": self.cfg.to_dict(),
             **self.extra_state,
+            **(more or {}),
         }
         path = save_checkpoint(self.run_dir, state, state["counters"]["env_steps"], self.cfg.keep_checkpoints)
         self.last_checkpoint = time.time()

@@ -1,0 +1,236 @@
+"""Self-play's league: frozen snapshots of the policy that play the seats it does not.
+
+Three parts, one per process that holds them:
+
+- League (learner): every ``selfplay.snapshot_every`` updates the policy's weights become a
+  snapshot, published in a weight set of the arena (after the policies' sets) and written to
+  ``RUN_DIR/league/snapshot-<version>.pt``, so that ``--resume`` finds the league again. At most
+  ``selfplay.max_snapshots`` are kept; the oldest goes first.
+- SelfPlaySeats (rollout worker): when a game starts, draws its opponent (the newest snapshot
+  with probability ``selfplay.latest_prob``, otherwise an older one by the weights the runner
+  publishes) and the seat the policy plays (uniformly); the other seats' rows are acted by the
+  snapshot and never trained on.
+- LeagueRecord (runner): the policy's results against each snapshot, from the episodes the
+  workers record, rated with openskill (a maintained rating library) and turned into the PFSP
+  weights ``(1 - win rate) ** selfplay.pfsp_power``; kept in ``RUN_DIR/league/record.json``.
+
+A game's result, for the policy's seat: its episode return > 0 a win, 0 a draw, < 0 a loss (the
+classic zero-sum games' convention).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import write_checkpoint_file
+from .config import SelfPlayConfig
+from .run_dir import make_dir, write_atomic
+from .shm import Arena, WeightBuffer
+
+SNAPSHOT_FILE = re.compile(r"snapshot-(\d+)\.pt")
+RECORD_FILE = "record.json"
+UNPLAYED_WIN_RATE = 0.5  # a snapshot not played yet: neither favoured nor avoided by PFSP
+
+
+def league_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "league"
+
+
+def snapshot_path(run_dir: Path, version: int) -> Path:
+    return league_dir(run_dir) / f"snapshot-{version:012d}.pt"
+
+
+def saved_snapshots(run_dir: Path | None) -> list[tuple[int, Path]]:
+    """(version, path) of the snapshots on disk, oldest first."""
+    if run_dir is None or not league_dir(run_dir).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in league_dir(run_dir).iterdir() if (m := SNAPSHOT_FILE.fullmatch(p.name))]
+    return sorted(found)
+
+
+class League:
+    """The learner's side: snapshots taken, published and saved (``run_dir`` None: not saved,
+    a distributed rank other than 0). ``first_set`` is the first snapshot weight set."""
+
+    def __init__(self, arena: Arena, first_set: int, settings: SelfPlayConfig, run_dir: Path | None):
+        self.buffers = [WeightBuffer(arena, first_set + j) for j in range(settings.max_snapshots)]
+        self.settings = settings
+        self.run_dir = run_dir
+        self.versions = [-1] * settings.max_snapshots  # the version each set holds; -1 empty
+        self.last = -1  # the newest snapshot's version
+
+    def restore(self, num_values: int) -> None:
+        """Publish the newest saved snapshots (a resumed run's league)."""
+        for version, path in saved_snapshots(self.run_dir)[-len(self.buffers):]:
+            flat = torch.load(path, map_location="cpu", weights_only=True)["weights"]
+            if flat.numel() != num_values:
+                raise ValueError(f"league snapshot {path} holds {flat.numel()} weights and the model has "
+                                 f"{num_values}: move {league_dir(self.run_dir)} aside to start a new league")
+            self._publish(version, flat.numpy())
+
+    def after_update(self, version: int, flat: np.ndarray) -> None:
+        """Take a snapshot of the weights ``flat`` of ``version`` when one is due (the first at once)."""
+        due = self.last < 0 or version - self.last >= self.settings.snapshot_every
+        if due and np.isfinite(flat).all():  # non-finite weights are never published, nor kept
+            self._save(version, flat)
+            self._publish(version, flat)
+
+    def _publish(self, version: int, flat: np.ndarray) -> None:
+        empty = [j for j, v in enumerate(self.versions) if v < 0]
+        j = empty[0] if empty else int(np.argmin(self.versions))
+        dropped = self.versions[j]
+        self.buffers[j].publish(flat, version)
+        self.versions[j] = version
+        self.last = max(self.last, version)
+        if dropped >= 0 and self.run_dir is not None:
+            snapshot_path(self.run_dir, dropped).unlink(missing_ok=True)
+
+    def _save(self, version: int, flat: np.ndarray) -> None:
+        if self.run_dir is None:
+            return
+        write_checkpoint_file(snapshot_path(self.run_dir, version),
+                              {"version": version, "weights": torch.from_numpy(flat.copy())})
+
+
+class SelfPlaySeats:
+    """A rollout worker's side: per game, the opponent and the policy's seat (see the module).
+
+    ``num_agents`` seats a game (consecutive rows), ``num_policies`` the weight sets before the
+    snapshots'. Until the learner publishes its first snapshot, the other seats are played by the
+    policy's current weights (still not trained on)."""
+
+    def __init__(self, arena: Arena, num_envs: int, num_agents: int, num_policies: int, settings: SelfPlayConfig,
+                 seed: int):
+        self.num_agents = num_agents
+        self.num_policies = num_policies
+        self.settings = settings
+        self.snapshot_versions = arena.weight_version[num_policies:]
+        self.draw_weights = arena.league_weights
+        self.rng = np.random.default_rng(seed)
+        games = num_envs // num_agents
+        self.row_episode = np.zeros(num_envs, np.int64)  # episodes each row has started
+        self.game_episode = np.zeros(games, np.int64)  # the episode of the game's last draw
+        self.game_seat = np.zeros(games, np.int64)
+        self.game_actor = np.zeros(games, np.int64)  # the weight set of the other seats
+        self.game_opponent = np.full(games, -1, np.int64)  # that snapshot's version, -1 none
+
+    def start_rows(self, rows: np.ndarray, row_actor: np.ndarray, row_trained: np.ndarray,
+                   row_opponent: np.ndarray) -> None:
+        """Rows ``rows`` start an episode: set who acts for each, whether it trains and against
+        whom (the per-row arrays of fastrl.rollout's _record_steps)."""
+        n = self.num_agents
+        for r in rows.tolist():
+            g = r // n
+            self.row_episode[r] += 1
+            if self.row_episode[r] > self.game_episode[g]:
+                self.game_episode[g] = self.row_episode[r]
+                self._draw(g)
+            if r % n == self.game_seat[g]:
+                row_actor[r], row_trained[r], row_opponent[r] = 0, 1, self.game_opponent[g]
+            else:
+                row_actor[r], row_trained[r], row_opponent[r] = self.game_actor[g], 0, -1
+
+    def _draw(self, g: int) -> None:
+        self.game_seat[g] = self.rng.integers(self.num_agents)
+        versions = self.snapshot_versions
+        filled = np.flatnonzero(versions >= 0)
+        if not len(filled):
+            self.game_actor[g], self.game_opponent[g] = 0, -1
+            return
+        newest = filled[np.argmax(versions[filled])]
+        older = filled[filled != newest]
+        j = newest
+        if len(older) and self.rng.random() >= self.settings.latest_prob:
+            weights = np.maximum(self.draw_weights[older], 0.0)
+            total = weights.sum()
+            j = older[self.rng.choice(len(older), p=weights / total)] if total > 0 else self.rng.choice(older)
+        self.game_actor[g] = self.num_policies + j
+        self.game_opponent[g] = versions[j]
+
+
+class LeagueRecord:
+    """The runner's side: results and ratings of the policy against each snapshot (see the module)."""
+
+    def __init__(self, arena: Arena, num_policies: int, settings: SelfPlayConfig, run_dir: Path | None,
+                 policy_name: str):
+        from openskill.models import PlackettLuce  # the [multiagent] extra; preflight checks it
+
+        self.model = PlackettLuce()
+        self.snapshot_versions = arena.weight_version[num_policies:]
+        self.draw_weights = arena.league_weights
+        self.settings = settings
+        self.path = league_dir(run_dir) / RECORD_FILE if run_dir is not None else None
+        self.policy_name = policy_name
+        saved = self._load()
+        self.results: dict[int, list[int]] = {int(v): list(r) for v, r in saved.get("results", {}).items()}
+        self.ratings = {name: self.model.rating(mu=mu, sigma=sigma, name=name)
+                        for name, (mu, sigma) in saved.get("ratings", {}).items()}
+        self.draw_weights[:] = 1.0
+        self.update_draw_weights()
+
+    def _load(self) -> dict:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # a record cut short: ratings start again, the snapshots are on disk
+
+    def rating(self, name: str):
+        if name not in self.ratings:
+            self.ratings[name] = self.model.rating(name=name)
+        return self.ratings[name]
+
+    def record(self, opponents: np.ndarray, returns: np.ndarray) -> dict:
+        """The policy's games of one report (``opponents`` the snapshot versions, ``returns`` its
+        returns): results and ratings updated, draw weights published; the report's league keys."""
+        outcomes = np.sign(returns).astype(np.int64)  # 1 win, 0 draw, -1 loss
+        for version, outcome in zip(opponents.tolist(), outcomes.tolist()):
+            counts = self.results.setdefault(version, [0, 0, 0])
+            counts[1 - outcome] += 1  # [wins, draws, losses]
+            ours, theirs = self.rating(self.policy_name), self.rating(f"snapshot-{version}")
+            ranks = [1, 1] if outcome == 0 else ([1, 2] if outcome > 0 else [2, 1])
+            [[ours], [theirs]] = self.model.rate([[ours], [theirs]], ranks=ranks)
+            self.ratings[self.policy_name], self.ratings[f"snapshot-{version}"] = ours, theirs
+        self.update_draw_weights()
+        games = len(outcomes)
+        live = [int(v) for v in sorted(self.snapshot_versions[self.snapshot_versions >= 0])]
+        report = {
+            "league/games": games,
+            "league/win_rate": float((outcomes > 0).mean()) if games else math.nan,
+            "league/draw_rate": float((outcomes == 0).mean()) if games else math.nan,
+            "league/loss_rate": float((outcomes < 0).mean()) if games else math.nan,
+            "league/snapshots": len(live),
+            "league/rating": float(self.rating(self.policy_name).ordinal()),
+            "league/snapshot_ratings": {str(v): float(self.rating(f"snapshot-{v}").ordinal()) for v in live},
+        }
+        self._save()
+        return report
+
+    def win_rate(self, version: int) -> float:
+        wins, draws, losses = self.results.get(version, (0, 0, 0))
+        games = wins + draws + losses
+        return (wins + 0.5 * draws) / games if games else UNPLAYED_WIN_RATE
+
+    def update_draw_weights(self) -> None:
+        """PFSP: each snapshot weighted by how often the policy fails to beat it."""
+        for j, version in enumerate(self.snapshot_versions.tolist()):
+            if version >= 0:
+                self.draw_weights[j] = (1.0 - self.win_rate(version)) ** self.settings.pfsp_power
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        live = set(self.snapshot_versions.tolist())
+        # Results against snapshots that left the league steer no draw: the record stays bounded.
+        self.results = {v: r for v, r in self.results.items() if v in live}
+        data = {"results": {str(v): r for v, r in self.results.items()},
+                "ratings": {name: [r.mu, r.sigma] for name, r in self.ratings.items()
+                            if name == self.policy_name or int(name.rsplit("-", 1)[1]) in live}}
+        make_dir(self.path.parent)
+        write_atomic(self.path, json.dumps(data))

@@ -1,0 +1,110 @@
+"""The run's policies in one learner process: a LearnerRuntime per policy (its own learner,
+optimizer, schedule and normalizers, weight set and statistics row), stepped in turn as their
+batches fill, and checkpointed together; with self-play, the league the first policy's updates
+feed (fastrl.league).
+
+One process for every policy, not one each: the policies share the cores the envs need, and a
+policy trains only when a batch of its own rows is full, so taking turns loses nothing the
+batches themselves do not hold back.
+
+Checkpoint: the first policy's state is the checkpoint's ``learner`` entry, as in a single-policy
+run (fastrl-eval and --resume read it there); with several, ``policies`` maps every name to its
+``learner`` state and ``trained_env_steps``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..league import League
+from ..policy_map import PolicyMap
+from ..shm import Arena
+from .base import BaseLearner
+from .factory import make_learner
+from .runtime import LearnerRuntime, restore_learner
+
+
+def make_policy_learners(cfg: Config, spaces, model, device: str, num_policies: int) -> list[BaseLearner]:
+    """One learner per policy; policy p's network is initialised from seed ``cfg.seed + p``, so
+    policies start apart (policy 0's draws are a single-policy run's)."""
+    learners = []
+    for p in range(num_policies):
+        if p:
+            torch.manual_seed(cfg.seed + p)
+        learners.append(make_learner(cfg, *spaces, model=model, device=device))
+    return learners
+
+
+def restore_policies(learners: list[BaseLearner], names: tuple[str, ...], state: dict) -> None:
+    """Each policy's learner from a checkpoint (one written by a run of the same policies)."""
+    restore_learner(learners[0], state)
+    saved = state.get("policies", {})
+    for name, learner in zip(names[1:], learners[1:]):
+        learner.load_state_dict(saved[name]["learner"])
+
+
+def checkpoint_policies(state: dict, names: tuple[str, ...]) -> str:
+    """What a resume from ``state`` lacks for these policies ("" when it holds every one)."""
+    saved = tuple(state.get("policies", {}).keys()) or names[:1]
+    return "" if saved == names else f"policies {', '.join(saved)} (this run has {', '.join(names)})"
+
+
+class PolicyRuntimes:
+    """The policies' LearnerRuntimes over one arena (see the module)."""
+
+    def __init__(self, cfg: Config, arena: Arena, learners: list[BaseLearner], policies: PolicyMap, run_dir=None,
+                 world_size: int = 1, resume_state: dict | None = None):
+        self.names = policies.names
+        self.runtimes = [LearnerRuntime(cfg, arena, learner, run_dir, world_size, policy=p)
+                         for p, learner in enumerate(learners)]
+        counters = (resume_state or {}).get("counters", {})
+        saved = (resume_state or {}).get("policies", {})
+        self.runtimes[0].trained_env_steps = counters.get("trained_env_steps", 0)
+        for name, runtime in zip(self.names[1:], self.runtimes[1:]):
+            runtime.trained_env_steps = saved.get(name, {}).get("trained_env_steps", 0)
+        self.league = None
+        if cfg.selfplay.enabled:
+            self.league = League(arena, policies.num_policies, cfg.selfplay, run_dir)
+            self.league.restore(self.runtimes[0].flat.numel())
+
+    @property
+    def first(self) -> LearnerRuntime:
+        return self.runtimes[0]
+
+    @property
+    def timers(self):
+        return self.first.timers
+
+    def progress(self) -> float:
+        return self.first.progress()
+
+    def publish(self) -> None:
+        for runtime in self.runtimes:
+            runtime.publish()
+        self._snapshot_if_due()
+
+    def consume(self, policy: int, slot_ids: np.ndarray, release, progress: float | None = None) -> None:
+        self.runtimes[policy].consume(slot_ids, release, progress)
+        if policy == 0:
+            self._snapshot_if_due()
+
+    def flush(self, progress: float | None = None) -> None:
+        for runtime in self.runtimes:
+            runtime.flush(progress)
+
+    def checkpoint_due(self) -> bool:
+        return self.first.checkpoint_due()
+
+    def checkpoint(self):
+        more = None
+        if len(self.runtimes) > 1:
+            more = {"policies": {name: {"learner": runtime.learner.state_dict(),
+                                        "trained_env_steps": runtime.trained_env_steps}
+                                 for name, runtime in zip(self.names, self.runtimes)}}
+        return self.first.checkpoint(more)
+
+    def _snapshot_if_due(self) -> None:
+        if self.league is not None:
+            first = self.first
+            self.league.after_update(first.learner.version, first.flat_np)
