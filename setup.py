@@ -38,7 +38,7 @@ setup(
         # fastrl-profile reads GPU use through NVML (no CUDA context, no nvidia-smi process per sample).
         "gpu": ["nvidia-ml-py>=12"],
         # --env pettingzoo:MODULE: PettingZoo's ParallelEnvs, and mpe2's particle worlds (simple_spread).
-        "multiagent": ["pettingzoo>=1.25", "mpe2>=1.1"],
+        "multiagent": ["pettingzoo>=1.25", "mpe2>=1.1", "openskill>=6"],
     },
     entry_points={
         "console_scripts": [

@@ -28,13 +28,22 @@ import numpy as np
 import torch
 
 from .checkpoint import write_checkpoint_file
-from .config import SelfPlayConfig
+from .config import ConfigError, SelfPlayConfig
 from .run_dir import make_dir, write_atomic
 from .shm import Arena, WeightBuffer
 
 SNAPSHOT_FILE = re.compile(r"snapshot-(\d+)\.pt")
 RECORD_FILE = "record.json"
 UNPLAYED_WIN_RATE = 0.5  # a snapshot not played yet: neither favoured nor avoided by PFSP
+
+
+def require_rating_library() -> None:
+    """ConfigError naming the extra when openskill is missing: checked before a run starts."""
+    try:
+        import openskill.models  # noqa: F401
+    except ImportError:
+        raise ConfigError("selfplay.enabled rates the league with openskill, which is not installed: "
+                         "pip install 'fastrl[multiagent]'") from None
 
 
 def league_dir(run_dir: Path) -> Path:

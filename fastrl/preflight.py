@@ -22,6 +22,7 @@ from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, wr
 from .run_plan import RunError, RunPlan
 from .shm import remove_stale_segments, trajectory_layout
 from .spaces import ActionLayout, ObsLayout
+from .league import require_rating_library
 from .video import require_video_extra
 from .wandb_logger import require_wandb
 
@@ -33,6 +34,8 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
         require_wandb()
     if cfg.eval.video_every_s:
         require_video_extra()
+    if cfg.selfplay.enabled:
+        require_rating_library()
     dist_info = DistInfo.from_env()
     if dist_info.enabled and (run_dir is None or cfg.serial):
         raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
