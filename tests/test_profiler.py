@@ -202,6 +202,37 @@ def test_random_actions_stay_in_the_action_space():
     assert all(box.contains(action) for action in ActionLayout(box).to_env(continuous.reshape(32, 2)))
 
 
+def test_random_actions_of_a_masked_env_are_legal_and_cover_every_legal_choice():
+    rng = np.random.default_rng(0)
+    discrete = ActionLayout(gymnasium.spaces.Discrete(4))
+    mask = np.array([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 1, 1]], np.int8)
+    seen = [set() for _ in mask]
+    for _ in range(200):
+        actions = profiler.legal_random_actions(discrete, mask, rng.random((3, 4)))
+        assert actions.shape == (3,) and mask[np.arange(3), actions].all()
+        for row, action in enumerate(actions):
+            seen[row].add(int(action))
+    assert seen == [{1, 3}, {0}, {2, 3}]
+    multi = ActionLayout(gymnasium.spaces.MultiDiscrete([2, 3]))
+    flags = np.array([[1, 0, 0, 1, 1], [0, 1, 1, 0, 0]], bool)  # part 0: 2 flags, part 1: 3 flags
+    for _ in range(50):
+        actions = profiler.legal_random_actions(multi, flags, rng.random((2, 5)))
+        assert actions.shape == (2, 2) and flags[np.arange(2), actions[:, 0]].all()
+        assert flags[np.arange(2), 2 + actions[:, 1]].all()
+
+
+MASKED_CUE_GAME = {"env.id": "pettingzoo:tests.pettingzoo_envs", "env.kwargs": {"num_agents": 3, "masked": True},
+                   "env.envs_per_worker": 12, "env.num_workers": 1, "learner.rollout": 8, "learner.batch_size": 96,
+                   "device": "cpu"}
+
+
+def test_the_raw_env_of_a_game_that_refuses_masked_moves_moves_legally():
+    # The cue game raises on a move its mask forbids: random moves from the whole action space end
+    # the raw env process at once.
+    env = profiler.measure_env(build_config("cartpole-appo", MASKED_CUE_GAME), 0.5, 0.1)
+    assert env.env_steps_per_s > 0
+
+
 def test_nvidia_smi_rows_are_parsed():
     text = "0, NVIDIA H100 80GB HBM3, 37, 1234, 81559\n1, NVIDIA H100 80GB HBM3, [N/A], 0, 81559\n"
     gpus = profiler.parse_nvidia_smi(text)
@@ -342,6 +373,31 @@ def test_profile_of_workers_that_act_counts_their_acting(tmp_path, capsys):
     assert "inference" not in {p["name"] for p in result["processes"]["train"]}
     assert "no batcher process" in table and "rollout/inference" in table and "inference/forward" not in table
     assert "batcher" not in result["diagnosis"] and "batcher" not in result["sample_diagnosis"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [
+    {"env.id": "fastrl.envs.toy:AgreementGames", "env.kwargs": {"agents": 4, "stagger": 2}, "env.envs_per_worker": 64,
+     "learner.batch_size": 512, "learner.rollout": 8, "device": "cpu"},
+    MASKED_CUE_GAME,
+], ids=["numpy-games", "pettingzoo"])
+def test_profile_of_a_multi_agent_run_counts_agent_rows_and_breaks_them_down(settings, tmp_path, capsys):
+    # env.kwargs as --set takes it: a TOML inline table
+    inline = {k: "{" + ", ".join(f"{name} = {json.dumps(x)}" for name, x in v.items()) + "}"
+              if isinstance(v, dict) else v for k, v in settings.items()}
+    argv = ["--profile", "cartpole-appo", *set_args(inline),
+            "--seconds", "1", "--warmup-seconds", "0.5", "--json", str(tmp_path / "prof.json")]
+    assert profile_main(argv) == 0
+    table = capsys.readouterr().out
+    result = json.loads((tmp_path / "prof.json").read_text())
+    assert result["env_fps"] > 0 and result["sample_fps"] > 0 and result["train_fps"] > 0
+    for run in ("sample", "train"):
+        bd = result["breakdown"][run]
+        assert 0 < bd["rollout/env_step"] and 0 < bd["rollout/busy"] <= 1.2
+    assert result["breakdown"]["train"]["learner/busy"] > 0
+    assert f"diagnosis: {result['diagnosis']}" in table
+    assert_all_exited([p["pid"] for run in ("env", "sample", "train") for p in result["processes"][run]
+                       if p["role"] != "runner"])
 
 
 def test_autotune_tries_acting_in_the_workers_and_in_the_batcher():

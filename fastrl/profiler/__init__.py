@@ -37,7 +37,7 @@ from .main import command
 from .measure import (DEFAULT_SECONDS, STARTUP_ESTIMATE_S, ProfileResult, RunMeasurement, default_warmup,
                       measure_run, measure_run_patiently, profile)
 from .plot import PlotError, plot_profile, pyplot
-from .rawenv import EnvMeasurement, measure_env, random_action_table
+from .rawenv import EnvMeasurement, legal_random_actions, measure_env, random_action_table
 from .report import format_autotune, format_report, write_json
 from .sampling import ProcessSampler, cores_used, cpu_count, gpu_query, hardware, parse_nvidia_smi
 from .tuning import (DEFAULT_BUDGET_S, DEFAULT_TRIAL_SECONDS, TUNED_KEYS, AutotuneResult, Autotuner, Trial,
@@ -49,7 +49,7 @@ __all__ = [
     "AutotuneResult", "Autotuner", "Diagnosis", "EnvMeasurement", "LateStart", "PlotError", "ProcessSampler",
     "ProfileError", "ProfileResult", "RunMeasurement", "Trial",
     "autotune", "breakdown", "candidate_values", "command", "cores_used", "cpu_count", "default_warmup",
-    "diagnose", "format_autotune", "format_report", "get_key", "gpu_query", "hardware", "measure_env",
-    "measure_run", "measure_run_patiently", "parse_nvidia_smi", "plot_profile", "profile", "pyplot",
+    "diagnose", "format_autotune", "format_report", "get_key", "gpu_query", "hardware", "legal_random_actions",
+    "measure_env", "measure_run", "measure_run_patiently", "parse_nvidia_smi", "plot_profile", "profile", "pyplot",
     "random_action_table", "set_args", "share_keys", "steady_window", "tuned_keys", "with_settings", "write_json",
 ]

@@ -14,7 +14,7 @@ import numpy as np
 from ..config import Config
 from ..process_utils import configure_child
 from ..rollout import make_worker_env
-from ..spaces import ActionLayout, box_bounds
+from ..spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
 
@@ -50,10 +50,24 @@ def random_action_table(space, batch_size: int, count: int, rng: np.random.Gener
     return np.stack(rows).reshape(count, batch_size, *layout.shape)
 
 
+def legal_random_actions(layout: ActionLayout, mask: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Uniform random actions among those ``mask`` allows, as ``VecEnv.send`` takes them (``[B]``
+    for Discrete, ``[B, k]`` for MultiDiscrete): ``mask`` ``[B, ...]`` holds one flag per category of
+    each part (fastrl.spaces), ``uniform`` float ``[B, layout.num_logits]`` draws in [0, 1). A part
+    with no legal category gets category 0."""
+    scores = np.where(mask.reshape(len(mask), -1) != 0, uniform, -1.0)
+    columns = [scores[:, part.param_slice].argmax(axis=1) for part in layout.parts]
+    return columns[0] if layout.shape == () else np.stack(columns, axis=1)
+
+
 def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: float, barrier, results,
                      parent_pid: int) -> None:
     """One raw env process: the env group of rollout worker ``worker_id``, random actions, and
-    the same double buffering (``num_splits`` batches in flight). Puts (worker_id, result)."""
+    the same double buffering (``num_splits`` batches in flight). Puts (worker_id, result).
+
+    Actions are drawn among those the observation's ``action_mask`` allows: an illegal move ends a
+    PettingZoo classic game at once (or raises, in envs that refuse it), which would measure
+    something other than the game."""
     configure_child(parent_pid, cfg.retain_freed_memory)
     try:
         env = make_worker_env(cfg, worker_id)
@@ -62,16 +76,21 @@ def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: flo
         barrier.abort()
         return
     try:
-        table = random_action_table(env.action_space, env.batch_size, ACTION_TABLE,
-                                    np.random.default_rng(cfg.seed + worker_id))
+        rng = np.random.default_rng(cfg.seed + worker_id)
+        layout = ActionLayout(env.action_space)
+        masked = ObsLayout(env.observation_space).mask is not None
+        table = (rng.random((ACTION_TABLE, env.batch_size, layout.num_logits)) if masked else
+                 random_action_table(env.action_space, env.batch_size, ACTION_TABLE, rng))
         barrier.wait(ENV_START_TIMEOUT_S)
         env.async_reset()
         start = time.time()
         steps, i = 0, 0
         t_a, steps_a = None, 0
         while True:
-            _, _, _, _, env_ids = env.recv()
-            env.send(table[i % ACTION_TABLE], env_ids)
+            obs, _, _, _, env_ids = env.recv()
+            actions = legal_random_actions(layout, obs[MASK_KEY], table[i % ACTION_TABLE]) if masked else \
+                table[i % ACTION_TABLE]
+            env.send(actions, env_ids)
             steps += len(env_ids)
             i += 1
             now = time.time()
