@@ -38,7 +38,8 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
 from fastrl.envs.pettingzoo_games import Games
-from fastrl.envs.pettingzoo_turns import TurnBasedGames, check_turn_groups
+from fastrl.envs.pettingzoo_turns import TurnBasedGames
+from fastrl.envs.turns import check_turn_groups
 
 PREFIX = "pettingzoo:"
 EXAMPLE = "pettingzoo:mpe2.simple_spread_v3"
