@@ -517,7 +517,7 @@ def _coerce(key: str, value, annotation):
         if origin is list:
             (item_type,) = typing.get_args(annotation)
             if from_string:
-                value = [v for v in value.strip("[] ").split(",") if v.strip()]
+                value = _list_from_string(value)
             if not isinstance(value, (list, tuple)):
                 raise ValueError
             return [_coerce(key, v.strip() if isinstance(v, str) else v, item_type) for v in value]
@@ -531,6 +531,16 @@ def _coerce(key: str, value, annotation):
         pass
     type_name = getattr(annotation, "__name__", str(annotation))
     raise ConfigError(f"config key '{key}' expects {type_name}, got {value!r}")
+
+
+def _list_from_string(text: str) -> list:
+    """A --set list: TOML (``["random", "my_bots:greedy"]``, as config.toml writes it), or bare
+    comma-separated items (``[random,my_bots:greedy]``, ``[64,64]``)."""
+    try:
+        parsed = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = None
+    return parsed if isinstance(parsed, list) else [v for v in text.strip("[] ").split(",") if v.strip()]
 
 
 def set_key(cfg: Config, key: str, value) -> None:

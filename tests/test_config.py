@@ -54,6 +54,15 @@ def test_set_parses_by_declared_type():
     assert cfg.device == "cpu" and cfg.env.kwargs == {"max_episode_steps": 100}
 
 
+@pytest.mark.parametrize("text", ['["first", "second"]', "[first, second]", "['first','second']"])
+def test_set_takes_a_list_of_strings_quoted_as_toml_or_bare(text):
+    cfg = load_profile("cartpole-appo")
+    set_key(cfg, "policies.names", text)
+    assert cfg.policies.names == ["first", "second"]
+    set_key(cfg, "model.hidden_sizes", "64")  # one bare item is a list of one
+    assert cfg.model.hidden_sizes == [64]
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("learner.lrr", "1", "did you mean learner.lr"),
     ("learner.lr", "fast", "expects float"),
