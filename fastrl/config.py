@@ -30,6 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 import tomli_w
 
+from .shm import MAX_EVAL_OPPONENTS
 from .slots import MAX_SPLITS
 
 DEFAULT_PROFILE = "cartpole-appo"
@@ -276,6 +277,11 @@ class EvalConfig:
                         help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
     video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
                                help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
+    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply "
+                                        f"or MODULE:CALLABLE, as fastrl-eval --opponent), each played "
+                                        f"eval.episodes episodes an evaluation by the first policy, every seat in "
+                                        f"turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
+                                        f"{MAX_EVAL_OPPONENTS}")
 
 
 @dataclass
@@ -675,6 +681,7 @@ def validate(cfg: Config) -> None:
     if cfg.eval.video_every_s and not cfg.eval.every_s:
         raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")
+    _validate_eval_opponents(cfg)
     _validate_policies(cfg)
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
@@ -710,6 +717,20 @@ def _validate_core(cfg: Config) -> None:
     if model.separate_critic and model.core != "none":
         raise ConfigError(f"model.separate_critic needs a feed-forward model; with model.core={model.core} the "
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
+
+
+def _validate_eval_opponents(cfg: Config) -> None:
+    """eval.opponents' form; whether each can play the run's env is preflight's check."""
+    opponents = cfg.eval.opponents
+    if opponents and not cfg.eval.every_s:
+        raise ConfigError("eval.opponents are played in the evaluations during training: set eval.every_s > 0 too "
+                          "(e.g. --set eval.every_s=60)")
+    if len(opponents) > MAX_EVAL_OPPONENTS:
+        raise ConfigError(f"eval.opponents lists {len(opponents)} opponents and an evaluation plays at most "
+                          f"{MAX_EVAL_OPPONENTS}: drop some (fastrl-eval --opponent plays any one after training)")
+    if len(set(opponents)) != len(opponents):
+        raise ConfigError(f"eval.opponents lists an opponent twice ({opponents}): each is reported under its name "
+                          f"(eval/<opponent>/win_rate), so list each once")
 
 
 def _validate_policies(cfg: Config) -> None:

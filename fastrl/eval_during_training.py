@@ -5,8 +5,12 @@ The evaluator reads the weights the learner publishes, as the batcher does (fast
 plays ``eval.episodes`` episodes with ``fastrl.policy_eval.evaluate_policy`` (not counted as training
 env steps, not in the training episode statistics), records the result in the arena's
 ``eval_stats`` for the runner's next report, and keeps ``checkpoints/best.pt``: the weights with
-the best evaluated mean return. In its own process it runs at a lower CPU priority: on a machine
-with fewer cores than processes it takes what the actors and the learner leave.
+the best evaluated mean return. In a multi-agent game it then plays ``eval.episodes`` episodes
+against each scripted opponent of ``eval.opponents`` (``fastrl.policy_eval.evaluate_against``, the
+policy's seat rotating), whose win, draw and loss rates go to ``eval_opponent_stats``, a row per
+opponent. The weights evaluated are the first policy's. In its own process it runs at a lower
+CPU priority: on a machine with fewer cores than processes it takes what the actors and the
+learner leave.
 
 It is the run's most expendable process: whatever stops it (an env that fails only in evaluation,
 a kill, a full disk under best.pt) never stops training. It says why in one line through its
@@ -19,15 +23,19 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
 
 from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
-from .config import Config
-from .policy_eval import evaluate_policy
+from .config import Config, ConfigError
+from .envs import EnvSpec
+from .envs.pettingzoo_backend import is_pettingzoo_id
+from .policy_eval import check_opponent_seats, evaluate_against, evaluate_policy
 from .models import build_model
+from .opponents import OpponentError, find_opponent, make_opponent
 from .published_weights import PublishedWeights
 from .process_utils import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
 from .run_dir import make_dir
@@ -59,6 +67,11 @@ class EvalStats:
     SIZE = 11
 
 
+# The columns of a row of ``arena.eval_opponent_stats``: the evaluated policy's games against one
+# of eval.opponents (the row's index there), written under EvalStats.SEQ; NaN rates: no outcome.
+OPPONENT_STATS = ("win_rate", "draw_rate", "loss_rate", "episodes")
+
+
 CLIP_FRAMES = 900  # 30 s at the video's 30 fps: a clip, not the whole of a long Atari episode
 
 
@@ -68,10 +81,14 @@ def clip_path(at_env_steps: int) -> str:
 
 
 class EvalResults:
-    """The runner's side: the newest evaluation since the last call, as metrics keys."""
+    """The runner's side: the newest evaluation since the last call, as metrics keys; against
+    each of ``opponents`` (eval.opponents) ``eval/<opponent>/win_rate``, ``draw_rate``,
+    ``loss_rate`` and ``episodes``."""
 
-    def __init__(self, arena: Arena):
+    def __init__(self, arena: Arena, opponents: Sequence[str] = ()):
         self.stats = arena.eval_stats
+        self.opponent_stats = arena.eval_opponent_stats
+        self.opponents = tuple(opponents)
         self.seen = int(self.stats[EvalStats.SEQ])
         self.clip_seen = -1
 
@@ -80,6 +97,7 @@ class EvalResults:
         if seq == self.seen or seq % 2:
             return {}
         s = self.stats.copy()
+        against = self.opponent_stats.copy()
         if int(self.stats[EvalStats.SEQ]) != seq:
             return {}  # a result landed during the copy: take it next report
         self.seen = seq
@@ -90,7 +108,9 @@ class EvalResults:
                 "eval_length_mean": float(s[EvalStats.LENGTH_MEAN]), "eval_episodes": int(s[EvalStats.EPISODES]),
                 "eval_env_steps": int(s[EvalStats.ENV_STEPS]), "eval_weights_version": int(s[EvalStats.WEIGHTS_VERSION]),
                 "eval_at_env_steps": int(s[EvalStats.AT_ENV_STEPS]), "eval_seconds": float(s[EvalStats.SECONDS]),
-                "eval_best_return": float(s[EvalStats.BEST_RETURN])}
+                "eval_best_return": float(s[EvalStats.BEST_RETURN]),
+                **{f"eval/{name}/{key}": (int(value) if key == "episodes" else float(value))
+                   for name, row in zip(self.opponents, against) for key, value in zip(OPPONENT_STATS, row)}}
 
 
 class Evaluator:
@@ -135,9 +155,12 @@ class Evaluator:
         if version is None:
             return None
         started = time.perf_counter()
-        result = evaluate_policy(self.cfg, self.model, self.cfg.eval.episodes, self.cfg.eval.deterministic,
-                                 self.device, seed=self.cfg.seed + SEED_OFFSET + 7919 * self.evaluations,
-                                 num_envs=self.cfg.eval.num_envs, keep_going=self.keep_going)
+        ecfg, seed = self.cfg.eval, self.cfg.seed + SEED_OFFSET + 7919 * self.evaluations
+        result = evaluate_policy(self.cfg, self.model, ecfg.episodes, ecfg.deterministic, self.device, seed=seed,
+                                 num_envs=ecfg.num_envs, keep_going=self.keep_going)
+        against = [evaluate_against(self.cfg, self.model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
+                                    seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going)
+                   for opponent in ecfg.opponents]
         self.evaluations += 1
         seconds = time.perf_counter() - started
         improved = result["episode_return_mean"] > self.best
@@ -145,8 +168,8 @@ class Evaluator:
             self.best = result["episode_return_mean"]
             self._save_best(result, version, at_env_steps)
         clip_at = self._clip(at_env_steps) if time.monotonic() >= self.next_clip else None
-        self._record(result, version, at_env_steps, seconds, clip_at)
-        return result
+        self._record(result, against, version, at_env_steps, seconds, clip_at)
+        return {**result, "opponents": dict(zip(ecfg.opponents, against))}
 
     def _clip(self, at_env_steps: int) -> int:
         """Write one episode's clip of the evaluated weights (its first CLIP_FRAMES frames)."""
@@ -158,9 +181,12 @@ class Evaluator:
                     max_frames=CLIP_FRAMES, keep_going=self.keep_going)
         return at_env_steps
 
-    def _record(self, result: dict, version: int, at_env_steps: int, seconds: float, clip_at: int | None) -> None:
+    def _record(self, result: dict, against: list[dict], version: int, at_env_steps: int, seconds: float,
+                clip_at: int | None) -> None:
         s = self.stats
         s[EvalStats.SEQ] += 1  # odd: writing
+        for row, rates in zip(self.arena.eval_opponent_stats, against):
+            row[:] = [math.nan if rates[key] is None else rates[key] for key in OPPONENT_STATS]
         s[EvalStats.WEIGHTS_VERSION] = version
         s[EvalStats.AT_ENV_STEPS] = at_env_steps
         s[EvalStats.RETURN_MEAN] = result["episode_return_mean"]
@@ -187,6 +213,22 @@ class Evaluator:
                      "deterministic": self.cfg.eval.deterministic},
         }
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
+
+
+def check_eval_opponents(cfg: Config, spec: EnvSpec) -> None:
+    """ConfigError (one line) for an ``eval.opponents`` entry that cannot play ``cfg.env`` (probed
+    as ``spec``): one that cannot be found or made for its game, or an env whose other seats no
+    opponent can play (one agent, or games that are not PettingZoo's)."""
+    if not cfg.eval.opponents:
+        return
+    check_opponent_seats(cfg.env.id, len(spec.agents), is_pettingzoo_id(cfg.env.id), "eval.opponents",
+                         "set eval.opponents=[]")
+    for opponent in cfg.eval.opponents:
+        try:
+            make_opponent(find_opponent(opponent, "eval.opponents entry"), spec.observation_space,
+                          spec.action_space, cfg.seed)
+        except OpponentError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def evaluator_niceness(cfg: Config) -> int:

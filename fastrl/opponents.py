@@ -1,5 +1,5 @@
 """Scripted opponents: what plays every seat but the trained policy's in ``fastrl-eval --opponent``
-(fastrl.policy_eval.evaluate_against).
+and in the evaluations during training of ``eval.opponents`` (fastrl.policy_eval.evaluate_against).
 
 An opponent is any callable ``fn(observation, agent) -> action``. ``observation`` is the agent's
 observation exactly as the env gives it (for PettingZoo's classic games a dict with ``observation``
@@ -81,7 +81,7 @@ class ConnectFourOnePly(Opponent):
                 or action_space != spaces.Discrete(CONNECT_FOUR_COLUMNS)):
             raise OpponentError(f"connect_four_one_ply plays PettingZoo's connect_four_v3 (board planes "
                                 f"[6, 7, 2], 7 actions), not an env with observations {observation_space} and "
-                                f"actions {action_space}; pick another --opponent")
+                                f"actions {action_space}; pick another opponent")
 
     def __call__(self, observation, agent):
         planes = np.asarray(observation["observation"])
@@ -118,28 +118,29 @@ def wins_by_dropping(pieces: np.ndarray, filled: np.ndarray, column: int) -> boo
 BUILT_IN: dict[str, type[Opponent]] = {"random": RandomLegal, "connect_four_one_ply": ConnectFourOnePly}
 
 
-def find_opponent(spec: str | Callable) -> Callable:
-    """What ``--opponent spec`` names: a built-in name (BUILT_IN) or ``MODULE:CALLABLE``; a
-    callable is returned as it is. OpponentError (one line) when there is none."""
+def find_opponent(spec: str | Callable, option: str = "--opponent") -> Callable:
+    """What ``spec`` names: a built-in name (BUILT_IN) or ``MODULE:CALLABLE``; a callable is
+    returned as it is. OpponentError (one line, naming the ``option`` that gave ``spec``) when
+    there is none."""
     if callable(spec):
         return spec
     if spec in BUILT_IN:
         return BUILT_IN[spec]
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
-        raise OpponentError(f"--opponent {spec!r} is neither a built-in opponent ({', '.join(BUILT_IN)}) nor "
+        raise OpponentError(f"{option} {spec!r} is neither a built-in opponent ({', '.join(BUILT_IN)}) nor "
                             f"MODULE:CALLABLE, a fn(observation, agent) -> action")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise OpponentError(f"--opponent {spec!r}: cannot import {module_name!r} ({exc}); correct the module name "
+        raise OpponentError(f"{option} {spec!r}: cannot import {module_name!r} ({exc}); correct the module name "
                             f"or put its directory on PYTHONPATH") from None
     found = getattr(module, name, None)
     if found is None:
-        raise OpponentError(f"--opponent {spec!r}: module {module_name!r} has no {name!r}; name a function in it, "
+        raise OpponentError(f"{option} {spec!r}: module {module_name!r} has no {name!r}; name a function in it, "
                             f"fn(observation, agent) -> action")
     if not callable(found):
-        raise OpponentError(f"--opponent {spec!r} is a {type(found).__name__}, not callable: name a function "
+        raise OpponentError(f"{option} {spec!r} is a {type(found).__name__}, not callable: name a function "
                             f"fn(observation, agent) -> action")
     return found
 

@@ -52,7 +52,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     late_error = ""
     try:
         arena = plan.new_arena(shared=True)
-        eval_results = EvalResults(arena)
+        eval_results = EvalResults(arena, cfg.eval.opponents)
         supervisor = _supervised_children(plan, mp.get_context("spawn"), arena, console)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():

@@ -160,7 +160,7 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     try:
-        check_opponent_seats(cfg.env.id, env)
+        check_opponent_seats(cfg.env.id, len(getattr(env, "agents", ())), isinstance(env, Games))
         play = make_opponent(found, env.observation_space, env.action_space, seed)
         n = len(env.agents)
         games = env.num_envs // n
@@ -198,18 +198,18 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
             "seats": {agent: outcome_rates(returns[k]) for k, agent in enumerate(env.agents)}}
 
 
-def check_opponent_seats(env_id: str, env) -> None:
-    """ConfigError (one line) unless ``env`` holds PettingZoo games of several agents: an opponent
-    plays the seats the model does not, on each agent's observation as its game gave it."""
-    if isinstance(env, Games) and len(env.agents) > 1:
+def check_opponent_seats(env_id: str, agents: int, pettingzoo: bool, option: str = "--opponent",
+                         fix: str = "evaluate it without --opponent") -> None:
+    """ConfigError (one line, naming the ``option`` that asks for an opponent and the ``fix``)
+    unless ``env_id``'s games are PettingZoo's (``pettingzoo``) with several ``agents``: an
+    opponent plays the seats the model does not, on each agent's observation as its game gave it."""
+    if pettingzoo and agents > 1:
         return
-    if len(getattr(env, "agents", ())) > 1:
-        raise ConfigError(f"--opponent plays PettingZoo games (--env pettingzoo:MODULE), handing the opponent each "
-                          f"agent's observation as the game gives it, and {env_id!r} is not one: evaluate it "
-                          f"without --opponent")
-    raise ConfigError(f"--opponent plays the other seats of a multi-agent game, and {env_id!r} has one agent: "
-                      f"evaluate it without --opponent (multi-agent envs: --env pettingzoo:MODULE, "
-                      f"docs/multiagent.md)")
+    if agents > 1:
+        raise ConfigError(f"{option} plays PettingZoo games (--env pettingzoo:MODULE), handing the opponent each "
+                          f"agent's observation as the game gives it, and {env_id!r} is not one: {fix}")
+    raise ConfigError(f"{option} plays the other seats of a multi-agent game, and {env_id!r} has one agent: "
+                      f"{fix} (multi-agent envs: --env pettingzoo:MODULE, docs/multiagent.md)")
 
 
 def outcome_rates(returns: list[float]) -> dict:

@@ -14,6 +14,7 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkp
 from .config import Config, ConfigError, to_toml, validate, weights_mismatch
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
+from .eval_during_training import check_eval_opponents
 from .main_guard import unguarded_main_call
 from .models import build_model, num_state_values, state_bytes
 from .policy_map import PolicyMap, check_slots_per_policy, policy_map
@@ -68,6 +69,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
         policies = run_policies(cfg, spec)
+        check_eval_opponents(cfg, spec)
         shape = model_shape(cfg, spec, model)
         layout = arena_layout(cfg, spec, num_state_values(shape), getattr(shape, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm

@@ -62,7 +62,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
-    eval_results = EvalResults(arena)
+    eval_results = EvalResults(arena, cfg.eval.opponents)
     next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:

@@ -25,6 +25,8 @@ SEGMENT_PREFIX = "fastrl_"
 SHM_DIR = "/dev/shm"
 _ALIGN = 64
 EPISODE_RING = 4096  # finished episodes remembered per worker between two reports
+# eval.opponents' bound: each opponent evaluated during training has a row of eval_opponent_stats.
+MAX_EVAL_OPPONENTS = 8
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("learner_stats", (num_policies, 32), "<f8"),  # per policy, see fastrl.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
         ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.eval_during_training
+        ArraySpec("eval_opponent_stats", (MAX_EVAL_OPPONENTS, 4), "<f8"),  # its games against each of eval.opponents
     ]
     if state_size:
         specs += [

@@ -18,12 +18,14 @@ import torch
 from fastrl import eval_during_training as evaluator_module
 from fastrl import supervisor as supervisor_module
 from fastrl.checkpoint import BEST_CHECKPOINT, best_checkpoint_path, list_checkpoints, load_checkpoint
-from fastrl.config import build_config
+from fastrl.cli import train_main
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.eval_during_training import EvalResults, EvalStats, Evaluator
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer
+from tests.test_cli_errors import one_line_error
 from tests.test_reliability import metrics, start_cli, wait_for
 
 COUNTDOWN = {"env.id": "fastrl.envs.toy:make_countdown", "env.kwargs": {"length": 7}, "device": "cpu",
@@ -302,3 +304,96 @@ def _interrupt_when(predicate, timeout: float) -> None:
     while not predicate() and time.time() < deadline:
         time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+
+
+def first_legal_square(observation, agent):
+    """A scripted tic-tac-toe opponent for eval.opponents: the first square its action_mask allows."""
+    return int(np.flatnonzero(observation["action_mask"])[0])
+
+
+def _tic_tac_toe(**overrides):
+    return build_config("cartpole-appo", {
+        "env.id": TIC_TAC_TOE, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2,
+        "learner.rollout": 8, "learner.batch_size": 32, "train_for_env_steps": 1500, "report_every_s": 0.3,
+        "serial": True, "inference.in_workers": False, "device": "cpu", "model.hidden_sizes": [16],
+        "eval.every_s": 0.1, "eval.episodes": 6, "eval.num_envs": 4, **overrides})
+
+
+def test_a_serial_run_plays_each_of_eval_opponents_at_every_evaluation(tmp_path):
+    opponents = ["random", "tests.test_eval_during_training:first_legal_square"]
+    train(_tic_tac_toe(**{"eval.opponents": opponents}), run_dir=tmp_path / "run", quiet=True)
+    evaluated = [r for r in _rows(tmp_path / "run") if "eval_return_mean" in r]
+    assert evaluated
+    for row in evaluated:
+        for opponent in opponents:
+            rates = [row[f"eval/{opponent}/{key}"] for key in ("win_rate", "draw_rate", "loss_rate")]
+            assert all(0.0 <= rate <= 1.0 for rate in rates) and sum(rates) == pytest.approx(1.0)
+            assert row[f"eval/{opponent}/episodes"] == 6  # eval.episodes, every seat in turn
+    unevaluated = [r for r in _rows(tmp_path / "run") if "eval_return_mean" not in r]
+    assert not [key for row in unevaluated for key in row if key.startswith("eval/")]  # each result once
+
+
+def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
+    opponents = ["random", "tests.test_eval_during_training:first_legal_square", "connect_four_one_ply"]
+    played = {"random": {"episodes": 6, "win_rate": 0.5, "draw_rate": 0.0, "loss_rate": 0.5},
+              opponents[1]: {"episodes": 4, "win_rate": 0.25, "draw_rate": 0.25, "loss_rate": 0.5},
+              "connect_four_one_ply": {"episodes": 0, "win_rate": None, "draw_rate": None, "loss_rate": None}}
+    seen = []
+
+    def against(cfg, model, opponent, episodes, deterministic, device, seed, num_envs, keep_going):
+        seen.append((opponent, episodes, seed))
+        return played[opponent]
+
+    monkeypatch.setattr(evaluator_module, "evaluate_against", against)
+    cfg, model, arena = _countdown_setup(tmp_path, **{"eval.opponents": opponents, "eval.every_s": 1.0})
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    results = EvalResults(arena, opponents)
+    _publish(arena, model, version=1)
+    assert evaluator.evaluate()["opponents"] == dict(zip(opponents, played.values()))
+    assert [(opponent, episodes) for opponent, episodes, _ in seen] == [(o, 6) for o in opponents]
+    metrics = results.new()
+    for opponent, rates in played.items():
+        for key, value in rates.items():
+            reported = metrics[f"eval/{opponent}/{key}"]
+            assert reported == value if value is not None else np.isnan(reported)
+    assert isinstance(metrics["eval/random/episodes"], int)
+
+
+@pytest.mark.parametrize("env_id, kwargs, opponents, message", [
+    (TIC_TAC_TOE, "{}", ["nope"], "eval.opponents entry 'nope' is neither a built-in opponent (random, "
+                                "connect_four_one_ply) nor MODULE:CALLABLE"),
+    (TIC_TAC_TOE, "{}", ["random", "no_such_module_x:fn"], "eval.opponents entry 'no_such_module_x:fn': cannot "
+                                                          "import 'no_such_module_x'"),
+    (TIC_TAC_TOE, "{}", ["tests.test_eval_during_training:nothing"], "has no 'nothing'"),
+    (TIC_TAC_TOE, "{}", ["connect_four_one_ply"], "connect_four_one_ply plays PettingZoo's connect_four_v3"),
+    ("fastrl.envs.toy:make_countdown", "{}", ["random"],
+     "eval.opponents plays the other seats of a multi-agent game, and 'fastrl.envs.toy:make_countdown' has one "
+     "agent: set eval.opponents=[]"),
+    ("fastrl.envs.toy:AgreementGames", "{agents = 2}", ["random"],
+     "eval.opponents plays PettingZoo games (--env pettingzoo:MODULE), handing the opponent each agent's "
+     "observation as the game gives it, and 'fastrl.envs.toy:AgreementGames' is not one: set eval.opponents=[]"),
+])
+def test_opponents_that_cannot_play_the_run_are_refused_before_it_starts(tmp_path, capsys, env_id, kwargs,
+                                                                            opponents, message):
+    args = ["--env", env_id, "--set", f"env.kwargs={kwargs}", "--serial",
+            "--set", "eval.every_s=1", "--set", f"eval.opponents={json.dumps(opponents)}",
+            "--set", "env.num_workers=1", "--set", "env.envs_per_worker=8", "--set", "learner.batch_size=64",
+            "--run-dir", str(tmp_path / "run"), "--train-for-seconds", "1"]
+    one_line_error(capsys, train_main(args), 2, "fastrl-train", message)
+    assert not (tmp_path / "run" / "config.toml").exists()  # refused before the run began
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval.opponents": ["random"]}, "eval.opponents are played in the evaluations during training: set "
+                                     "eval.every_s > 0 too"),
+    ({"eval.opponents": ["random", "random"], "eval.every_s": 1.0}, "eval.opponents lists an opponent twice"),
+    ({"eval.opponents": [f"m:fn{k}" for k in range(9)], "eval.every_s": 1.0},
+     "eval.opponents lists 9 opponents and an evaluation plays at most 8: drop some"),
+])
+def test_eval_opponents_that_cannot_be_reported_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        build_config("cartpole-appo", overrides)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
