@@ -149,6 +149,9 @@ def eval_main(argv=None) -> int:
                         "(uniform over the legal actions), connect_four_one_ply (wins now, else blocks, else random); "
                         "MODULE:CALLABLE is fn(observation, agent) -> action, given the agent's observation as the "
                         "env returns it (with action_mask in classic games) and its name")
+    p.add_argument("--policy", metavar="NAME",
+                   help="which of the run's policies plays (policies.names, or the agents' names with "
+                        "policies.mapping=per_agent); default: the first")
     args = p.parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -164,10 +167,10 @@ def eval_main(argv=None) -> int:
         device = evaluation_device(args.device)
         if args.video is not None:
             result = write_run_video(Path(args.run_dir), args.video, args.episodes, args.deterministic, device,
-                                     args.seed, args.best, args.fps, args.opponent)
+                                     args.seed, args.best, args.fps, args.opponent, args.policy)
         else:
             result = evaluate_run(Path(args.run_dir), args.episodes, args.deterministic, device, args.seed,
-                                  args.best, args.opponent)
+                                  args.best, args.opponent, args.policy)
     except (*_user_errors(), VideoError) as exc:
         return _fail("fastrl-eval", exc)
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from .envs import make_episode_env, probe_env
 from .envs.pettingzoo_games import Games
 from .models import action_head, build_model
 from .opponents import checked_action, find_opponent, make_opponent, opponent_name
+from .policy_map import policy_map
 from .spaces import ObsLayout
 
 
@@ -221,12 +222,17 @@ def outcome_rates(returns: list[float]) -> dict:
             "episode_return_mean": float(np.mean(returns)) if returns else None}
 
 
-def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.Module, dict]:
-    """The run's config, its model holding the weights of the latest checkpoint (or with ``best``,
-    of ``checkpoints/best.pt``, the best evaluation during training), and where those weights come
-    from: ``{"checkpoint": path, "env_steps": ...}``, as fastrl-eval prints them."""
+def load_run_model(run_dir: Path, best: bool = False,
+                   policy: str | None = None) -> tuple[Config, torch.nn.Module, dict]:
+    """The run's config, its model holding the weights of ``policy`` (one of the run's policies,
+    the first by default) at the latest checkpoint (or with ``best``, those of
+    ``checkpoints/best.pt``, the best evaluation during training, which are the first policy's),
+    and where those weights come from: ``{"checkpoint": path, "env_steps": ..., "policy": name}``,
+    as fastrl-eval prints them."""
     cfg = load_run_config(run_dir)
     spec = probe_env(cfg)
+    names = policy_map(cfg, spec.agents).names
+    name = chosen_policy(names, policy, best)
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
 
     def check(state: dict, path_hint: str = "the checkpoint") -> None:
@@ -235,7 +241,7 @@ def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.
             raise CheckpointMismatch(f"'{Path(run_dir) / 'config.toml'}' differs from the config its checkpoints "
                                      f"were trained with ({differs}; checkpoint -> config.toml): put the "
                                      f"checkpoints' values back in config.toml to evaluate them")
-        load_model_state(model, state, path_hint)
+        load_model_state(model, policy_state(state, names, name, path_hint), path_hint)
 
     if best:
         path = best_checkpoint_path(run_dir)
@@ -247,7 +253,35 @@ def load_run_model(run_dir: Path, best: bool = False) -> tuple[Config, torch.nn.
         check(state, path_hint=f"'{path}'")
     else:
         path, state = load_latest_checkpoint(run_dir, check=check)
-    return cfg, model, {"checkpoint": str(path), "env_steps": state["counters"]["env_steps"]}
+    return cfg, model, {"checkpoint": str(path), "env_steps": state["counters"]["env_steps"], "policy": name}
+
+
+def chosen_policy(names: tuple[str, ...], policy: str | None, best: bool) -> str:
+    """The policy fastrl-eval's ``--policy`` picks among the run's ``names`` (the first when
+    None); ConfigError (one line) for a name the run does not have, or another than the first
+    with ``best`` (best.pt holds the weights evaluation during training chose: the first's)."""
+    if policy is None:
+        return names[0]
+    if policy not in names:
+        raise ConfigError(f"--policy {policy!r} is not a policy of this run; its policies: {', '.join(names)}")
+    if best and policy != names[0]:
+        raise ConfigError(f"--best: checkpoints/best.pt holds policy {names[0]!r}, the one evaluated during "
+                          f"training; drop --best to evaluate {policy!r} at the latest checkpoint")
+    return policy
+
+
+def policy_state(state: dict, names: tuple[str, ...], name: str, path_hint: str = "the checkpoint") -> dict:
+    """The part of checkpoint ``state`` that holds policy ``name``'s learner as the ``learner``
+    entry (fastrl.learner.policies: the first policy's is the checkpoint's own ``learner``, the
+    others' are under ``policies``); CheckpointMismatch if it has none."""
+    if name == names[0]:
+        return state
+    saved = state.get("policies", {})
+    if name not in saved:
+        raise CheckpointMismatch(f"{path_hint} holds no weights of policy {name!r} (it holds "
+                                 f"{', '.join(saved) or names[0]}): it was written by a run with other policies; "
+                                 f"evaluate one of those with --policy")
+    return saved[name]
 
 
 def evaluation_device(name: str) -> str:
@@ -269,12 +303,12 @@ def evaluation_device(name: str) -> str:
 
 
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
-                 seed: int = 12345, best: bool = False, opponent=None) -> dict:
-    """fastrl-eval: evaluate a run's latest (or ``best``) weights; against ``opponent`` in a
-    multi-agent game (evaluate_against) when given."""
+                 seed: int = 12345, best: bool = False, opponent=None, policy: str | None = None) -> dict:
+    """fastrl-eval: evaluate a run's latest (or ``best``) weights of ``policy`` (the first by
+    default); against ``opponent`` in a multi-agent game (evaluate_against) when given."""
     if opponent is not None:
         find_opponent(opponent)  # a missing opponent fails before the checkpoint loads
-    cfg, model, source = load_run_model(run_dir, best)
+    cfg, model, source = load_run_model(run_dir, best, policy)
     if opponent is not None:
         return {**evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed), **source}
     return {**evaluate_policy(cfg, model, episodes, deterministic, device, seed), **source}

@@ -109,13 +109,15 @@ def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes:
 
 
 def write_run_video(run_dir: Path, path: str | Path, episodes: int, deterministic: bool = False, device: str = "cpu",
-                    seed: int = 12345, best: bool = False, fps: int | None = None, opponent=None) -> dict:
-    """fastrl-eval --video: write_video with a run's latest (or ``best``) weights, against
-    ``opponent`` if given; the result also says which checkpoint (policy_eval.load_run_model)."""
+                    seed: int = 12345, best: bool = False, fps: int | None = None, opponent=None,
+                    policy: str | None = None) -> dict:
+    """fastrl-eval --video: write_video with a run's latest (or ``best``) weights of ``policy``
+    (the first by default), against ``opponent`` if given; the result also says which checkpoint
+    and policy (policy_eval.load_run_model)."""
     path = check_video_output(path)  # before the slow part: a bad path or a missing extra fails at once
     if opponent is not None:
         find_opponent(opponent)
-    cfg, model, source = load_run_model(run_dir, best)
+    cfg, model, source = load_run_model(run_dir, best, policy)
     return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps, opponent=opponent), **source}
 
 

@@ -1,19 +1,23 @@
 """fastrl-eval --opponent (fastrl.policy_eval.evaluate_against): the policy in one seat, a scripted
 opponent in the others, the policy's seat rotating; win, draw and loss rates overall and per seat,
 in turn-based and parallel games, with a video too; one-line errors. Run directories are made by
-hand (config.toml and a checkpoint of an untrained model), so no training is needed."""
+hand (config.toml and a checkpoint of an untrained model), so no training is needed, except for
+fastrl-eval --policy, which picks one policy of a run trained with several."""
 import importlib.util
 import json
 
 import numpy as np
 import pytest
+import torch
 
-from fastrl.checkpoint import save_checkpoint
+from fastrl import policy_eval
+from fastrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import eval_main
 from fastrl.config import build_config, to_toml
 from fastrl.envs import probe_env
 from fastrl.models import build_model
-from fastrl.policy_eval import evaluate_against
+from fastrl.policy_eval import evaluate_against, load_run_model
+from fastrl.runner import train
 from tests.test_cli_errors import one_line_error, untrained_state
 
 TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
@@ -163,3 +167,73 @@ def test_what_cannot_be_played_is_one_line(tmp_path, capsys, env_id, opponent, m
     run_dir = untrained_run(tmp_path, env_id)
     one_line_error(capsys, eval_main([str(run_dir), "--opponent", opponent, "--episodes", "4"]), 2, "fastrl-eval",
                    message)
+
+
+@pytest.fixture(scope="module")
+def two_policy_run(tmp_path_factory):
+    """A short tic-tac-toe run of fastrl-train with a policy per player (policies.mapping=per_agent)."""
+    run_dir = tmp_path_factory.mktemp("policies") / "run"
+    cfg = build_config("cartpole-appo", {
+        "env.id": TIC_TAC_TOE, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2,
+        "learner.rollout": 4, "learner.batch_size": 8, "train_for_env_steps": 200, "serial": True,
+        "inference.in_workers": False, "device": "cpu", "model.hidden_sizes": [8], "policies.mapping": "per_agent"})
+    train(cfg, run_dir=run_dir, quiet=True)
+    return run_dir
+
+
+def saved_weights(run_dir) -> dict:
+    """Each policy's model weights in the run's latest checkpoint, by name."""
+    state = load_checkpoint(list_checkpoints(run_dir)[-1])
+    return {name: entry["learner"]["model"] for name, entry in state["policies"].items()}
+
+
+def same_weights(model, weights) -> bool:
+    return all(torch.equal(value, weights[key]) for key, value in model.state_dict().items())
+
+
+def test_policy_picks_which_policys_weights_are_loaded(two_policy_run):
+    saved = saved_weights(two_policy_run)
+    assert list(saved) == ["player_1", "player_2"]
+    assert not all(torch.equal(saved["player_1"][key], saved["player_2"][key]) for key in saved["player_1"])
+    for name in saved:
+        _, model, source = load_run_model(two_policy_run, policy=name)
+        assert source["policy"] == name and same_weights(model, saved[name])
+    _, model, source = load_run_model(two_policy_run)
+    assert source["policy"] == "player_1" and same_weights(model, saved["player_1"])  # the first by default
+
+
+@pytest.mark.parametrize("opponent", [[], ["--opponent", "random"]], ids=["alone", "against an opponent"])
+def test_fastrl_eval_plays_the_named_policy(two_policy_run, capsys, monkeypatch, opponent):
+    played = []
+
+    def record(play):
+        def playing(cfg, model, *args, **kwargs):
+            played.append({key: value.clone() for key, value in model.state_dict().items()})
+            return play(cfg, model, *args, **kwargs)
+        return playing
+
+    monkeypatch.setattr(policy_eval, "evaluate_policy", record(policy_eval.evaluate_policy))
+    monkeypatch.setattr(policy_eval, "evaluate_against", record(policy_eval.evaluate_against))
+    result = evaluate(capsys, two_policy_run, "--policy", "player_2", "--episodes", 4, *opponent)
+    assert result["policy"] == "player_2" and result["episodes"] == 4
+    if opponent:
+        check_rates(result, ["player_1", "player_2"], 4)
+    (weights,) = played
+    assert all(torch.equal(value, saved_weights(two_policy_run)["player_2"][key]) for key, value in weights.items())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "player_3"], "--policy 'player_3' is not a policy of this run; its policies: player_1, player_2"),
+    (["--policy", "player_3", "--opponent", "random"], "its policies: player_1, player_2"),
+    (["--policy", "player_2", "--best"], "--best: checkpoints/best.pt holds policy 'player_1', the one evaluated "
+                                         "during training; drop --best to evaluate 'player_2'"),
+])
+def test_a_policy_the_run_does_not_have_is_one_line(two_policy_run, capsys, args, message):
+    one_line_error(capsys, eval_main([str(two_policy_run), "--episodes", "4", *args]), 2, "fastrl-eval", message)
+
+
+def test_a_single_policy_run_names_its_one_policy(tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, TIC_TAC_TOE)
+    assert evaluate(capsys, run_dir, "--policy", "main", "--episodes", 2)["policy"] == "main"
+    one_line_error(capsys, eval_main([str(run_dir), "--policy", "player_1"]), 2, "fastrl-eval",
+                   "--policy 'player_1' is not a policy of this run; its policies: main")
