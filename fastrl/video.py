@@ -165,13 +165,11 @@ def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.n
     backend = resolve_backend(env_id, cfg.env.backend)
     kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}
     if backend == "envpool":
-        import envpool
+        from .envs.envpool_backend import episode_layout, make_envpool_vec_env
 
-        from .envs.envpool_backend import EnvpoolSplits
-
-        pool = envpool.make(env_id, env_type="gymnasium", num_envs=1, batch_size=1, seed=seed % 2**31, **kwargs)
-        env_ids = np.zeros(1, dtype=np.int32)
-        return EnvpoolSplits([pool], frame_skip=1), lambda: pool.render(env_ids=env_ids)[0]
+        num_envs, batch_size = episode_layout(env_id, cfg.env.kwargs, 1)  # one env, or one game's player rows
+        env = make_envpool_vec_env(env_id, num_envs, batch_size, seed, env_kwargs=kwargs)
+        return env, env.render_game
     if backend == "pettingzoo":
         from .envs.pettingzoo_backend import open_games
 

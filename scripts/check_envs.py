@@ -12,7 +12,9 @@ bounds a hung one) that measures, in steady state and on the same process layout
 
 The layout comes from the env, not from a table: 16 envs on one thread are stepped for a second
 and each worker gets the power of two of envs that steps in about BATCH_SECONDS, within the arena
-budget. The table gives training env steps/s next to the raw figure and their ratio; an id that
+budget. Random actions are legal ones where the observation has an action_mask. A multi-player
+task's envs are its players' rows (docs/multiagent.md): its batches hold whole games, and a
+turn-based game's env.num_splits is a multiple of its players. The table gives training env steps/s next to the raw figure and their ratio; an id that
 could not be trained says why in one line.
 """
 from __future__ import annotations
@@ -31,21 +33,24 @@ import numpy as np
 
 from fastrl.config import build_config
 from fastrl.envs import make_vec_env
-from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, measure_env, measure_run_patiently,
-                             random_action_table)
-from fastrl.spaces import ObsLayout
+from fastrl.envs.envpool_backend import episode_layout, task_players
+from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, legal_random_actions, measure_env,
+                             measure_run_patiently, random_action_table)
+from fastrl.spaces import MASK_KEY, ActionLayout, ObsLayout
 
 from benchmarks.options import load_layout
 
 # One representative id per envpool family (envpool.registration.registry.specs[id][0]), each
 # checked to construct here; procgen needs the Qt 5 runtime and is kept to report that. pgx's
-# board games have 2 or 3 players, which fastrl refuses (single-agent): Play2048 has one.
+# board games (2 or 3 players, turn-based) and highway's IntersectionMultiAgent (2 players at once)
+# are multi-player: every player a row.
 DEFAULT_IDS = {
     "atari": "Pong-v5",
     "box2d": "LunarLander-v3",
     "classic_control": "CartPole-v1",
     "gfootball": "gfootball/academy_empty_goal_close-v1",
     "highway": "highway-v0",
+    "highway, 2 players": "IntersectionMultiAgent-v1",
     "jumanji": "Snake-v1",
     "minigrid": "MiniGrid-Empty-5x5-v0",
     "mujoco.dmc": "CartpoleBalance-v1",
@@ -55,6 +60,8 @@ DEFAULT_IDS = {
     "mujoco.playground": "Go1JoystickFlatTerrain-v1",
     "mujoco.robotics": "FetchReach-v4",
     "pgx": "Play2048-v1",
+    "pgx, 2 players": "ConnectFour-v1",
+    "pgx, 3 players": "SparrowMahjong-v1",
     "procgen": "BigfishEasy-v0",
     "toy_text": "Taxi-v3",
     "vizdoom": "Basic-v1",
@@ -93,32 +100,44 @@ def one_line(exc: BaseException) -> str:
 
 
 def calibrate(env_id: str, seed: int) -> tuple[float, object, object]:
-    """(env steps/s of CALIBRATION_ENVS envs on one thread with random actions, observation space,
-    action space)."""
-    env = make_vec_env(env_id, CALIBRATION_ENVS, CALIBRATION_ENVS, seed, num_threads=1)
+    """(env steps/s of CALIBRATION_ENVS envs (players' rows of whole games, in one batch) on one
+    thread with random legal actions, observation space, action space)."""
+    num_envs, batch_size = episode_layout(env_id, {}, CALIBRATION_ENVS)
+    env = make_vec_env(env_id, num_envs, batch_size, seed, num_threads=1)
     try:
-        table = random_action_table(env.action_space, CALIBRATION_ENVS, 8, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        actions = ActionLayout(env.action_space)
+        masked = ObsLayout(env.observation_space).mask is not None
+        table = (rng.random((8, batch_size, actions.num_logits)) if masked else
+                 random_action_table(env.action_space, batch_size, 8, rng))
         env.async_reset()
-        env.recv()
-        start, batches = time.perf_counter(), 0
+        obs, *_, env_ids = env.recv()
+        start, batches, steps = time.perf_counter(), 0, 0
         while batches < 3 or time.perf_counter() - start < CALIBRATION_S:
-            env.send(table[batches % len(table)], np.arange(CALIBRATION_ENVS))
-            env.recv()
-            batches += 1
-        return CALIBRATION_ENVS * batches / (time.perf_counter() - start), env.observation_space, env.action_space
+            draws = table[batches % len(table)]
+            env.send(legal_random_actions(actions, obs[MASK_KEY], draws) if masked else draws, env_ids)
+            obs, *_, env_ids = env.recv()
+            batches, steps = batches + 1, steps + len(env_ids)
+        return steps / (time.perf_counter() - start), env.observation_space, env.action_space
     finally:
         env.close()
 
 
-def layout(steps_per_s: float, obs_space) -> dict:
+def layout(steps_per_s: float, obs_space, env_id: str) -> dict:
     """Config overrides for the rollout layout and learner batch of an env this fast."""
     layout_obs = ObsLayout(obs_space)
     step_bytes = int(np.prod(layout_obs.storage_shape)) * layout_obs.storage_dtype.itemsize
     by_memory = ARENA_BYTES // (NUM_WORKERS * 2 * (ROLLOUT + 1) * step_bytes)  # 2 slots per env
     wanted = max(MIN_ENVS, min(MAX_ENVS, steps_per_s * BATCH_SECONDS, by_memory))
     envs = 2 ** int(np.log2(wanted))
+    splits = 4 if envs >= 256 else 2
+    players, turn_based = task_players(env_id, {})
+    if turn_based:
+        splits *= players  # a batch is a row of each game of a group: num_splits / players groups in flight
+    whole_games = splits if turn_based else splits * players  # envs that fill every batch with whole games
+    envs = max(whole_games, envs // whole_games * whole_games)
     trajectories = min(MAX_TRAJECTORIES, NUM_WORKERS * envs // 2)
-    return {"env.num_workers": NUM_WORKERS, "env.envs_per_worker": envs, "env.num_splits": 4 if envs >= 256 else 2,
+    return {"env.num_workers": NUM_WORKERS, "env.envs_per_worker": envs, "env.num_splits": splits,
             "env.num_threads": 1, "learner.rollout": ROLLOUT, "learner.batch_size": ROLLOUT * trajectories}
 
 
@@ -138,7 +157,7 @@ def check_one(env_id: str, seconds: float, startup_s: float) -> dict:
         pong = load_layout("pong-cpu")
         cfg = build_config(pong.profile, {**pong.overrides, **overrides})
     else:
-        cfg = build_config("cartpole-appo", {**layout(steps_per_s, obs_space), **overrides})
+        cfg = build_config("cartpole-appo", {**layout(steps_per_s, obs_space, env_id), **overrides})
     row["layout"] = f"{cfg.env.num_workers} x {cfg.env.envs_per_worker} / {cfg.env.num_splits}"
     row["batch_size"] = cfg.learner.batch_size
     warmup = default_warmup(seconds)

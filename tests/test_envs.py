@@ -259,14 +259,6 @@ def test_num_envs_must_be_a_multiple_of_batch_size():
         make_vec_env(COUNTDOWN, 6, 4, seed=0)
 
 
-@pytest.mark.parametrize("async_mode", [False, True])
-def test_multi_player_envpool_tasks_are_refused_in_one_line(async_mode):
-    # TicTacToe returns two observations and rewards per env (one per player): they used to reach the
-    # worker and fail there, in a loop of restarts, as "shape (3, 3, 2), the space declares (3, 3, 2)".
-    with pytest.raises(ValueError, match="'TicTacToe-v1' is a 2-player envpool task"):
-        make_vec_env("TicTacToe-v1", 4, 2, seed=0, async_mode=async_mode)
-
-
 def test_envpool_integer_box_actions_are_multidiscrete():
     # jumanji's Cleaner declares Box(0, 3, (3,), int32) (one move per agent) and a (3, 4) mask:
     # one categorical per component, which the per-component mask fits.

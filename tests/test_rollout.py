@@ -21,9 +21,10 @@ def countdown_config(**overrides):
     return build_config("cartpole-appo", settings)
 
 
-def run_worker(cfg, steps_per_env: int):
-    """Step one worker by hand (the batcher's part: action 0, version 7). Returns the arena and
-    the full slots in the order they were emitted."""
+def run_worker(cfg, steps_per_env: int, choose=None):
+    """Step one worker by hand (the batcher's part: action 0, or ``choose(obs)`` for the stored
+    observations ``[len(ids), ...]`` of a request, and version 7). Returns the arena and the full
+    slots in the order they were emitted."""
     arena = Arena(arena_layout(cfg, probe_env(cfg), num_weights=1), shared=False)
     owned = worker_slot_ids(0, cfg.slots_per_worker)
     spare = deque(owned[cfg.env.envs_per_worker:].tolist())
@@ -41,8 +42,9 @@ def run_worker(cfg, steps_per_env: int):
             requests.append(worker.recv_batch())
         for request in requests:
             ids = arena.request_envs[0, request]
-            arena.actions[arena.env_slot[0, ids], arena.env_t[0, ids]] = 0
-            arena.version[arena.env_slot[0, ids], arena.env_t[0, ids]] = 7
+            at = arena.env_slot[0, ids], arena.env_t[0, ids]
+            arena.actions[at] = 0 if choose is None else choose(arena.obs[at])
+            arena.version[at] = 7
             worker.act(request)
     worker.env.close()
     return arena, full

@@ -118,24 +118,30 @@ def test_splits_must_be_a_multiple_of_the_seats():
 @pytest.mark.slow
 @pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
 def test_connect_four_trains_by_self_play_and_evaluates(tmp_path, serial):
-    # Two groups of two games a worker: two batches in flight.
+    check_self_play_trains_and_evaluates(tmp_path, CONNECT_FOUR, serial, env_steps=2_000, turns=(4, 21))
+
+
+def check_self_play_trains_and_evaluates(tmp_path, env_id, serial, env_steps, turns):
+    """Two groups of two games a worker (two batches in flight) train ``env_steps`` serial (with
+    evaluation during training) or with processes, and fastrl-eval evaluates; each seat plays
+    ``turns`` (min, max) turns of a game."""
     cfg = build_config("cartpole-appo", {
-        "env.id": CONNECT_FOUR, "env.num_workers": 1 if serial else 2, "env.envs_per_worker": 8,
-        "env.num_splits": 4, "learner.rollout": 8, "learner.batch_size": 64, "train_for_env_steps": 2_000,
+        "env.id": env_id, "env.num_workers": 1 if serial else 2, "env.envs_per_worker": 8,
+        "env.num_splits": 4, "learner.rollout": 8, "learner.batch_size": 64, "train_for_env_steps": env_steps,
         "report_every_s": 0.5, "serial": serial, "inference.in_workers": False, "device": "cpu",
         "eval.every_s": 0.5 if serial else 0.0, "eval.episodes": 4})
     result = train(cfg, run_dir=tmp_path, quiet=True)
-    assert result.final["env_steps"] >= 2_000 and result.final["learner_updates"] > 0
+    assert result.final["env_steps"] >= env_steps and result.final["learner_updates"] > 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     returns = [r["episode_return_mean"] for r in records if r["episode_return_mean"] is not None]
     lengths = [r["episode_length_mean"] for r in records if r["episode_length_mean"] is not None]
-    # Self-play: every game a win and a loss (or two draws), and each seat plays 4 to 21 turns of one.
+    # Self-play: every game a win and a loss (or two draws).
     assert returns and all(abs(r) <= 1.0 for r in returns)
-    assert lengths and all(4 <= n <= 21 for n in lengths)
+    assert lengths and all(turns[0] <= n <= turns[1] for n in lengths)
     if serial:
         assert any(r.get("eval_episodes") == 4 for r in records)
     out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
                           str(tmp_path), "--episodes", "4"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     evaluated = json.loads(out.stdout)
-    assert evaluated["episodes"] == 4 and 4 <= evaluated["episode_length_mean"] <= 21
+    assert evaluated["episodes"] == 4 and turns[0] <= evaluated["episode_length_mean"] <= turns[1]

@@ -2,6 +2,8 @@
 
   backend     env_id                                   class
   envpool     an envpool task id ("CartPole-v1")        EnvpoolSplits (sync) / EnvpoolAsync
+              ... a multi-player one ("TicTacToe-v1")   EnvpoolTurns (turn-based) / PlayerRows of the
+                                                        above: every player a row (envpool_players.py)
   gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
                                                         are preprocessed like envpool (atari.py)
   factory     "module:callable" returning a gym.Env     GymnasiumSplits
@@ -52,7 +54,7 @@ def probe_env(cfg) -> EnvSpec:
     makes one game (the others are made at their first reset); a VecEnv class makes one game."""
     num_envs, batch_size = 1, 1
     vector = vector_env_class(cfg.env.id, cfg.env.backend)
-    if is_pettingzoo_id(cfg.env.id):
+    if is_pettingzoo_id(cfg.env.id) or envpool_player_count(cfg.env.id, cfg.env.backend, cfg.env.kwargs) > 1:
         num_envs, batch_size = cfg.env.envs_per_worker, cfg.env.envs_per_worker // cfg.env.num_splits
     elif vector is not None:
         num_envs = batch_size = vector.game_rows(**cfg.env.kwargs)
@@ -73,12 +75,29 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             return open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs)
     vector = vector_env_class(cfg.env.id, cfg.env.backend)
+    batch_size = num_envs
     if vector is not None:
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             rows = vector.game_rows(**cfg.env.kwargs)
-        num_envs = -(-num_envs // rows) * rows
-    return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=num_envs, seed=seed, backend=cfg.env.backend,
+        num_envs = batch_size = -(-num_envs // rows) * rows
+    elif resolve_backend(cfg.env.id, cfg.env.backend) == "envpool":
+        from fastrl.envs.envpool_backend import episode_layout
+
+        with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
+            num_envs, batch_size = episode_layout(cfg.env.id, cfg.env.kwargs, num_envs)
+    return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=seed, backend=cfg.env.backend,
                         env_kwargs=cfg.env.kwargs)
+
+
+def envpool_player_count(env_id: str, backend: str, env_kwargs: dict[str, Any]) -> int:
+    """Players of one game of ``env_id`` if envpool serves it (envpool's multi-player tasks: every
+    player a row, fastrl/envs/envpool_players.py), else 1."""
+    if resolve_backend(env_id, backend) != "envpool":
+        return 1
+    from fastrl.envs.envpool_backend import task_players
+
+    with naming_unknown_kwargs(env_id, env_kwargs):
+        return task_players(env_id, env_kwargs)[0]
 
 
 def make_vec_env(

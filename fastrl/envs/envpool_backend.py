@@ -12,6 +12,9 @@ Env i of a group is seeded `seed + i` (mod 2^31) in both modes (envpool seeds en
 
 Both modes step through `DirectPoolIO` where a pool's layout allows: envpool's compiled
 `_send`/`_recv` without its Python wrapper around them.
+
+Multi-player tasks (pgx's board games, highway's IntersectionMultiAgent) make every player a row:
+see fastrl/envs/envpool_players.py.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import gymnasium
 import numpy as np
 from envpool.registration import registry
 
-from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, as_batch
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, as_batch, check_whole_games
+from fastrl.envs.envpool_players import EnvpoolTurns, PlayerRows, is_turn_based
+from fastrl.envs.turns import check_turn_groups
 
 
 def make_envpool_vec_env(
@@ -37,38 +42,55 @@ def make_envpool_vec_env(
     thread_affinity: bool = False,
     env_kwargs: dict[str, Any] | None = None,
 ) -> VecEnv:
-    """`EnvpoolAsync` over one pool, or `EnvpoolSplits` over `num_envs // batch_size` pools."""
+    """`EnvpoolAsync` over one pool, or `EnvpoolSplits` over `num_envs // batch_size` pools; for a
+    multi-player task (fastrl/envs/envpool_players.py), every player a row: `num_envs` and
+    `batch_size` count rows, and the games are `EnvpoolTurns` (turn-based, `async_mode` ignored)
+    or `PlayerRows` of those."""
+    env_kwargs = env_kwargs or {}
 
-    def make_pool(pool_envs: int, pool_seed: int) -> Any:
+    def make_pool(pool_envs: int, pool_batch: int, pool_seed: int) -> Any:
         return envpool.make(
             env_id,
             env_type="gymnasium",
             num_envs=pool_envs,
-            batch_size=batch_size,
+            batch_size=pool_batch,
             seed=pool_seed % 2**31,  # envpool takes an int32 seed
             num_threads=num_threads,
             # Pinning helps Atari and hurts CartPole on this VM (DESIGN.md): a setting.
             thread_affinity_offset=0 if thread_affinity else -1,
-            **(env_kwargs or {}),
+            **env_kwargs,
         )
 
-    first = _single_player(env_id, make_pool(num_envs if async_mode else batch_size, seed))
+    players, turn_based = task_players(env_id, env_kwargs)
+    if turn_based:
+        check_turn_groups(env_id, players, num_envs, batch_size)
+        pool = make_pool(num_envs // players, 1, seed)
+        return EnvpoolTurns(env_id, pool, batch_size, *_spaces([pool]))
+    check_whole_games(env_id, players, batch_size)
+    games, games_per_batch = num_envs // players, batch_size // players
+    first = make_pool(games if async_mode else games_per_batch, games_per_batch, seed)
     if async_mode:
-        return EnvpoolAsync(first, _frame_skip(env_id, first))
-    pools = [first] + [make_pool(batch_size, seed + start) for start in range(batch_size, num_envs, batch_size)]
-    return EnvpoolSplits(pools, _frame_skip(env_id, first))
+        env = EnvpoolAsync(first, _frame_skip(env_id, first))
+    else:
+        pools = [first] + [make_pool(games_per_batch, games_per_batch, seed + start)
+                           for start in range(games_per_batch, games, games_per_batch)]
+        env = EnvpoolSplits(pools, _frame_skip(env_id, first))
+    return PlayerRows(env, players) if players > 1 else env
 
 
-def _single_player(env_id: str, pool: Any) -> Any:
-    """``pool``, if its task has one player. Multi-player tasks (pgx board games,
-    IntersectionMultiAgent) return one observation and reward per player (``info["players"]``):
-    as rows of one agent's batch they would not fit the slots, so they stop here in one line."""
-    players = int(pool.config.get("max_num_players", 1))
-    if players > 1:
-        pool.close()
-        raise ValueError(f"{env_id!r} is a {players}-player envpool task (one observation and reward per player "
-                         f"each step); fastrl trains single-agent envs: pick a single-player task")
-    return pool
+def task_players(env_id: str, env_kwargs: dict[str, Any]) -> tuple[int, bool]:
+    """(players of one game of envpool task ``env_id``, whether they take turns), from its spec."""
+    spec = envpool.make_spec(env_id, **env_kwargs)
+    players = int(spec.config.max_num_players)
+    return players, players > 1 and is_turn_based(spec)
+
+
+def episode_layout(env_id: str, env_kwargs: dict[str, Any], min_rows: int) -> tuple[int, int]:
+    """(num_envs, batch_size) of the fewest games of ``env_id`` that hold ``min_rows`` rows, all in
+    one batch (for a turn-based task, one group: a row of each game), to play whole episodes."""
+    players, turn_based = task_players(env_id, env_kwargs)
+    games = -(-min_rows // players)
+    return games * players, games if turn_based else games * players
 
 
 def _spaces(pools: list[Any]) -> tuple[Any, Any]:
@@ -170,7 +192,27 @@ class _PublicPoolIO:
         return obs, rewards, terminated, truncated, info["env_id"]
 
 
+class _PlayersPoolIO(_PublicPoolIO):
+    """A simultaneous multi-player pool's public calls: the players' observations and rewards of a
+    batch of games, ``players`` per game in the games' order (what PlayerRows reads), checked."""
+
+    def __init__(self, pool: Any, players: int) -> None:
+        super().__init__(pool)
+        self._players = players
+
+    def recv(self) -> Batch:
+        obs, rewards, terminated, truncated, info = self._pool.recv()
+        env_ids = info["env_id"]
+        if not np.array_equal(info["players"]["env_id"], np.repeat(env_ids, self._players)):
+            raise RuntimeError(f"envpool returned players of games {info['players']['env_id'].tolist()} for games "
+                               f"{env_ids.tolist()}, not {self._players} per game in the games' order")
+        return obs, rewards, terminated, truncated, env_ids
+
+
 def pool_io(pool: Any) -> DirectPoolIO | _PublicPoolIO:
+    players = int(pool.config.get("max_num_players", 1))
+    if players > 1:
+        return _PlayersPoolIO(pool, players)
     return DirectPoolIO.of(pool) or _PublicPoolIO(pool)
 
 
@@ -196,6 +238,11 @@ class EnvpoolSplits(SplitVecEnv):
 
     def _recv_split(self, split: int) -> Batch:
         return self._io[split].recv()
+
+    def render_game(self, env: int = 0) -> np.ndarray:
+        """Env ``env``'s frame (made with ``render_mode="rgb_array"``: uint8 [H, W, 3])."""
+        split, local = divmod(env, self.batch_size)
+        return self._pools[split].render(env_ids=np.array([local], dtype=np.int32))[0]
 
     def close(self) -> None:
         for pool in self._pools:
@@ -247,6 +294,10 @@ class EnvpoolAsync(VecEnv):
         self._in_flight -= self.batch_size
         self._awaiting[env_ids] = True
         return as_batch(obs, rewards, terminated, truncated, env_ids)
+
+    def render_game(self, env: int = 0) -> np.ndarray:
+        """Env ``env``'s frame (made with ``render_mode="rgb_array"``: uint8 [H, W, 3])."""
+        return self._pool.render(env_ids=np.array([env], dtype=np.int32))[0]
 
     def close(self) -> None:
         self._pool.close()
