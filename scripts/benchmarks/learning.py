@@ -120,7 +120,7 @@ def run_outcome(rows: list[dict], promise: Promise) -> dict:
     ``final`` and ``max`` values (None when it was never a number)."""
     values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
     hit = first_reaching(rows, promise.metric, promise.threshold)
-    steps_key = EVAL_X["env_steps"] if promise.metric.startswith("eval_") else "env_steps"
+    steps_key = EVAL_X["env_steps"] if promise.metric.startswith(("eval_", "eval/")) else "env_steps"
     return {"reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
             "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
             "max": max(values) if values else None, "last_env_steps": rows[-1]["env_steps"] if rows else 0,
