@@ -51,7 +51,12 @@ def policy_map(cfg: Config, agents: tuple[str, ...]) -> PolicyMap:
     fn = _import_mapping(pcfg.mapping)
     chosen = []
     for agent in agents:
-        name = fn(agent)
+        try:
+            name = fn(agent)
+        except Exception as exc:  # the user's code: its failure is theirs to fix, said in one line
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ConfigError(f"policies.mapping {pcfg.mapping} failed for agent {agent!r} ({type(exc).__name__}: "
+                              f"{first}); give module:fn with fn(agent_id) returning a policy name") from None
         if name not in names:
             raise ConfigError(f"policies.mapping {pcfg.mapping} sends agent {agent!r} to {name!r}, which is not one "
                               f"of policies.names ({', '.join(names)}): add it there or fix the mapping")
