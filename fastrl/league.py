@@ -235,11 +235,14 @@ class LeagueRecord:
     def _save(self) -> None:
         if self.path is None:
             return
-        live = set(self.snapshot_versions.tolist())
         # Results against snapshots that left the league steer no draw: the record stays bounded.
-        self.results = {v: r for v, r in self.results.items() if v in live}
+        # The oldest go first, so those are the versions older than every live one; with none live
+        # yet (a resumed run whose learner has not restored the league) nothing has left.
+        live = self.snapshot_versions[self.snapshot_versions >= 0]
+        oldest = int(live.min()) if len(live) else -1
+        self.results = {v: r for v, r in self.results.items() if v >= oldest}
         data = {"results": {str(v): r for v, r in self.results.items()},
                 "ratings": {name: [r.mu, r.sigma] for name, r in self.ratings.items()
-                            if name == self.policy_name or int(name.rsplit("-", 1)[1]) in live}}
+                            if name == self.policy_name or int(name.rsplit("-", 1)[1]) >= oldest}}
         make_dir(self.path.parent)
         write_atomic(self.path, json.dumps(data))
