@@ -15,6 +15,7 @@ from .config import Config, ConfigError, to_toml, validate, weights_mismatch
 from .distributed import DistInfo
 from .envs import EnvSpec, probe_env
 from .eval_during_training import check_eval_opponents
+from .learner.policies import checkpoint_policies
 from .main_guard import unguarded_main_call
 from .models import build_model, num_state_values, state_bytes
 from .policy_map import PolicyMap, check_slots_per_policy, policy_map
@@ -77,7 +78,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
                         shared=not cfg.serial, model_bytes=state_bytes(shape),
                         learner_on_cpu=torch.device(device).type == "cpu")
         template = shape if model is not None else build_template(cfg, spec)
-        resume_state = load_resume_state(run_dir, cfg, template) if resume else None
+        resume_state = load_resume_state(run_dir, cfg, template, policies.names) if resume else None
         config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:
             prepare_run_dir(run_dir, resume, overwrite)
@@ -167,8 +168,9 @@ def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int =
         num_snapshots=cfg.selfplay.max_snapshots if cfg.selfplay.enabled else 0)
 
 
-def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> dict:
-    """The newest checkpoint of ``run_dir`` that fits ``cfg`` and ``template`` (checked on a copy)."""
+def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, policies: tuple[str, ...]) -> dict:
+    """The newest checkpoint of ``run_dir`` that fits ``cfg``, ``template`` (checked on a copy) and
+    the run's ``policies`` (their names, fastrl.policy_map)."""
     probe = copy.deepcopy(template)
 
     def check(state: dict) -> None:
@@ -176,6 +178,10 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module) -> 
         if differs:
             raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
                                      f"drop those overrides to continue it, or start a new run with another --run-dir")
+        lacking = checkpoint_policies(state, policies)
+        if lacking:
+            raise CheckpointMismatch(f"--resume: the run in '{run_dir}' trained {lacking}; resume it with its "
+                                     f"policies.names and policies.mapping, or start a new run with another --run-dir")
         load_model_state(probe, state)
 
     remove_partial_checkpoints(run_dir)

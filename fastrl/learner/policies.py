@@ -45,8 +45,12 @@ def restore_policies(learners: list[BaseLearner], names: tuple[str, ...], state:
 
 
 def checkpoint_policies(state: dict, names: tuple[str, ...]) -> str:
-    """What a resume from ``state`` lacks for these policies ("" when it holds every one)."""
-    saved = tuple(state.get("policies", {}).keys()) or names[:1]
+    """What a resume from ``state`` lacks for these policies ("" when it holds every one, in their
+    order: the first policy's state is the checkpoint's ``learner`` entry). A single-policy
+    checkpoint fits any single-policy run, whatever the policy's name."""
+    saved = tuple(state.get("policies", {}).keys())
+    if not saved:
+        return "" if len(names) == 1 else f"one policy (this run has {', '.join(names)})"
     return "" if saved == names else f"policies {', '.join(saved)} (this run has {', '.join(names)})"
 
 
