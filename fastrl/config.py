@@ -340,6 +340,42 @@ class SelfPlayConfig:
                                  "(0: uniform)")
 
 
+PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
+               "learner.max_grad_norm", "learner.gamma")
+
+
+@dataclass
+class PBTConfig:
+    """Population-based training (docs/pbt.md): ``population`` members share the rollout workers,
+    each game acted and trained by one member with its own learner and hyperparameters; every
+    ``period_env_steps`` the bottom members copy a top member and perturb its hyperparameters."""
+
+    population: int = key(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
+    period_env_steps: int = key(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
+    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE, help="env steps before the first exploit")
+    fraction: float = key(0.25, allowed=Range(0, 0.5, low_open=True),
+                          help="the bottom fraction copies the top fraction (at least one member each)")
+    margin_relative: float = key(0.05, allowed=NON_NEGATIVE,
+                                 help="a bottom member copies only when the top one leads by this share of "
+                                      "the top's |objective| ...")
+    margin_absolute: float = key(0.0, allowed=NON_NEGATIVE, help="... and by at least this much")
+    objective: str = key("episode_return_mean", allowed=Choices(("episode_return_mean",)),
+                         help="what ranks members: the mean return of each member's episodes since its last copy "
+                              "(at most its newest pbt.objective_episodes)")
+    objective_episodes: int = key(100, allowed=AT_LEAST_1, help="a member's newest episodes its objective averages")
+    mutable: list[str] = key(list(PBT_MUTABLE[:5]),
+                             help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
+    perturb: list[float] = key([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
+                                                                    "these, drawn uniformly")
+    reset_prob: float = key(0.05, allowed=UNIT, help="chance a mutable value goes back to its start value instead")
+    control: bool = key(False, help="member 0 never copies nor mutates: a control run inside the population")
+    jitter: float = key(0.0, allowed=Range(0, 1, high_open=True),
+                        help="members 1.. start each mutable value not set in pbt.start multiplied by "
+                             "exp(u), u uniform in [-jitter, jitter]")
+    start: dict = key({}, help="start values per member: {\"learner.lr\" = [v0, v1, ...]} (one value per member); "
+                               "on the command line --set pbt.start.learner.lr=[v0,v1,...]")
+
+
 @dataclass
 class ExpectConfig:
     """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
@@ -401,6 +437,7 @@ class Config:
     expect: ExpectConfig = field(default_factory=ExpectConfig)
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
+    pbt: PBTConfig = field(default_factory=PBTConfig)
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -425,7 +462,7 @@ class Config:
 
 SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplayConfig,
             "eval": EvalConfig, "inference": InferenceConfig, "logging": LoggingConfig, "expect": ExpectConfig,
-            "policies": PoliciesConfig, "selfplay": SelfPlayConfig}
+            "policies": PoliciesConfig, "selfplay": SelfPlayConfig, "pbt": PBTConfig}
 
 
 @dataclass(frozen=True)
@@ -550,12 +587,30 @@ def _list_from_string(text: str) -> list:
 
 
 def set_key(cfg: Config, key: str, value) -> None:
-    """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked."""
+    """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked; ``pbt.start.KEY`` sets
+    KEY's start values per member (a list of KEY's type)."""
+    if key.startswith(PBT_START):
+        _set_start_values(cfg, key[len(PBT_START):], value)
+        return
     declared = KEYS.get(key)
     if declared is None:
         raise _unknown_key_error(key)
     section, _, name = key.rpartition(".")
     setattr(getattr(cfg, section) if section else cfg, name, _coerce(key, value, declared.type))
+
+
+PBT_START = "pbt.start."
+
+
+def _set_start_values(cfg: Config, key: str, values) -> None:
+    declared = KEYS.get(key)
+    if declared is None or key.startswith(("pbt.", "policies.", "selfplay.")):
+        raise ConfigError(f"pbt.start.{key}: {key!r} is not a config key a member can start with (e.g. "
+                          f"pbt.start.learner.lr=[1e-4,3e-4]); run `fastrl-train --list-keys` for the keys")
+    per_member = _coerce(f"pbt.start.{key}", values, list[declared.type])
+    for value in per_member:
+        declared.check(value, cfg.learner.algo)
+    cfg.pbt.start = {**cfg.pbt.start, key: per_member}
 
 
 def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
@@ -564,6 +619,9 @@ def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
         full = f"{prefix}{key}"
         if isinstance(value, dict) and not prefix and key in SECTIONS:
             apply_dict(cfg, value, prefix=f"{key}.")
+        elif isinstance(value, dict) and full == "pbt.start":
+            for start_key, values in value.items():
+                _set_start_values(cfg, start_key, values)
         else:
             set_key(cfg, full, value)
 
@@ -683,6 +741,7 @@ def validate(cfg: Config) -> None:
                           "(e.g. --set eval.every_s=60)")
     _validate_eval_opponents(cfg)
     _validate_policies(cfg)
+    _validate_pbt(cfg)
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
     queued = cfg.total_envs * (cfg.slots_per_env - 1)
@@ -753,6 +812,31 @@ def _validate_policies(cfg: Config) -> None:
     if cfg.selfplay.enabled and (len(pcfg.names) > 1 or pcfg.mapping != "shared"):
         raise ConfigError("selfplay.enabled plays one policy against its own snapshots: keep one policy "
                           "(policies.mapping=shared)")
+
+
+def _validate_pbt(cfg: Config) -> None:
+    pbt = cfg.pbt
+    if pbt.population == 1:
+        raise ConfigError("pbt.population=1 is a single run: set 2 or more members, or 0 for no population")
+    if pbt.population == 0:
+        if pbt.start:
+            raise ConfigError("pbt.start sets members' start values: set pbt.population too")
+        return
+    if cfg.learner.algo not in VTRACE:
+        raise ConfigError(f"pbt trains appo/impala members; learner.algo={cfg.learner.algo} is not supported "
+                          f"with pbt.population yet: set learner.algo=appo")
+    if cfg.policies.names != ["main"] or cfg.policies.mapping != "shared" or cfg.selfplay.enabled:
+        raise ConfigError("pbt makes its members the run's policies: leave [policies] at its defaults and "
+                          "selfplay.enabled=false")
+    unknown = [k for k in pbt.mutable if k not in PBT_MUTABLE]
+    if unknown:
+        raise ConfigError(f"pbt.mutable {unknown[0]!r} cannot be perturbed; pick from {', '.join(PBT_MUTABLE)}")
+    if not pbt.perturb:
+        raise ConfigError("pbt.perturb is empty: give the factors a mutable value is multiplied by, e.g. [0.8, 1.25]")
+    for key, values in pbt.start.items():
+        if len(values) != pbt.population:
+            raise ConfigError(f"pbt.start.{key} has {len(values)} values for {pbt.population} members: give one "
+                              f"per member")
 
 
 def _validate_expect(expect: ExpectConfig) -> None:

@@ -22,7 +22,9 @@ HISTORY_REPORTS = 2000
 LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_loss", "entropy", "grad_norm",
                  "policy_lag_min", "policy_lag_mean", "policy_lag_max", "lr", "skipped_updates",
                  "trained_env_steps", "forward_backward_s", "vtrace_s", "optimizer_s", "gather_s",
-                 "publish_s", "wait_s", "replay_s", "replay_size", "replayed_batches", "q_mean")
+                 "publish_s", "wait_s", "replay_s", "replay_size", "replayed_batches", "q_mean",
+                 # the hyperparameters the update used (a pbt member's change over the run)
+                 "entropy_coef", "value_coef", "ppo_clip", "max_grad_norm", "gamma")
 STAT = {name: i for i, name in enumerate(LEARNER_STATS)}
 
 
@@ -115,9 +117,13 @@ class Reporter:
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
                  aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
-                 policy_names: tuple[str, ...] = ("main",), league=None):
+                 policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False):
         self.arena = arena
         self.policy_names = tuple(policy_names)
+        # A population's members report as member/<k>/..., other policies as policy/<name>/...
+        self.members = members
+        self.policy_prefixes = tuple(f"member/{k}/" if members else f"policy/{name}/"
+                                     for k, name in enumerate(self.policy_names))
         self.league = league  # fastrl.league.LeagueRecord with self-play
         self.policy_means = {name: (math.nan, math.nan) for name in self.policy_names}
         self.frame_skip = frame_skip
@@ -189,11 +195,10 @@ class Reporter:
         """``policy/<name>/...`` figures of each policy: its episodes (means kept from the last
         report that had some) and its learner's statistics."""
         out = {}
-        for p, name in enumerate(self.policy_names):
+        for p, (name, prefix) in enumerate(zip(self.policy_names, self.policy_prefixes)):
             mine = actors == p
             if mine.any():
                 self.policy_means[name] = (float(returns[mine].mean()), float(lengths[mine].mean()))
-            prefix = f"policy/{name}/"
             out[prefix + "episode_return_mean"], out[prefix + "episode_length_mean"] = self.policy_means[name]
             out[prefix + "episodes_recent"] = int(mine.sum())
             out.update({f"{prefix}learner/{k}": v for k, v in read_learner_stats(self.arena, p).items()})
@@ -277,6 +282,10 @@ class Reporter:
             etas.append(self.target_seconds - self.trained_seconds())
         eta = f"  ETA {max(0.0, min(etas)):.0f}s" if etas else ""
         evaluated = f"  eval {r['eval_return_mean']:.2f}" if "eval_return_mean" in r else ""
+        if self.members:
+            best = max(range(len(self.policy_names)),
+                       key=lambda k: _or_low(r.get(f"member/{k}/episode_return_mean", math.nan)))
+            evaluated += f"  best member {best} {r.get(f'member/{best}/episode_return_mean', math.nan):.2f}"
         return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
                 f"return {r['episode_return_mean']:.2f}{evaluated}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
                 f"updates {r['learner_updates']}{eta}")
@@ -286,6 +295,11 @@ class Reporter:
             self.wandb.close()
         if self.tb:
             self.tb.close()
+
+
+def _or_low(value: float) -> float:
+    """A figure to rank by: NaN (no episode yet) ranks last."""
+    return value if math.isfinite(value) else -math.inf
 
 
 def finite_or_null(record: dict) -> dict:

@@ -65,7 +65,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
             aggregate = distributed.gather_counters
         reporter = Reporter(arena, plan.run_dir if dist_info.is_main else None, plan.spec.frame_skip,
                             cfg.train_for_env_steps, cfg.train_for_seconds, console, plan.launched_at, aggregate,
-                            *plan.clocks, policy_names=plan.policies.names,
+                            *plan.clocks, policy_names=plan.policies.names, members=bool(plan.policies.members),
                             league=plan.league_record(arena, dist_info.is_main))
         _supervise_until_done(plan, supervisor, reporter, eval_results)
         clean = True

@@ -1,5 +1,5 @@
 """Which policy acts for, and trains on, each agent row: ``[policies]`` (names, mapping) applied to
-the env's agents. A game's agents are consecutive rows of a worker (fastrl/envs/pettingzoo_backend.py),
+the env's agents, or with population-based training the members, one per game in turn. A game's agents are consecutive rows of a worker (fastrl/envs/pettingzoo_backend.py),
 so row ``r`` is agent ``r % n`` of its game; a single-agent env has one agent, ``SINGLE_AGENT``."""
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class PolicyMap:
     names: tuple[str, ...]
     agents: tuple[str, ...]
     agent_policy: tuple[int, ...]
+    members: int = 0  # population-based training: game g of a worker is member g % members's
 
     @property
     def num_policies(self) -> int:
@@ -29,6 +30,8 @@ class PolicyMap:
 
     def row_policies(self, num_rows: int) -> np.ndarray:
         """``[num_rows]`` policy index of each row of a worker (whole games)."""
+        if self.members:
+            return ((np.arange(num_rows) // len(self.agents)) % self.members).astype(ACTOR_DTYPE)
         return np.tile(np.asarray(self.agent_policy, ACTOR_DTYPE), num_rows // len(self.agents))
 
     def agents_of(self, policy: int) -> list[str]:
@@ -41,6 +44,9 @@ def policy_map(cfg: Config, agents: tuple[str, ...]) -> PolicyMap:
     agents = tuple(agents) or (SINGLE_AGENT,)
     pcfg = cfg.policies
     names = tuple(pcfg.names)
+    if cfg.pbt.population:
+        members = cfg.pbt.population
+        return PolicyMap(tuple(f"member_{k}" for k in range(members)), agents, (0,) * len(agents), members)
     if pcfg.mapping == "per_agent":
         if names != ("main",) and names != agents:
             raise ConfigError(f"policies.mapping=per_agent names each policy after its agent ({', '.join(agents)}): "

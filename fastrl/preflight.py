@@ -41,6 +41,9 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
     dist_info = DistInfo.from_env()
     if dist_info.enabled and (run_dir is None or cfg.serial):
         raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")
+    if dist_info.enabled and cfg.pbt.population:
+        raise RunError("pbt.population trains its members on one node; a torchrun launch is not supported with "
+                       "it yet: run it without torchrun")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
     unguarded = None if cfg.serial else unguarded_main_call()
@@ -95,6 +98,10 @@ def run_policies(cfg: Config, spec: EnvSpec) -> PolicyMap:
     """The run's policies over the env's agents (ConfigError: a mapping or self-play that cannot work here)."""
     policies = policy_map(cfg, spec.agents)
     check_slots_per_policy(cfg, policies.num_policies)
+    games = cfg.env.envs_per_worker // max(len(spec.agents), 1)
+    if cfg.pbt.population > games:
+        raise ConfigError(f"pbt.population={cfg.pbt.population} members share each worker's {games} games: give "
+                          f"every member some, env.envs_per_worker >= {cfg.pbt.population * max(len(spec.agents), 1)}")
     if cfg.selfplay.enabled and len(spec.agents) < 2:
         raise ConfigError(f"selfplay.enabled needs a multi-agent env (a game with seats to share out), and "
                           f"{cfg.env.id!r} has one agent: set selfplay.enabled=false")

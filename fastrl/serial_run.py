@@ -58,6 +58,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks, policy_names=policies.names,
+                        members=bool(policies.members),
                         league=plan.league_record(arena))
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),

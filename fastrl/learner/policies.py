@@ -18,6 +18,7 @@ import torch
 
 from ..config import Config
 from ..league import League
+from ..pbt import Population, member_configs, set_value
 from ..policy_map import PolicyMap
 from ..shm import Arena
 from .base import BaseLearner
@@ -25,14 +26,23 @@ from .factory import make_learner
 from .runtime import LearnerRuntime, restore_learner
 
 
+def policy_configs(cfg: Config, num_policies: int) -> list[Config]:
+    """Each policy's config: the run's, or with population-based training each member's own
+    (fastrl.pbt.member_configs), which its learner reads its hyperparameters from."""
+    if cfg.pbt.population:
+        return member_configs(cfg, num_policies)
+    return [cfg] * num_policies
+
+
 def make_policy_learners(cfg: Config, spaces, model, device: str, num_policies: int) -> list[BaseLearner]:
-    """One learner per policy; policy p's network is initialised from seed ``cfg.seed + p``, so
-    policies start apart (policy 0's draws are a single-policy run's)."""
+    """One learner per policy, each on its config (policy_configs); policy p's network is
+    initialised from seed ``cfg.seed + p``, so policies start apart (policy 0's draws are a
+    single-policy run's)."""
     learners = []
-    for p in range(num_policies):
+    for p, policy_cfg in enumerate(policy_configs(cfg, num_policies)):
         if p:
             torch.manual_seed(cfg.seed + p)
-        learners.append(make_learner(cfg, *spaces, model=model, device=device))
+        learners.append(make_learner(policy_cfg, *spaces, model=model, device=device))
     return learners
 
 
@@ -60,13 +70,21 @@ class PolicyRuntimes:
     def __init__(self, cfg: Config, arena: Arena, learners: list[BaseLearner], policies: PolicyMap, run_dir=None,
                  world_size: int = 1, resume_state: dict | None = None):
         self.names = policies.names
-        self.runtimes = [LearnerRuntime(cfg, arena, learner, run_dir, world_size, policy=p)
+        # Each runtime reads its learner's config: a member's own hyperparameters under pbt.
+        self.runtimes = [LearnerRuntime(learner.cfg, arena, learner, run_dir, world_size, policy=p)
                          for p, learner in enumerate(learners)]
         counters = (resume_state or {}).get("counters", {})
         saved = (resume_state or {}).get("policies", {})
         self.runtimes[0].trained_env_steps = counters.get("trained_env_steps", 0)
         for name, runtime in zip(self.names[1:], self.runtimes[1:]):
             runtime.trained_env_steps = saved.get(name, {}).get("trained_env_steps", 0)
+        for name, runtime in zip(self.names, self.runtimes):
+            for key, value in saved.get(name, {}).get("hyperparameters", {}).items():
+                set_value(runtime.cfg, key, value)
+        self.population = None
+        if cfg.pbt.population:
+            self.population = Population(cfg, arena, self.runtimes, self.names, run_dir,
+                                         (resume_state or {}).get("pbt"))
         self.league = None
         if cfg.selfplay.enabled:
             self.league = League(arena, policies.num_policies, cfg.selfplay, run_dir)
@@ -92,6 +110,8 @@ class PolicyRuntimes:
         self.runtimes[policy].consume(slot_ids, release, progress)
         if policy == 0:
             self._snapshot_if_due()
+        if self.population is not None:
+            self.population.step(self.first.env_steps())
 
     def flush(self, progress: float | None = None) -> None:
         for runtime in self.runtimes:
@@ -101,11 +121,15 @@ class PolicyRuntimes:
         return self.first.checkpoint_due()
 
     def checkpoint(self):
-        more = None
+        more = {}
         if len(self.runtimes) > 1:
-            more = {"policies": {name: {"learner": runtime.learner.state_dict(),
-                                        "trained_env_steps": runtime.trained_env_steps}
-                                 for name, runtime in zip(self.names, self.runtimes)}}
+            more["policies"] = {name: {"learner": runtime.learner.state_dict(),
+                                       "trained_env_steps": runtime.trained_env_steps,
+                                       **({"hyperparameters": self.population.hyperparameters(p)}
+                                          if self.population is not None else {})}
+                                for p, (name, runtime) in enumerate(zip(self.names, self.runtimes))}
+        if self.population is not None:
+            more["pbt"] = self.population.state_dict()
         return self.first.checkpoint(more)
 
     def _snapshot_if_due(self) -> None:

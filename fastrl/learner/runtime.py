@@ -119,7 +119,10 @@ class LearnerRuntime:
                 f"learner.reward_clip / model.normalize_obs")
         self.trained_env_steps += batch.rewards.numel()
         self.publish()
-        stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps)
+        lcfg = self.learner.lcfg
+        stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps,
+                     entropy_coef=lcfg.entropy_coef, value_coef=lcfg.value_coef, ppo_clip=lcfg.ppo_clip,
+                     max_grad_norm=lcfg.max_grad_norm, gamma=lcfg.gamma)
         write_learner_stats(self.arena, stats, self.policy)
         return stats
 

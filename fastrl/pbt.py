@@ -1,0 +1,203 @@
+"""Population-based training: the members of a population, their hyperparameters, and the
+exploit-and-explore step the learner process takes every ``pbt.period_env_steps``.
+
+Members are the run's policies (fastrl.policy_map: game g of a worker is member g % P), so they
+share the rollout workers and the batcher, and each has its own LearnerRuntime: learner,
+optimizer, normalizers and hyperparameters (its own copy of the config). The learner process
+steps them in turn (fastrl.learner.policies), so their updates share its cores rather than
+competing with the actors in P processes.
+
+Every period after the warm-up, members are ranked by their objective: the mean return of their
+episodes since their last copy (at most the newest ``pbt.objective_episodes``). Each member of
+the bottom fraction draws a member of the top fraction and, when the top one leads by more than
+``pbt.margin_absolute`` and ``pbt.margin_relative`` of its |objective|, copies its weights,
+optimizer and normalizer state and its hyperparameters, then multiplies each mutable value by a
+factor drawn from ``pbt.perturb`` (or, with ``pbt.reset_prob``, sets it back to its own start
+value). With ``pbt.control`` member 0 never copies nor mutates. Every copy is a line of
+``RUN_DIR/pbt/lineage.jsonl``; every period's hyperparameters and objectives a line of
+``RUN_DIR/pbt/history.jsonl``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from .config import KEYS, Config
+from .run_dir import make_dir, open_for_append
+from .shm import EPISODE_RING, Arena
+
+MAX_GAMMA = 0.9999  # a perturbed discount stays below 1
+
+
+def get_value(cfg: Config, key: str):
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(cfg, section) if section else cfg, name)
+
+
+def set_value(cfg: Config, key: str, value) -> None:
+    section, _, name = key.rpartition(".")
+    setattr(getattr(cfg, section) if section else cfg, name, value)
+
+
+def member_configs(cfg: Config, members: int) -> list[Config]:
+    """Each member's own config: ``pbt.start`` values applied, and with ``pbt.jitter`` the other
+    mutable values of members 1.. multiplied by exp(u), u uniform in [-jitter, jitter] (seeded)."""
+    rng = np.random.default_rng((cfg.seed, 0x0B7))
+    configs = []
+    for k in range(members):
+        member = copy.deepcopy(cfg)
+        for key, values in cfg.pbt.start.items():
+            set_value(member, key, values[k])
+        if k and cfg.pbt.jitter:
+            for key in cfg.pbt.mutable:
+                if key not in cfg.pbt.start:
+                    set_value(member, key, bounded(key, get_value(member, key) * math.exp(
+                        rng.uniform(-cfg.pbt.jitter, cfg.pbt.jitter)), get_value(member, key)))
+        configs.append(member)
+    return configs
+
+
+def bounded(key: str, value: float, fallback: float) -> float:
+    """``value`` when ``key`` allows it (a discount kept below 1), else ``fallback``."""
+    if key == "learner.gamma":
+        value = min(value, MAX_GAMMA)
+    try:
+        KEYS[key].check(value, None)
+    except ValueError:
+        return fallback
+    return value
+
+
+class Population:
+    """The exploit-and-explore step over the members' LearnerRuntimes (see the module).
+    ``run_dir`` None: nothing written (a test, or a rank other than 0)."""
+
+    def __init__(self, cfg: Config, arena: Arena, runtimes: list, names: tuple[str, ...], run_dir: Path | None,
+                 saved: dict | None = None):
+        self.settings = cfg.pbt
+        self.arena = arena
+        self.runtimes = runtimes
+        self.names = names
+        self.dir = make_dir(Path(run_dir) / "pbt") if run_dir is not None else None
+        self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
+        self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
+        self.episodes_seen = arena.episode_count.copy()
+        self.rng = np.random.default_rng((cfg.seed, 0xE4B))
+        self.next_exploit = max(cfg.pbt.warmup_env_steps, cfg.pbt.period_env_steps)
+        if saved:
+            self.restore(saved)
+        else:
+            self.write_history(0, [math.nan] * len(runtimes))
+
+    def state_dict(self) -> dict:
+        return {"next_exploit": self.next_exploit, "rng": json.dumps(self.rng.bit_generator.state),
+                "start_values": self.start_values,
+                "recent": [list(r) for r in self.recent]}
+
+    def restore(self, saved: dict) -> None:
+        self.next_exploit = saved["next_exploit"]
+        self.rng.bit_generator.state = json.loads(saved["rng"])
+        self.start_values = saved["start_values"]
+        for recent, values in zip(self.recent, saved["recent"]):
+            recent.extend(values)
+
+    def hyperparameters(self, member: int) -> dict:
+        return {key: get_value(self.runtimes[member].cfg, key) for key in self.settings.mutable}
+
+    def collect(self) -> None:
+        """Take the episodes finished since the last call into their members' recent returns."""
+        counts = self.arena.episode_count.copy()
+        for w, (seen, now) in enumerate(zip(self.episodes_seen, counts)):
+            new = int(min(now - seen, EPISODE_RING))
+            index = (now - new + np.arange(new)) % EPISODE_RING
+            for actor, value in zip(self.arena.episode_actor[w, index].tolist(),
+                                    self.arena.episode_return[w, index].tolist()):
+                if actor < len(self.recent):
+                    self.recent[actor].append(value)
+        self.episodes_seen = counts
+
+    def objectives(self) -> list[float]:
+        return [float(np.mean(r)) if r else math.nan for r in self.recent]
+
+    def step(self, env_steps: int) -> list[tuple[int, int]]:
+        """At a period's end, exploit and explore; the (member, copied from) pairs of this step."""
+        self.collect()
+        if env_steps < self.next_exploit:
+            return []
+        self.next_exploit = env_steps + self.settings.period_env_steps
+        objectives = self.objectives()
+        copies = self.exploit(objectives)
+        for member, parent in copies:
+            self.write_lineage(env_steps, member, parent, objectives)
+            self.recent[member].clear()
+        self.write_history(env_steps, objectives)
+        return copies
+
+    def exploit(self, objectives: list[float]) -> list[tuple[int, int]]:
+        ranked = [k for k in np.argsort(objectives).tolist() if math.isfinite(objectives[k])]
+        count = max(1, int(self.settings.fraction * len(self.runtimes)))
+        if len(ranked) < 2 * count:
+            return []  # too few members with episodes to tell a bottom from a top
+        bottom, top = ranked[:count], ranked[-count:]
+        copies = []
+        for member in bottom:
+            if self.settings.control and member == 0:
+                continue
+            parent = int(self.rng.choice(top))
+            gap = objectives[parent] - objectives[member]
+            if gap <= self.settings.margin_absolute or gap <= self.settings.margin_relative * abs(objectives[parent]):
+                continue
+            self.copy_member(parent, member)
+            self.explore(member)
+            self.runtimes[member].publish()
+            copies.append((member, parent))
+        return copies
+
+    def copy_member(self, source: int, target: int) -> None:
+        """Weights, optimizer, normalizers and hyperparameters of ``source`` into ``target``, which
+        keeps its own counters (its version orders the weights its actors act with)."""
+        learner, parent = self.runtimes[target].learner, self.runtimes[source].learner
+        state = copy.deepcopy(parent.state_dict())
+        state.update(version=learner.version, updates=learner.updates, skipped_updates=learner.skipped_updates)
+        learner.load_state_dict(state)
+        for key in self.settings.mutable:
+            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
+
+    def explore(self, member: int) -> None:
+        cfg = self.runtimes[member].cfg
+        for key in self.settings.mutable:
+            value = get_value(cfg, key)
+            if self.rng.random() < self.settings.reset_prob:
+                new = self.start_values[member][key]
+            elif key == "learner.gamma":
+                new = 1.0 - (1.0 - value) * float(self.rng.choice(self.settings.perturb))
+            else:
+                new = value * float(self.rng.choice(self.settings.perturb))
+            set_value(cfg, key, bounded(key, new, value))
+
+    def write_lineage(self, env_steps: int, member: int, parent: int, objectives: list[float]) -> None:
+        if self.dir is None:
+            return
+        line = {"env_steps": env_steps, "member": member, "copied": parent,
+                "objective": _finite(objectives[member]), "parent_objective": _finite(objectives[parent]),
+                "hyperparameters": self.hyperparameters(member)}
+        with open_for_append(self.dir / "lineage.jsonl") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def write_history(self, env_steps: int, objectives: list[float]) -> None:
+        if self.dir is None:
+            return
+        line = {"env_steps": env_steps, "members": [
+            {"member": k, "objective": _finite(objectives[k]), "hyperparameters": self.hyperparameters(k)}
+            for k in range(len(self.runtimes))]}
+        with open_for_append(self.dir / "history.jsonl") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
