@@ -159,11 +159,12 @@ def group_by_seed(runs: list[Run]) -> list[SeedGroup]:
 
 
 EVAL_X = {"env_steps": "eval_at_env_steps"}  # see fastrl.eval_during_training
+EVAL_KEYS = ("eval_", "eval/")  # an evaluation's figures (eval/<opponent>/...: against a scripted opponent)
 
 
 def series_keys(x_key: str, y_keys: list[str]) -> set[str]:
     """The metrics columns that ``series`` reads to draw ``y_keys`` against ``x_key``."""
-    return {x_key, *y_keys, *(EVAL_X[x_key] for y_key in y_keys if y_key.startswith("eval_") and x_key in EVAL_X)}
+    return {x_key, *y_keys, *(EVAL_X[x_key] for y_key in y_keys if y_key.startswith(EVAL_KEYS) and x_key in EVAL_X)}
 
 
 def series(metrics: Metrics, x_key: str, y_key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -173,10 +174,10 @@ def series(metrics: Metrics, x_key: str, y_key: str) -> tuple[np.ndarray, np.nda
     the reports of the first attempt beyond that point were redone, and the later ones count. A
     report is kept when every later report is further along in x.
 
-    An evaluation (``eval_*`` keys) is drawn at the env steps where its weights were taken, not at
+    An evaluation (``eval_*`` and ``eval/*`` keys) is drawn at the env steps where its weights were taken, not at
     the later report that carried it."""
     x, y = metrics.columns[x_key], metrics.columns[y_key]
-    if y_key.startswith("eval_") and x_key in EVAL_X:
+    if y_key.startswith(EVAL_KEYS) and x_key in EVAL_X:
         x = np.where(np.isnan(y), np.nan, metrics.columns[EVAL_X[x_key]])
     reported = np.flatnonzero(~np.isnan(x))
     later = np.append(np.minimum.accumulate(x[reported][::-1])[::-1][1:], np.inf)  # min x of the later reports

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from fastrl.config import ExpectConfig, build_config
 from fastrl.learner.runtime import NonFiniteTraining
-from fastrl.learning_curves import EVAL_X, metrics_rows, plot_learning_curves
+from fastrl.learning_curves import EVAL_KEYS, EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.plotting import pyplot
 from fastrl.profiler import hardware
 from fastrl.run_dir import holds_run
@@ -120,7 +120,7 @@ def run_outcome(rows: list[dict], promise: Promise) -> dict:
     ``final`` and ``max`` values (None when it was never a number)."""
     values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
     hit = first_reaching(rows, promise.metric, promise.threshold)
-    steps_key = EVAL_X["env_steps"] if promise.metric.startswith(("eval_", "eval/")) else "env_steps"
+    steps_key = EVAL_X["env_steps"] if promise.metric.startswith(EVAL_KEYS) else "env_steps"
     return {"reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
             "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
             "max": max(values) if values else None, "last_env_steps": rows[-1]["env_steps"] if rows else 0,
@@ -180,7 +180,7 @@ def plan(args, settings: dict) -> list[dict]:
                                   args.budget_steps, args.budget_seconds)
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         configs = [build_config(profile, run_overrides(promise, seed, settings)) for seed in seeds]
-        if promise.metric.startswith("eval_") and not configs[0].eval.every_s:
+        if promise.metric.startswith(EVAL_KEYS) and not configs[0].eval.every_s:
             raise PromiseError(f"profile '{name}': --metric {promise.metric} needs evaluation during training: "
                                f"--set eval.every_s=SECONDS")
         run_dirs = [args.out_dir / name / f"seed{seed}" for seed in seeds]
