@@ -342,6 +342,12 @@ class SelfPlayConfig:
 
 PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
                "learner.max_grad_norm", "learner.gamma")
+# What members may start apart in (pbt.start): keys only a member's own learner updates read. The
+# workers, the batcher and the arena follow the run's config, and a copy needs equal shapes.
+PBT_MEMBER_KEYS = PBT_MUTABLE + ("learner.num_epochs", "learner.lr_decay", "learner.adam_eps",
+                                 "learner.vtrace_lambda", "learner.clip_rho", "learner.clip_c", "learner.clip_pg_rho",
+                                 "learner.normalize_advantages", "learner.reward_clip", "learner.reward_scale",
+                                 "learner.max_policy_lag")
 
 
 @dataclass
@@ -604,9 +610,9 @@ PBT_START = "pbt.start."
 
 def _set_start_values(cfg: Config, key: str, values) -> None:
     declared = KEYS.get(key)
-    if declared is None or key.startswith(("pbt.", "policies.", "selfplay.")):
-        raise ConfigError(f"pbt.start.{key}: {key!r} is not a config key a member can start with (e.g. "
-                          f"pbt.start.learner.lr=[1e-4,3e-4]); run `fastrl-train --list-keys` for the keys")
+    if key not in PBT_MEMBER_KEYS:
+        raise ConfigError(f"pbt.start.{key}: members start apart only in keys their own learner reads: "
+                          f"{', '.join(PBT_MEMBER_KEYS)}")
     per_member = _coerce(f"pbt.start.{key}", values, list[declared.type])
     for value in per_member:
         declared.check(value, cfg.learner.algo)

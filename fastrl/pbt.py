@@ -56,21 +56,25 @@ def member_configs(cfg: Config, members: int) -> list[Config]:
         if k and cfg.pbt.jitter:
             for key in cfg.pbt.mutable:
                 if key not in cfg.pbt.start:
-                    set_value(member, key, bounded(key, get_value(member, key) * math.exp(
-                        rng.uniform(-cfg.pbt.jitter, cfg.pbt.jitter)), get_value(member, key)))
+                    factor = math.exp(rng.uniform(-cfg.pbt.jitter, cfg.pbt.jitter))
+                    set_value(member, key, scaled(key, get_value(member, key), factor))
         configs.append(member)
     return configs
 
 
-def bounded(key: str, value: float, fallback: float) -> float:
-    """``value`` when ``key`` allows it (a discount kept below 1), else ``fallback``."""
+def scaled(key: str, value: float, factor: float) -> float:
+    """``value`` multiplied by ``factor``; a discount's horizon 1 / (1 - gamma) divided by it instead,
+    kept below 1 (a factor applied to gamma itself would pass 1 at once). ``value`` where the
+    result is outside ``key``'s range."""
     if key == "learner.gamma":
-        value = min(value, MAX_GAMMA)
+        new = min(1.0 - (1.0 - value) * factor, MAX_GAMMA)
+    else:
+        new = value * factor
     try:
-        KEYS[key].check(value, None)
+        KEYS[key].check(new, None)
     except ValueError:
-        return fallback
-    return value
+        return value
+    return new
 
 
 class Population:
@@ -84,6 +88,8 @@ class Population:
         self.runtimes = runtimes
         self.names = names
         self.dir = make_dir(Path(run_dir) / "pbt") if run_dir is not None else None
+        # What a member's hyperparameters are: what explore changes, and what members start apart in.
+        self.keys = list(dict.fromkeys([*cfg.pbt.mutable, *cfg.pbt.start]))
         self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
@@ -107,7 +113,7 @@ class Population:
             recent.extend(values)
 
     def hyperparameters(self, member: int) -> dict:
-        return {key: get_value(self.runtimes[member].cfg, key) for key in self.settings.mutable}
+        return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}
 
     def collect(self) -> None:
         """Take the episodes finished since the last call into their members' recent returns."""
@@ -160,12 +166,15 @@ class Population:
 
     def copy_member(self, source: int, target: int) -> None:
         """Weights, optimizer, normalizers and hyperparameters of ``source`` into ``target``, which
-        keeps its own counters (its version orders the weights its actors act with)."""
+        keeps its own counters (its version orders the weights its actors act with) and its envs'
+        running discounted returns (the return normalizer's streams are the envs it trains on)."""
         learner, parent = self.runtimes[target].learner, self.runtimes[source].learner
         state = copy.deepcopy(parent.state_dict())
         state.update(version=learner.version, updates=learner.updates, skipped_updates=learner.skipped_updates)
+        if "return_scale" in state:
+            state["return_scale"]["carry"] = learner.return_scale.state_dict()["carry"]
         learner.load_state_dict(state)
-        for key in self.settings.mutable:
+        for key in self.keys:
             set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
 
     def explore(self, member: int) -> None:
@@ -174,11 +183,9 @@ class Population:
             value = get_value(cfg, key)
             if self.rng.random() < self.settings.reset_prob:
                 new = self.start_values[member][key]
-            elif key == "learner.gamma":
-                new = 1.0 - (1.0 - value) * float(self.rng.choice(self.settings.perturb))
             else:
-                new = value * float(self.rng.choice(self.settings.perturb))
-            set_value(cfg, key, bounded(key, new, value))
+                new = scaled(key, value, float(self.rng.choice(self.settings.perturb)))
+            set_value(cfg, key, new)
 
     def write_lineage(self, env_steps: int, member: int, parent: int, objectives: list[float]) -> None:
         if self.dir is None:

@@ -96,6 +96,7 @@ class VTraceLearner(BaseLearner):
         batch.validate()
         fresh_columns = batch.rewards.shape[1]
         if self.return_scale is not None:
+            self.return_scale.gamma = self.lcfg.gamma  # a population's member may have explored another
             if batch.is_finite():
                 self.return_scale.update(self.transformed_rewards(batch.rewards).numpy(),
                                          (batch.terminated | batch.truncated).numpy(), batch.valid.numpy(), env_ids,
