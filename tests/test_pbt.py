@@ -1,0 +1,476 @@
+"""Population-based training (issue 44 item 1): members' exploit (weights, optimizer and normalizer
+state, hyperparameters copied exactly; the copier's counters kept) and explore (only pbt.mutable,
+by a factor of pbt.perturb or back to the start value), who copies whom by the objective and the
+margins, the run directory's lineage and history, start values and jitter, one-line refusals, and
+runs that report members and resume the whole population."""
+import copy
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli import train_main
+from fastrl.config import PBT_MUTABLE, ConfigError, build_config
+from fastrl.envs import probe_env
+from fastrl.learner.policies import PolicyRuntimes, make_policy_learners
+from fastrl.models import num_state_values
+from fastrl.pbt import MAX_GAMMA, member_configs
+from fastrl.policy_map import policy_map
+from fastrl.preflight import arena_layout, check_request
+from fastrl.run_plan import RunError
+from fastrl.runner import train
+from fastrl.shm import EPISODE_RING, Arena, WeightBuffer
+from tests.test_learner import random_batch
+from tests.test_policies import assert_same_state, one_line, read_metrics
+
+MUTABLE = PBT_MUTABLE[:5]  # the default pbt.mutable
+
+
+def pbt_config(population: int = 2, **overrides):
+    """cartpole-appo, tiny: one worker of 2 games per member, exploit at every step() (no warm-up,
+    period 1), no margin, no reset, normalized observations and returns (normalizer state to copy)."""
+    settings = {"env.num_workers": 1, "env.envs_per_worker": 2 * population, "env.num_splits": 1,
+                "learner.rollout": 8, "learner.batch_size": 16, "slots_per_env": 4, "model.hidden_sizes": [16],
+                "model.normalize_obs": True, "learner.normalize_returns": True, "learner.entropy_coef": 0.01,
+                "inference.in_workers": False, "device": "cpu", "pbt.population": population,
+                "pbt.warmup_env_steps": 0, "pbt.period_env_steps": 1, "pbt.margin_relative": 0.0,
+                "pbt.reset_prob": 0.0}
+    settings.update(overrides)
+    return build_config("cartpole-appo", settings)
+
+
+def make_population(cfg, run_dir=None, updates=(2, 3, 4, 5)):
+    """The members' PolicyRuntimes over a private arena, member k trained ``updates[k]`` times on
+    batches of its own (its weights, Adam moments and normalizers apart from the others')."""
+    spec = probe_env(cfg)
+    policies = policy_map(cfg, spec.agents)
+    torch.manual_seed(cfg.seed)
+    learners = make_policy_learners(cfg, (spec.observation_space, spec.action_space), None, "cpu",
+                                    policies.num_policies)
+    arena = Arena(arena_layout(cfg, spec, num_state_values(learners[0].model)), shared=False)
+    for k, learner in enumerate(learners):
+        for u in range(updates[k % len(updates)]):
+            batch = random_batch(seed=100 * k + u)
+            batch.obs.mul_(k + 1).add_(k)  # each member's observations of their own scale
+            learner.train(batch, env_ids=np.arange(16) + 16 * k)
+    return PolicyRuntimes(cfg, arena, learners, policies, run_dir), arena
+
+
+def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: int = 0) -> None:
+    """Episodes finished on ``worker`` by each member, written into the arena's episode ring as
+    the rollout worker writes them."""
+    for member, returns in returns_by_member.items():
+        for value in returns:
+            at = arena.episode_count[worker] % EPISODE_RING
+            arena.episode_return[worker, at] = value
+            arena.episode_length[worker, at] = 10
+            arena.episode_actor[worker, at] = member
+            arena.episode_count[worker] += 1
+
+
+def snapshot(runtime) -> dict:
+    """A member's learner state and hyperparameters, copied."""
+    return {"learner": copy.deepcopy(runtime.learner.state_dict()), "cfg": copy.deepcopy(runtime.cfg)}
+
+
+def hyperparameters(cfg, keys=MUTABLE) -> dict:
+    flat = {f"learner.{k}": v for k, v in dataclasses.asdict(cfg.learner).items()}
+    return {key: flat[key] for key in keys}
+
+
+def other_settings(cfg, keys=MUTABLE) -> dict:
+    """Every config value except ``keys`` (and pbt's own), flat."""
+    out = {}
+    for section, values in dataclasses.asdict(cfg).items():
+        if isinstance(values, dict) and section != "pbt":
+            out.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in keys})
+        elif section != "pbt":
+            out[section] = values
+    return out
+
+
+def test_exploit_copies_weights_optimizer_and_normalizers_exactly_and_keeps_the_copiers_counters():
+    cfg = pbt_config(2, **{"pbt.perturb": [1.0], "pbt.start.learner.lr": [1e-4, 2e-3],
+                           "pbt.start.learner.value_coef": [0.3, 0.7]})
+    runtimes, arena = make_population(cfg)
+    population = runtimes.population
+    low, top = runtimes.runtimes
+    before_low, before_top = snapshot(low), snapshot(top)
+    assert before_low["learner"]["updates"] == 2 and before_top["learner"]["updates"] == 3
+    finish_episodes(arena, {0: [10.0, 12.0], 1: [50.0, 70.0]})
+    assert population.step(env_steps=100) == [(0, 1)]
+    state, parent = low.learner.state_dict(), top.learner.state_dict()
+    assert_same_state(state["model"], before_top["learner"]["model"], "weights and observation normalizer")
+    assert any("normalizer" in name for name in state["model"])
+    assert_same_state(state["optimizer"], before_top["learner"]["optimizer"], "Adam's moments and steps")
+    assert state["optimizer"]["state"][0]["exp_avg_sq"].abs().sum() > 0
+    for key in ("count", "mean", "var"):
+        assert state["return_scale"][key] == before_top["learner"]["return_scale"][key] != 0
+    # The copier's own env streams keep their running discounted returns.
+    assert state["return_scale"]["carry"] == before_low["learner"]["return_scale"]["carry"]
+    assert (state["version"], state["updates"]) == (2, 2)
+    assert hyperparameters(low.cfg) == hyperparameters(before_top["cfg"])  # perturb [1.0]: copied as they are
+    assert other_settings(low.cfg) == other_settings(before_low["cfg"])
+    assert_same_state(parent, before_top["learner"], "the copied member")
+    assert hyperparameters(top.cfg) == hyperparameters(before_top["cfg"])
+    # The actors act with the copied weights at once, under the copier's own version.
+    flat = np.empty(num_state_values(low.learner.model), np.float32)
+    assert WeightBuffer(arena, 0).read_into(flat) == 2
+    top.publish()
+    np.testing.assert_array_equal(flat, top.flat_np)
+    # Its next update uses the copied learning rate, and the counters go on from its own.
+    stats = low.learner.train(random_batch(seed=7))
+    assert stats["lr"] == pytest.approx(2e-3) and low.learner.version == 3
+
+
+def test_explore_changes_only_the_mutable_keys_by_a_perturb_factor():
+    cfg = pbt_config(2, **{"pbt.perturb": [0.5, 2.0], "pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg)
+    low, top = runtimes.runtimes
+    parent = hyperparameters(top.cfg)
+    before = other_settings(low.cfg)
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    assert runtimes.population.step(env_steps=5) == [(0, 1)]
+    now = hyperparameters(low.cfg)
+    assert all(now[key] / parent[key] in (0.5, 2.0) for key in MUTABLE), (now, parent)
+    assert other_settings(low.cfg) == before
+    assert low.learner.lcfg is low.cfg.learner  # the learner reads the explored values
+    # Another step with the same order: a fresh draw per key (10 draws of 2 factors are not all alike).
+    ratios = []
+    for step in range(2, 7):
+        finish_episodes(arena, {0: [1.0], 1: [2.0]})
+        parent = hyperparameters(top.cfg)
+        assert runtimes.population.step(env_steps=5 * step) == [(0, 1)]
+        ratios += [hyperparameters(low.cfg)[key] / parent[key] for key in MUTABLE]
+    assert set(np.round(ratios, 9)) == {0.5, 2.0}
+
+
+def test_a_reset_sets_every_mutable_key_back_to_the_members_start():
+    cfg = pbt_config(2, **{"pbt.reset_prob": 1.0, "pbt.perturb": [3.0], "pbt.start.learner.lr": [1e-4, 2e-3],
+                           "pbt.start.learner.max_grad_norm": [1.0, 9.0]})
+    runtimes, arena = make_population(cfg)
+    start = hyperparameters(runtimes.runtimes[0].cfg)
+    assert start["learner.lr"] == 1e-4 and start["learner.max_grad_norm"] == 1.0
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    assert runtimes.population.step(env_steps=5) == [(0, 1)]
+    assert hyperparameters(runtimes.runtimes[0].cfg) == start
+    assert hyperparameters(runtimes.runtimes[1].cfg)["learner.lr"] == 2e-3
+
+
+@pytest.mark.parametrize("gamma, factor, expected", [(0.99, 2.0, 0.98), (0.99, 0.5, 0.995), (0.9999, 0.5, MAX_GAMMA),
+                                                     (0.6, 5.0, 0.6)])
+def test_a_discount_is_perturbed_as_one_minus_its_horizon_and_stays_below_one(gamma, factor, expected):
+    cfg = pbt_config(2, **{"pbt.mutable": ["learner.gamma"], "pbt.perturb": [factor], "learner.gamma": gamma})
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    runtimes.population.step(env_steps=5)
+    low = runtimes.runtimes[0]
+    # 1 - 0.4 * 5 = -1 is no discount: the copied one is kept.
+    assert low.cfg.learner.gamma == pytest.approx(expected) and low.cfg.learner.gamma < 1
+    # The return normalizer discounts with the member's discount from its next update on.
+    low.learner.train(random_batch(seed=3), env_ids=np.arange(16))
+    assert low.learner.return_scale.gamma == low.cfg.learner.gamma
+
+
+@pytest.mark.parametrize("returns, fraction, copier, parents", [
+    ([50.0, 10.0, 90.0, 30.0], 0.25, [1], [2]),
+    ([5.0, 80.0, 70.0, 60.0], 0.25, [0], [1]),
+    ([-1.0, -9.0, -3.0, -2.0], 0.25, [1], [0]),
+    ([50.0, 10.0, 90.0, 30.0], 0.5, [1, 3], [0, 2]),
+])
+def test_the_bottom_members_copy_a_top_member_by_the_objective(returns, fraction, copier, parents):
+    cfg = pbt_config(4, **{"pbt.fraction": fraction, "pbt.perturb": [1.0]})
+    runtimes, arena = make_population(cfg)
+    before = [snapshot(r) for r in runtimes.runtimes]
+    # The objective is the mean of each member's episodes: two each, around ``returns``.
+    finish_episodes(arena, {k: [value - 1.0, value + 1.0] for k, value in enumerate(returns)})
+    assert runtimes.population.objectives() == [math.nan] * 4  # not collected before the step
+    copies = runtimes.population.step(env_steps=10)
+    assert runtimes.population.objectives() == [math.nan if k in copier else value for k, value in enumerate(returns)]
+    assert sorted(member for member, _ in copies) == copier
+    for member, parent in copies:
+        assert parent in parents
+        assert_same_state(runtimes.runtimes[member].learner.state_dict()["model"], before[parent]["learner"]["model"])
+    for k in set(range(4)) - set(copier):
+        assert_same_state(runtimes.runtimes[k].learner.state_dict(), before[k]["learner"], f"member {k}")
+
+
+def test_both_top_members_are_drawn():
+    cfg = pbt_config(4, **{"pbt.fraction": 0.5})
+    runtimes, arena = make_population(cfg)
+    parents = set()
+    for step in range(1, 13):
+        finish_episodes(arena, {0: [100.0], 1: [0.0], 2: [100.0], 3: [0.0]})
+        parents |= {parent for _, parent in runtimes.population.step(env_steps=step)}
+    assert parents == {0, 2}
+
+
+@pytest.mark.parametrize("top, bottom, relative, absolute, copied", [
+    (100.0, 96.0, 0.05, 0.0, False),  # a gap of 4 < 5% of 100
+    (100.0, 94.0, 0.05, 0.0, True),
+    (100.0, 94.0, 0.0, 10.0, False),  # a gap of 6 < 10
+    (100.0, 89.0, 0.0, 10.0, True),
+    (100.0, 89.0, 0.2, 10.0, False),  # the gap must beat both margins
+    (-10.0, -10.4, 0.05, 0.0, False),  # 5% of |top|: 0.5
+    (-10.0, -10.6, 0.05, 0.0, True),
+    (7.0, 7.0, 0.0, 0.0, False),  # a tie is no gap
+])
+def test_a_copy_needs_a_gap_beyond_both_margins(top, bottom, relative, absolute, copied):
+    cfg = pbt_config(2, **{"pbt.margin_relative": relative, "pbt.margin_absolute": absolute})
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {0: [bottom], 1: [top]})
+    assert runtimes.population.step(env_steps=10) == ([(0, 1)] if copied else [])
+
+
+@pytest.mark.parametrize("control", [True, False])
+def test_a_control_member_0_never_copies_nor_mutates(control):
+    cfg = pbt_config(2, **{"pbt.control": control})
+    runtimes, arena = make_population(cfg)
+    before = snapshot(runtimes.runtimes[0])
+    finish_episodes(arena, {0: [1.0], 1: [50.0]})
+    assert runtimes.population.step(env_steps=10) == ([] if control else [(0, 1)])
+    unchanged = hyperparameters(runtimes.runtimes[0].cfg) == hyperparameters(before["cfg"])
+    assert unchanged == control
+    # Member 0 may still be the one copied.
+    finish_episodes(arena, {0: [90.0], 1: [1.0]})
+    assert runtimes.population.step(env_steps=20) == [(1, 0)]
+
+
+def test_members_without_episodes_are_not_ranked():
+    cfg = pbt_config(4)
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {2: [30.0]})
+    assert runtimes.population.step(env_steps=10) == []  # one member ranked: no bottom and top apart
+    finish_episodes(arena, {1: [20.0]})
+    # Members 0 and 3 have no episode: the bottom is 1, not one of them.
+    assert runtimes.population.step(env_steps=20) == [(1, 2)]
+
+
+def test_exploits_wait_for_the_warmup_then_come_every_period():
+    cfg = pbt_config(2, **{"pbt.warmup_env_steps": 1000, "pbt.period_env_steps": 300})
+    runtimes, arena = make_population(cfg)
+    copied_at = []
+    for env_steps in range(0, 2001, 100):
+        finish_episodes(arena, {0: [1.0], 1: [2.0]})
+        if runtimes.population.step(env_steps):
+            copied_at.append(env_steps)
+    assert copied_at == [1000, 1300, 1600, 1900]
+
+
+def test_the_objective_is_the_newest_episodes_since_the_last_copy():
+    cfg = pbt_config(2, **{"pbt.objective_episodes": 3, "pbt.warmup_env_steps": 100})
+    runtimes, arena = make_population(cfg)
+    population = runtimes.population
+    finish_episodes(arena, {0: [100.0, 100.0, 1.0, 2.0, 3.0, 4.0], 1: [50.0, 60.0]})
+    assert population.step(env_steps=50) == []  # warming up, the episodes collected
+    assert population.objectives() == [3.0, 55.0]  # member 0's newest three: 2, 3, 4
+    assert population.step(env_steps=100) == [(0, 1)]
+    assert population.objectives() == [math.nan, 55.0]  # a copier starts its objective again
+    finish_episodes(arena, {0: [70.0]})
+    population.collect()
+    assert population.objectives() == [70.0, 55.0]
+
+
+def test_episodes_are_read_from_every_worker_and_the_ring_wraps():
+    cfg = pbt_config(2, **{"env.num_workers": 2, "pbt.objective_episodes": 10_000})
+    runtimes, arena = make_population(cfg)
+    arena.episode_count[0] = EPISODE_RING - 2  # the ring's end: the next episodes wrap around
+    runtimes.population.episodes_seen = arena.episode_count.copy()
+    finish_episodes(arena, {0: [1.0, 2.0, 3.0, 4.0]}, worker=0)
+    finish_episodes(arena, {1: [8.0], 0: [5.0]}, worker=1)
+    runtimes.population.collect()
+    assert runtimes.population.objectives() == [3.0, 8.0]
+
+
+def test_the_run_directory_keeps_lineage_and_history(tmp_path):
+    cfg = pbt_config(2, **{"pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg, run_dir=tmp_path)
+    population = runtimes.population
+    start = [hyperparameters(r.cfg) for r in runtimes.runtimes]
+    finish_episodes(arena, {0: [10.0], 1: [30.0, 40.0]})
+    population.step(env_steps=500)
+    finish_episodes(arena, {0: [60.0], 1: [5.0]})
+    population.step(env_steps=900)
+    lineage = [json.loads(line) for line in (tmp_path / "pbt" / "lineage.jsonl").read_text().splitlines()]
+    assert [(line["env_steps"], line["member"], line["copied"], line["objective"], line["parent_objective"])
+            for line in lineage] == [(500, 0, 1, 10.0, 35.0), (900, 1, 0, 25.0, 60.0)]
+    assert lineage[0]["hyperparameters"] != start[1]  # explored after the copy
+    assert lineage[1]["hyperparameters"] == hyperparameters(runtimes.runtimes[1].cfg)
+    history = [json.loads(line) for line in (tmp_path / "pbt" / "history.jsonl").read_text().splitlines()]
+    assert [line["env_steps"] for line in history] == [0, 500, 900]
+    assert [m["objective"] for m in history[0]["members"]] == [None, None]
+    assert [m["hyperparameters"] for m in history[0]["members"]] == start
+    assert [m["objective"] for m in history[1]["members"]] == [10.0, 35.0]
+    assert [m["objective"] for m in history[2]["members"]] == [60.0, 25.0]  # member 0's since its copy
+    assert history[2]["members"][0]["hyperparameters"] == lineage[0]["hyperparameters"]
+    assert [m["member"] for m in history[2]["members"]] == [0, 1]
+
+
+def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
+    cfg = pbt_config(4, **{"pbt.jitter": 0.5, "pbt.start.learner.lr": [1e-4, 2e-4, 3e-4, 4e-4],
+                           "pbt.mutable": [*MUTABLE, "learner.gamma"]})
+    members = member_configs(cfg, 4)
+    assert [m.learner.lr for m in members] == [1e-4, 2e-4, 3e-4, 4e-4]  # start values are not jittered
+    jittered = [key for key in cfg.pbt.mutable if key != "learner.lr"]
+    assert hyperparameters(members[0], jittered) == hyperparameters(cfg, jittered)
+    assert other_settings(members[0], ["learner.lr"]) == other_settings(cfg, ["learner.lr"])
+    for member in members[1:]:
+        assert other_settings(member, cfg.pbt.mutable) == other_settings(cfg, cfg.pbt.mutable)
+        for key in ("learner.entropy_coef", "learner.value_coef", "learner.ppo_clip", "learner.max_grad_norm"):
+            ratio = hyperparameters(member, [key])[key] / hyperparameters(cfg, [key])[key]
+            assert math.exp(-0.5) <= ratio <= math.exp(0.5) and ratio != 1.0, key
+        # A discount is jittered as its horizon 1 / (1 - gamma) is.
+        horizon = (1 - cfg.learner.gamma) / (1 - member.learner.gamma)
+        assert math.exp(-0.5) <= horizon <= math.exp(0.5) and member.learner.gamma < 1
+    assert len({m.learner.value_coef for m in members}) == 4
+    again = member_configs(cfg, 4)
+    assert [hyperparameters(m) for m in again] == [hyperparameters(m) for m in members]  # seeded
+    other = member_configs(pbt_config(4, **{"pbt.jitter": 0.5, "seed": 5}), 4)
+    assert [m.learner.value_coef for m in other] != [m.learner.value_coef for m in members]
+    plain = member_configs(pbt_config(3), 3)
+    assert all(hyperparameters(m) == hyperparameters(plain[0]) for m in plain)  # no jitter: the profile's
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"pbt.population": 1}, "pbt.population=1 is a single run"),
+    ({"pbt.population": 0, "pbt.start.learner.lr": [1e-3, 2e-3]}, "set pbt.population too"),
+    ({"pbt.mutable": ["learner.adam_eps"]}, "pbt.mutable 'learner.adam_eps' cannot be perturbed"),
+    ({"pbt.perturb": []}, "pbt.perturb is empty"),
+    ({"pbt.start.learner.lr": [1e-3, 2e-3, 3e-3]}, "pbt.start.learner.lr has 3 values for 2 members"),
+    ({"pbt.start.learner.lr": [1e-3, -1.0]}, "learner.lr"),
+    ({"pbt.start.unknown.key": [1, 2]}, "pbt.start.unknown.key"),
+    ({"pbt.start.model.hidden_sizes": [[16], [32]]}, "pbt.start.model.hidden_sizes"),
+    ({"pbt.start.env.id": ["CartPole-v1", "Acrobot-v1"]}, "pbt.start.env.id"),
+    ({"pbt.start.learner.batch_size": [16, 32]}, "pbt.start.learner.batch_size"),
+    ({"pbt.start.seed": [1, 2]}, "pbt.start.seed"),
+    ({"policies.names": ["hero"]}, "leave [policies] at its defaults"),
+    ({"selfplay.enabled": True}, "selfplay.enabled=false"),
+])
+def test_bad_pbt_settings_are_refused_in_one_line(settings, message):
+    with pytest.raises(ConfigError) as error:
+        pbt_config(2, **settings)
+    assert message in one_line(error)
+
+
+def test_a_member_start_names_the_keys_a_member_may_start_with():
+    with pytest.raises(ConfigError) as error:
+        pbt_config(2, **{"pbt.start.model.hidden_sizes": [[16], [32]]})
+    assert "learner.num_epochs" in one_line(error) and "learner.lr" in str(error.value)
+    cfg = pbt_config(2, **{"pbt.start.learner.num_epochs": [1, 2], "pbt.start.learner.reward_scale": [0.1, 1.0]})
+    assert [(m.learner.num_epochs, m.learner.reward_scale) for m in member_configs(cfg, 2)] == [(1, 0.1), (2, 1.0)]
+
+
+def test_a_copy_takes_the_parents_start_keys_too():
+    cfg = pbt_config(2, **{"pbt.perturb": [1.0], "pbt.start.learner.num_epochs": [1, 2]})
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    assert runtimes.population.step(env_steps=5) == [(0, 1)]
+    assert runtimes.runtimes[0].cfg.learner.num_epochs == 2
+    assert runtimes.population.hyperparameters(0)["learner.num_epochs"] == 2  # checkpointed with the member
+
+
+def test_dqn_members_are_refused_in_one_line():
+    with pytest.raises(ConfigError) as error:
+        build_config("cartpole-dqn", {"pbt.population": 2})
+    assert "learner.algo=dqn is not supported with pbt.population" in one_line(error)
+
+
+def test_fastrl_train_refuses_fewer_games_a_worker_than_members(tmp_path, capsys):
+    code = train_main(["--profile", "cartpole-appo", "--serial", "--set", "pbt.population=4", "--set",
+                       "env.envs_per_worker=2", "--set", "env.num_splits=1", "--set", "slots_per_env=4",
+                       "--set", "learner.rollout=8", "--set", "learner.batch_size=16", "--run-dir",
+                       str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "pbt.population=4 members share each worker's 2 games" in err and "env.envs_per_worker >= 4" in err
+
+
+def test_a_torchrun_launch_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(RunError) as error:
+        check_request(pbt_config(2), tmp_path, resume=False)
+    assert "a torchrun launch is not supported with it yet" in one_line(error)
+
+
+def run_config(**overrides):
+    """A serial population of 3 on CartPole with exploits every 400 env steps."""
+    return pbt_config(3, **{"serial": True, "train_for_env_steps": 3_000, "report_every_s": 0.1,
+                            "pbt.period_env_steps": 400, "pbt.warmup_env_steps": 400, "pbt.perturb": [0.8, 1.25],
+                            "pbt.start.learner.lr": [1e-5, 1e-3, 3e-3], **overrides})
+
+
+def check_population_run(run_dir, members: int = 3):
+    """The metrics report every member, the lineage names copies, the checkpoint holds every member
+    and the exploit's state."""
+    records = read_metrics(run_dir)
+    for k in range(members):
+        assert any(r[f"member/{k}/episodes_recent"] > 0 for r in records), k
+        assert records[-1][f"member/{k}/learner/learner_updates"] > 0
+        assert records[-1][f"member/{k}/episode_return_mean"] > 0
+        assert any(r[f"member/{k}/learner/lr"] > 0 for r in records)  # lr_decay: 0 at the budget's end
+        assert records[-1][f"member/{k}/learner/value_coef"] > 0
+    assert not any(key.startswith("policy/") for key in records[-1])
+    lineage = [json.loads(line) for line in (run_dir / "pbt" / "lineage.jsonl").read_text().splitlines()]
+    assert lineage and all(line["env_steps"] >= 400 and line["member"] != line["copied"] for line in lineage)
+    history = [json.loads(line) for line in (run_dir / "pbt" / "history.jsonl").read_text().splitlines()]
+    assert len(history) >= 4 and history[0]["env_steps"] == 0
+    state = load_checkpoint(list_checkpoints(run_dir)[-1])
+    assert list(state["policies"]) == [f"member_{k}" for k in range(members)]
+    assert_same_state(state["learner"]["model"], state["policies"]["member_0"]["learner"]["model"])
+    assert set(state["pbt"]) >= {"next_exploit", "rng", "start_values", "recent"}
+    assert [state["policies"][f"member_{k}"]["hyperparameters"] for k in range(members)] == \
+        [m["hyperparameters"] for m in history[-1]["members"]]
+    return state, lineage
+
+
+def test_a_population_trains_reports_members_and_resumes_whole(tmp_path):
+    cfg = run_config()
+    train(cfg, run_dir=tmp_path, quiet=True)
+    before, lineage = check_population_run(tmp_path)
+    start = [{"learner.lr": lr} for lr in (1e-5, 1e-3, 3e-3)]
+    assert any(before["policies"][f"member_{k}"]["hyperparameters"]["learner.lr"] != start[k]["learner.lr"]
+               for k in range(3))  # the restore below has explored values to restore
+    assert before["pbt"]["recent"] != [[], [], []]
+    # Resumed at its budget, the run trains nothing: its last checkpoint is the state it restored.
+    train(cfg, run_dir=tmp_path, resume=True, quiet=True)
+    restored = load_checkpoint(list_checkpoints(tmp_path)[-1])
+    for k in range(3):
+        name = f"member_{k}"
+        assert_same_state(before["policies"][name], restored["policies"][name], name)  # weights, Adam, hyperparameters
+    assert restored["pbt"] == before["pbt"]  # next exploit, random state, start values, recent returns
+    # Resumed further, the population goes on from there: exploits and copies continue.
+    train(run_config(train_for_env_steps=5_000), run_dir=tmp_path, resume=True, quiet=True)
+    after, more = check_population_run(tmp_path)
+    assert after["pbt"]["next_exploit"] > before["pbt"]["next_exploit"]
+    assert more[:len(lineage)] == lineage and len(more) > len(lineage)
+    for k in range(3):
+        assert after["policies"][f"member_{k}"]["learner"]["updates"] > before["policies"][f"member_{k}"]["learner"]["updates"]
+
+
+def test_the_status_line_names_the_best_member(tmp_path, capsys):
+    train(run_config(train_for_env_steps=1_000), run_dir=tmp_path, quiet=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[fastrl] steps")]
+    records = read_metrics(tmp_path)
+    last = records[-1]
+    best = max(range(3), key=lambda k: last[f"member/{k}/episode_return_mean"] or -math.inf)
+    assert f"best member {best} {last[f'member/{best}/episode_return_mean']:.2f}" in lines[-1]
+
+
+@pytest.mark.slow
+def test_a_population_trains_and_resumes_in_processes(tmp_path):
+    cfg = run_config(serial=False, **{"env.num_workers": 2})
+    train(cfg, run_dir=tmp_path, quiet=True)
+    before, lineage = check_population_run(tmp_path)
+    train(run_config(serial=False, train_for_env_steps=5_000, **{"env.num_workers": 2}), run_dir=tmp_path,
+          resume=True, quiet=True)
+    after, more = check_population_run(tmp_path)
+    assert more[:len(lineage)] == lineage
+    for k in range(3):
+        assert after["policies"][f"member_{k}"]["learner"]["updates"] > before["policies"][f"member_{k}"]["learner"]["updates"]
