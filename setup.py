@@ -39,6 +39,10 @@ setup(
         "gpu": ["nvidia-ml-py>=12"],
         # --env pettingzoo:MODULE: PettingZoo's ParallelEnvs, and mpe2's particle worlds (simple_spread).
         "multiagent": ["pettingzoo>=1.25", "mpe2>=1.1", "openskill>=6"],
+        # fastrl-sweep (Optuna's heartbeat retry as named since 4.9); `dashboard` adds the optional
+        # optuna-dashboard that shows its study (optuna-dashboard sqlite:///SWEEP_DIR/sweep.db).
+        "sweep": ["optuna>=4.9"],
+        "dashboard": ["optuna>=4.9", "optuna-dashboard>=0.15"],
     },
     entry_points={
         "console_scripts": [
@@ -46,6 +50,7 @@ setup(
             "fastrl-eval=fastrl.cli:eval_main",
             "fastrl-profile=fastrl.cli:profile_main",
             "fastrl-plot=fastrl.cli:plot_main",
+            "fastrl-sweep=fastrl.cli:sweep_main",
         ]
     },
 )

@@ -1,4 +1,4 @@
-"""Command-line entry points: fastrl-train and fastrl-eval.
+"""Command-line entry points: fastrl-train, fastrl-eval, fastrl-profile, fastrl-sweep and fastrl-plot.
 
 Heavy imports (torch, envs) happen inside the commands: spawned worker processes re-import the
 main module, and a rollout worker should not pay for torch.
@@ -213,6 +213,87 @@ def profile_main(argv=None) -> int:
     except _user_errors() as exc:
         return _fail("fastrl-profile", exc)
     write_best_effort(sys.stdout, text)
+    return 0
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    from .sweep import FAILURES_IN_A_ROW, PRUNE_RUNGS, STORAGE_FILE
+
+    p = argparse.ArgumentParser(
+        prog="fastrl-sweep",
+        description="Search hyperparameters with Optuna (TPE sampler): each trial is a whole fastrl-train run in its "
+                    "own run directory under SWEEP_DIR/STUDY/, its objective reported as it trains so that a median "
+                    "pruner stops trials clearly behind. Killed (even with SIGKILL) and run again with the same "
+                    "command, the study goes on: finished trials are kept, the trials cut off run again with the "
+                    "same params, and it ends at exactly --trials finished (complete or pruned) trials. At the end: "
+                    "a table of the trials and the best configuration as SWEEP_DIR/STUDY/best.toml, a profile "
+                    "for fastrl-train --profile. Needs pip install 'fastrl[sweep]'.")
+    add_config_arguments(p)
+    p.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=DIST:ARGS", required=True,
+                   help="a config key to search (repeatable): uniform:LOW:HIGH[:STEP] or loguniform:LOW:HIGH for a "
+                        "float key; int:LOW:HIGH[:STEP] or intlog:LOW:HIGH for an integer key (both ends included); "
+                        "choice:A,B,... for any key, each value as --set writes it (e.g. "
+                        "learner.lr=loguniform:1e-5:1e-2, learner.entropy_coef=uniform:0:0.05, "
+                        "learner.batch_size=choice:1024,2048,4096, model.hidden_sizes=choice:[64,64],[128,128])")
+    p.add_argument("--trials", type=int, required=True, help="finished (complete or pruned) trials the study ends with")
+    p.add_argument("--budget-env-steps", type=int, default=0, help="each trial trains this many env steps")
+    p.add_argument("--budget-seconds", type=float, default=0.0,
+                   help="or each trial trains this many seconds (trained_seconds: start-up not counted); trials are "
+                        "then compared at equal training time")
+    p.add_argument("--objective", default="episode_return_mean", metavar="KEY",
+                   help="the metrics.jsonl key scored (default episode_return_mean; eval_return_mean with --set "
+                        "eval.every_s=...): a trial's value is its last report's")
+    p.add_argument("--direction", choices=("maximize", "minimize"), default="maximize",
+                   help="maximize (default) or minimize the objective")
+    p.add_argument("--study", default="sweep", help="the study's name (default sweep): its trials live in "
+                                                    "SWEEP_DIR/STUDY/")
+    p.add_argument("--sweep-dir", required=True, help="the sweep's directory; run the same command on it to continue")
+    p.add_argument("--storage", metavar="URL",
+                   help=f"Optuna storage, an SQLAlchemy URL (default sqlite:///SWEEP_DIR/{STORAGE_FILE}, which "
+                        f"optuna-dashboard reads); a database several machines share runs one study on all of them")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="trials run at once (default 1). Each trial is a whole fastrl run with its own rollout "
+                        "workers, batcher and learner, so K jobs share the cores K ways: each trial trains about "
+                        "K times slower, and with --budget-seconds gets fewer env steps; size env.num_workers "
+                        "with --set so that K runs fit the cores")
+    p.add_argument("--pruner", choices=("median", "none"), default="median",
+                   help=f"median (default): Optuna's MedianPruner, checked at {PRUNE_RUNGS} points evenly over the "
+                        f"budget; stops a trial whose best value so far is behind the median of the completed "
+                        f"trials' at the same point. none: every trial runs its budget")
+    p.add_argument("--prune-warmup", type=float, default=0.25, metavar="FRACTION",
+                   help="no trial is pruned in this first fraction of its budget (default 0.25)")
+    p.add_argument("--prune-after-trials", type=int, default=3, metavar="N",
+                   help="no trial is pruned before N trials completed (default 3)")
+    p.add_argument("--seed", type=int, help="seeds the sampler (each trial's run keeps the config's seed)")
+    p.epilog = (f"A trial whose run fails is marked failed and another is drawn; {FAILURES_IN_A_ROW} in a row "
+                f"stop the sweep.")
+    return p
+
+
+def sweep_main(argv=None) -> int:
+    args = sweep_parser().parse_args(argv)
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        from .sweep import SweepSpec, run_sweep
+        from .sweep_space import parse_param
+
+        spec = SweepSpec(profile=args.profile, env=args.env, overrides=args.overrides,
+                         params=[parse_param(text) for text in args.params], objective=args.objective,
+                         direction=args.direction, trials=args.trials, budget_env_steps=args.budget_env_steps,
+                         budget_seconds=args.budget_seconds, study=args.study, sweep_dir=Path(args.sweep_dir),
+                         storage=args.storage, jobs=args.jobs, pruner=args.pruner, prune_warmup=args.prune_warmup,
+                         prune_after_trials=args.prune_after_trials, seed=args.seed)
+        result = run_sweep(spec)
+    except (ConfigError, OSError) as exc:
+        return _fail("fastrl-sweep", exc)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by SIGTERM"
+        write_best_effort(sys.stderr, f"fastrl-sweep: {why}; the trials it was running will run again: run the "
+                                      f"same command to continue")
+        return 130 if isinstance(exc, KeyboardInterrupt) else 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    write_best_effort(sys.stdout, "\n".join([result.table, result.summary]))
     return 0
 
 

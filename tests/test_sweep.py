@@ -1,0 +1,332 @@
+"""fastrl-sweep: the search space and its one-line refusals, the table and the best profile, a
+killed sweep resuming to exactly --trials finished trials with the cut-off one retried, and a
+pruned trial leaving no process or shared memory behind."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fastrl.cli import resolve_train_config, sweep_main, train_parser
+from fastrl.config import build_config
+from fastrl.shm import SEGMENT_PREFIX, pid_namespace
+from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
+from fastrl.sweep_space import objective_keys, parse_param
+from fastrl.sweep_trial import ObjectiveCurve, Rungs, group_members
+from tests.test_reliability import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["device=cpu", "report_every_s=0.2", "env.num_workers=1", "env.envs_per_worker=64", "learner.batch_size=1024"]
+SWEEP = [sys.executable, "-c", "import sys; from fastrl.cli import sweep_main; sys.exit(sweep_main())"]
+
+
+def sweep_args(sweep_dir, *args, sets=TINY):
+    return ["--sweep-dir", str(sweep_dir), *args, *(a for s in sets for a in ("--set", s))]
+
+
+def spec_of(sweep_dir, **fields) -> SweepSpec:
+    settings = dict(profile="cartpole-appo", params=[parse_param("learner.lr=loguniform:1e-5:1e-2")],
+                    objective="episode_return_mean", trials=3, study="sweep", sweep_dir=Path(sweep_dir),
+                    overrides=list(TINY), budget_env_steps=20_000)
+    return SweepSpec(**{**settings, **fields})
+
+
+def study_trials(sweep_dir, study="sweep"):
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{Path(sweep_dir).resolve()}/sweep.db").trials
+
+
+def segments_of(pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid_namespace()}_{pid}_")]
+
+
+def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it():
+    lr = parse_param("learner.lr=loguniform:1e-5:1e-2")
+    assert lr.distribution() == optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)
+    assert float(lr.set_text(0.00123)) == 0.00123
+    coef = parse_param("learner.entropy_coef=uniform:0:0.05:0.01")
+    assert coef.distribution() == optuna.distributions.FloatDistribution(0, 0.05, step=0.01)
+    batch = parse_param("learner.batch_size=int:1024:4096:1024")
+    assert batch.distribution() == optuna.distributions.IntDistribution(1024, 4096, step=1024)
+    assert batch.set_text(2048) == "2048"
+    envs = parse_param("env.envs_per_worker=intlog:16:1024")
+    assert envs.distribution() == optuna.distributions.IntDistribution(16, 1024, log=True)
+    sizes = parse_param("model.hidden_sizes=choice:[64,64],[128, 128],{a=1,b=2}")
+    assert sizes.choices == ("[64,64]", "[128, 128]", "{a=1,b=2}")
+    # Through the config: numbers stay numbers (Optuna plots them), lists travel as their --set text.
+    cfg = build_config("cartpole-appo", {k: v for k, _, v in (s.partition("=") for s in TINY)})
+    spec = spec_of("unused", params=[parse_param("model.hidden_sizes=choice:[64,64],[128,128]"),
+                                     parse_param("learner.num_epochs=choice:1,2")])
+    _, (sizes, epochs) = check_spec(spec)
+    assert sizes.values == ("[64,64]", "[128,128]") and epochs.values == (1, 2)
+    assert epochs.distribution() == optuna.distributions.CategoricalDistribution((1, 2))
+    assert epochs.set_text(2) == "2" and sizes.set_text("[128,128]") == "[128,128]"
+    assert "learner/entropy" in objective_keys(cfg) and "eval_return_mean" not in objective_keys(cfg)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--param", "learner.lrr=uniform:0:1"], "unknown config key 'learner.lrr' (did you mean learner.lr"),
+    (["--param", "learner.lr"], "--param expects KEY=DISTRIBUTION:ARGS, got 'learner.lr'"),
+    (["--param", "learner.lr=gauss:0:1"], "--param learner.lr: unknown distribution 'gauss'; use one of uniform, "
+                                          "loguniform, int, intlog, choice"),
+    (["--param", "learner.lr=uniform:0.1:0.01"], "the range is inverted; give LOW < HIGH"),
+    (["--param", "learner.lr=uniform:0.1:0.1"], "the range is empty; give LOW < HIGH"),
+    (["--param", "learner.lr=loguniform:0:0.1"], "a log scale needs LOW > 0"),
+    (["--param", "learner.lr=uniform:0:0.1"], "learner.lr must be > 0, and 0 is not; narrow the range"),
+    (["--param", "learner.lr=uniform:a:b"], "uniform takes float bounds"),
+    (["--param", "learner.rollout=uniform:16:32"], "learner.rollout is int: use int or intlog"),
+    (["--param", "learner.rollout=int:16:48"], "with learner.rollout=48: learner.batch_size (1024) must be a multiple "
+                                               "of learner.rollout (48)"),
+    (["--param", "model.activation=choice:relu,sigmoid"], "with model.activation=sigmoid: config key "
+                                                          "'model.activation' must be one of"),
+    (["--param", "model.activation=choice:"], "needs values separated by commas"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--param", "learner.lr=uniform:0.1:0.2"], "given twice"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--set", "learner.lr=1e-3"],
+     "learner.lr is both a --param and a --set: drop one"),
+    (["--param", "train_for_env_steps=int:1:9"], "the sweep sets each trial's budget"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--objective", "episode_reward"],
+     "--objective episode_reward is not a metrics.jsonl key fastrl writes"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--objective", "eval_return_mean"],
+     "--objective eval_return_mean needs evaluation during training: add --set eval.every_s=60"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--objective", "league/win_rate"],
+     "is written with self-play: set selfplay.enabled=true"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--study", "a/b"], "--study 'a/b': use letters, digits"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--prune-warmup", "1"], "--prune-warmup is a fraction"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--storage", "nodb://x"], "cannot open the storage nodb://x"),
+])
+def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message):
+    sweep_dir = tmp_path / "sweep"
+    code = sweep_main(sweep_args(sweep_dir, "--trials", "2", "--budget-env-steps", "1000", *args))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (out, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("fastrl-sweep: error: ") and message in err, err
+    assert not list(sweep_dir.glob("*/trial-*"))
+
+
+def test_a_budget_of_zero_is_refused_in_one_line(tmp_path, capsys):
+    code = sweep_main(sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", "0",
+                                 "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    assert code == 2 and "give each trial one budget" in capsys.readouterr().err
+
+
+def test_a_study_is_continued_only_by_the_sweep_that_started_it(tmp_path, capsys):
+    open_study(spec_of(tmp_path))
+    code = sweep_main(sweep_args(tmp_path, "--trials", "3", "--budget-env-steps", "20000", "--param",
+                                 "learner.lr=loguniform:1e-5:1e-2", "--objective", "episode_length_mean"))
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("study 'sweep' in sqlite:///" in err and "objective: 'episode_return_mean' there, 'episode_length_mean' "
+            "here" in err and "pass another --study" in err), err
+    assert not list(tmp_path.glob("sweep/trial-*"))
+
+
+def test_a_study_another_sweep_is_running_is_refused(tmp_path, capsys):
+    (tmp_path / "sweep").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fastrl.run_dir import RunDirLock; "
+                               "RunDirLock.take(sys.argv[1]).record_pid(); print(flush=True); time.sleep(60)",
+                               str(tmp_path / "sweep")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()
+        code = sweep_main(sweep_args(tmp_path, "--trials", "3", "--budget-env-steps", "20000", "--param",
+                                     "learner.lr=loguniform:1e-5:1e-2"))
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert code == 2 and f"is being run by pid {holder.pid}" in err and "pass another --study" in err, err
+    assert not (tmp_path / "sweep.db").exists()
+
+
+def test_a_trial_the_sweep_left_running_is_failed_and_queued_again_with_its_params(tmp_path):
+    spec = spec_of(tmp_path)
+    cfg, params = check_spec(spec)
+    study = open_study(spec)
+    sweep = Sweep(spec, cfg, params, study)
+    ours = study.ask(sweep.distributions)
+    ours.set_user_attr("sweep", sweep.owner)
+    elsewhere = study.ask(sweep.distributions)
+    elsewhere.set_user_attr("sweep", "another-host:/sweeps/x")
+    sweep.retry_cut_off(sweep.owner)
+    trials = study.get_trials()
+    state = optuna.trial.TrialState
+    assert [t.state for t in trials] == [state.FAIL, state.RUNNING, state.WAITING]
+    assert trials[2].system_attrs["failed_trial"] == 0 and trials[2].params == ours.params
+    # The queued trial is the next one asked for, with the cut-off trial's params.
+    again = study.ask(sweep.distributions)
+    assert again.number == 2 and again.params == ours.params
+
+
+def completed(params, value, **kw):
+    dist = {"learner.lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)}
+    return optuna.trial.create_trial(params=params, distributions=dist, value=value, **kw)
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_the_table_lists_every_trial_and_the_best_profile_is_one_fastrl_train_takes(tmp_path, direction):
+    spec = spec_of(tmp_path, direction=direction)
+    cfg, params = check_spec(spec)
+    study = open_study(spec)
+    state = optuna.trial.TrialState
+    study.add_trial(completed({"learner.lr": 1e-3}, 30.0, user_attrs={"run_dir": "D/trial-0000"}))
+    study.add_trial(completed({"learner.lr": 1e-5}, None, state=state.PRUNED, intermediate_values={1000: 9.5},
+                              user_attrs={"run_dir": "D/trial-0001"}))
+    study.add_trial(completed({"learner.lr": 2e-3}, None, state=state.FAIL,
+                              user_attrs={"run_dir": "D/trial-0002", "error": "fastrl-train exited with 2: boom"}))
+    study.add_trial(completed({"learner.lr": 4e-3}, None, state=state.FAIL, user_attrs={"run_dir": "D/trial-0003"}))
+    study.add_trial(completed({"learner.lr": 4e-3}, 40.0, user_attrs={"run_dir": "D/trial-0004"},
+                              system_attrs={"failed_trial": 3, "retry_history": [3]}))
+    result = Sweep(spec, cfg, params, study).result()
+    lines = result.table.splitlines()
+    assert lines[0].split() == ["trial", "state", "episode_return_mean", "learner.lr", "run", "dir", "note"]
+    rows = [line.split() for line in lines[1:]]
+    assert [r[:2] for r in rows] == [["0", "complete"], ["1", "pruned"], ["2", "fail"], ["3", "fail"],
+                                     ["4", "complete"]]
+    assert rows[0][2:5] == ["30", "0.001", "D/trial-0000"] and rows[1][2:7] == ["(9.5", "at", "1,000)", "1e-05",
+                                                                              "D/trial-0001"]
+    assert lines[3].endswith("D/trial-0002  fastrl-train exited with 2: boom")
+    assert lines[4].endswith("D/trial-0003  cut off; retried as 4")
+    best = 4 if direction == "maximize" else 0
+    assert lines[1 + best].endswith("  best") and sum(line.endswith("  best") for line in lines) == 1
+    assert result.best_profile == tmp_path / "sweep" / BEST_PROFILE
+    assert f"best: trial {best}" in result.summary and "optuna-dashboard sqlite:///" in result.summary
+    # What fastrl-train makes of it: the profile's values, every --set, the best params, and the
+    # profile's own budget (the sweep's was for comparing trials).
+    trained = resolve_train_config(train_parser().parse_args(["--profile", str(result.best_profile)]))
+    assert trained.learner.lr == (4e-3 if best == 4 else 1e-3)
+    assert (trained.env.num_workers, trained.env.envs_per_worker, trained.learner.batch_size) == (1, 64, 1024)
+    assert trained.train_for_env_steps == build_config("cartpole-appo").train_for_env_steps
+
+
+def test_three_failed_trials_in_a_row_stop_the_sweep_in_one_line(tmp_path, capsys):
+    # Each choice fits the profile alone; together (16 trajectories a batch in 32 minibatches) no trial can run.
+    code = sweep_main(sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", "20000",
+                                 "--param", "learner.rollout=choice:64",
+                                 "--param", "learner.num_minibatches=choice:32"))
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if not line.startswith("[fastrl-sweep] ")]
+    assert code == 2 and out == "" and len(errors) == 1, err
+    assert errors[0].startswith("fastrl-sweep: error: 3 trials in a row failed, the last (trial 2) as its config is "
+                                "refused: learner.batch_size / learner.rollout (16 trajectories) must be divisible "
+                                "by learner.num_minibatches (32)")
+    assert [t.state for t in study_trials(tmp_path)] == [optuna.trial.TrialState.FAIL] * 3
+
+
+def test_the_curve_is_read_as_written_and_reported_at_the_same_steps_in_every_trial(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    curve = ObjectiveCurve(path, "eval_return_mean", "eval_at_env_steps")
+    assert curve.read() == [] and curve.last is None
+    rows = [{"env_steps": 900, "episode_return_mean": None},
+            {"env_steps": 1900, "eval_return_mean": 3.0, "eval_at_env_steps": 1500},
+            {"env_steps": 2900, "eval_return_mean": float("nan"), "eval_at_env_steps": 2500}]
+    path.write_text("".join(json.dumps(r).replace("NaN", "null") + "\n" for r in rows) + '{"env_steps": 39')
+    assert curve.read() == [(1500.0, 3.0)]
+    with open(path, "a") as f:
+        f.write('00, "eval_return_mean": 5.0, "eval_at_env_steps": 3500}\n')
+    assert curve.read() == [(3500.0, 5.0)] and curve.last == 5.0
+    rungs = Rungs(10_000, PRUNE_RUNGS)
+    assert rungs.steps == list(range(500, 10_001, 500))
+    assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 2.0), (1000, 2.0), (1500, 2.0)]
+    assert rungs.passed(1600, 3.0) == [] and rungs.passed(2000, 4.0) == [(2000, 4.0)]
+    assert Rungs(10, PRUNE_RUNGS).steps == list(range(1, 11))  # whole seconds of a short time budget
+
+
+@pytest.mark.slow
+def test_three_trials_end_to_end_table_and_a_best_profile_fastrl_train_runs(tmp_path, capsys):
+    code = sweep_main(sweep_args(tmp_path, "--trials", "3", "--budget-env-steps", "20000", "--seed", "1",
+                                 "--param", "learner.lr=loguniform:1e-4:1e-2",
+                                 "--param", "learner.entropy_coef=uniform:0:0.05", sets=[*TINY, "serial=true"]))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    trials = study_trials(tmp_path)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["trial", "state", "episode_return_mean", "learner.lr", "learner.entropy_coef"]
+    best = max(trials, key=lambda t: t.value)
+    for t, line in zip(trials, lines[1:4]):
+        run_dir = tmp_path / "sweep" / f"trial-{t.number:04d}"
+        assert line.split()[:3] == [str(t.number), "complete", f"{t.value:.4g}"] and str(run_dir) in line
+        config = (run_dir / "config.toml").read_text()
+        assert "train_for_env_steps = 20000" in config and f"lr = {t.params['learner.lr']!r}" in config
+        last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["env_steps"] >= 20_000 and math.isclose(last["episode_return_mean"], t.value)
+    assert lines[1 + best.number].endswith("  best") and lines[4].startswith(f"best: trial {best.number}, ")
+    # Every number a run reports is an objective the sweep accepts.
+    cfg = build_config("cartpole-appo")
+    reported = {k for line in (tmp_path / "sweep/trial-0000/metrics.jsonl").read_text().splitlines()
+                for k, v in json.loads(line).items() if isinstance(v, (int, float))}
+    assert reported <= objective_keys(cfg), reported - objective_keys(cfg)
+    profile = tmp_path / "sweep" / BEST_PROFILE
+    run = subprocess.run([sys.executable, "-m", "fastrl.cli", "--profile", str(profile), "--run-dir",
+                          str(tmp_path / "best-run"), "--quiet", "--train-for-env-steps", "2000"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    trained = (tmp_path / "best-run" / "config.toml").read_text()
+    assert f"lr = {best.params['learner.lr']!r}" in trained
+    assert f"entropy_coef = {best.params['learner.entropy_coef']!r}" in trained
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_trial_resumes_to_exactly_n_trials_retrying_the_cut_off_one(tmp_path, capsys):
+    args = sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", "60000", "--seed", "3",
+                      "--param", "learner.lr=loguniform:1e-4:1e-2", "--prune-after-trials", "5")
+    cut = tmp_path / "sweep" / "trial-0001"
+    proc = subprocess.Popen([*SWEEP, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (cut / "metrics.jsonl").is_file() and (cut / "processes.json").is_file(), 180,
+                 "the second trial to train")
+        runner = json.loads((cut / "processes.json").read_text())["runner"][0]
+        proc.kill()  # SIGKILL: the sweep gets no chance to stop its trial
+        proc.wait(10)
+    finally:
+        proc.kill()
+        proc.wait()
+    # The trial's runner is told (SIGTERM when its parent dies), stops its children and unlinks its arena.
+    wait_for(lambda: not group_members(runner), 60, "the cut-off trial's processes to stop")
+    assert "SIGTERM: stopping" in (cut / "train.log").read_text()
+    assert not segments_of(runner)
+    first = study_trials(tmp_path)
+    assert [t.state.name for t in first] == ["COMPLETE", "RUNNING"]
+
+    assert sweep_main(args) == 0
+    out = capsys.readouterr().out
+    trials = study_trials(tmp_path)
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[0].datetime_start == first[0].datetime_start  # kept, not run again
+    assert trials[2].params == trials[1].params and trials[2].system_attrs["failed_trial"] == 1
+    assert sorted(p.name for p in (tmp_path / "sweep").glob("trial-*")) == ["trial-0000", "trial-0001", "trial-0002"]
+    assert "cut off; retried as 2" in out.splitlines()[2]
+    # Run again once done, the study is left as it is.
+    assert sweep_main(args) == 0
+    assert len(study_trials(tmp_path)) == 3
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_stops_its_processes_and_leaves_no_shared_memory(tmp_path, capsys):
+    budget = 400_000
+    spec = spec_of(tmp_path, trials=2, budget_env_steps=budget, objective="learner/lr", prune_after_trials=1,
+                   prune_warmup=0.0)
+    study = open_study(spec)
+    # A completed trial far ahead at every step, and the next trial far behind: learner/lr is the
+    # trial's learning rate, so the curves are known before they run.
+    steps = Rungs(budget, PRUNE_RUNGS).steps
+    study.add_trial(completed({"learner.lr": 1e-2}, 1e-2, intermediate_values={s: 1e-2 for s in steps}))
+    study.enqueue_trial({"learner.lr": 1e-5})
+    code = sweep_main(sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", str(budget), "--param",
+                                 "learner.lr=loguniform:1e-5:1e-2", "--objective", "learner/lr",
+                                 "--prune-after-trials", "1", "--prune-warmup", "0"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    pruned = study_trials(tmp_path)[1]
+    assert pruned.state == optuna.trial.TrialState.PRUNED and set(pruned.intermediate_values) <= set(steps)
+    run_dir = tmp_path / "sweep" / "trial-0001"
+    reports = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert reports[-1]["env_steps"] < budget / 2  # stopped early, not run to its budget
+    roles = json.loads((run_dir / "processes.json").read_text())
+    runner = roles["runner"][0]
+    assert not group_members(runner)
+    assert not [pid for group in roles.values() for pid in group if os.path.exists(f"/proc/{pid}")]
+    assert not segments_of(runner)
+    assert out.splitlines()[2].split()[:2] == ["1", "pruned"] and "trial 1 pruned at " in err
