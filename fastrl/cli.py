@@ -308,8 +308,10 @@ def plot_main(argv=None) -> int:
     p.add_argument("--x", dest="x_key", choices=list(X_AXES), default="env_steps",
                    help="x axis: env steps or wall time in seconds (default env_steps)")
     p.add_argument("--y", dest="y_keys", nargs="+", default=["episode_return_mean"], metavar="KEY",
-                   help="metrics.jsonl keys, one subplot each (default episode_return_mean); put the RUN_DIRs "
-                        "before --y, which takes every word up to the next option")
+                   help="metrics.jsonl keys, one subplot each (default episode_return_mean); a * stands for one "
+                        "part of a key and draws every key it matches, one line each: 'member/*/episode_return_mean' "
+                        "draws each member of a population (quote it in the shell); put the RUN_DIRs before --y, "
+                        "which takes every word up to the next option")
     p.add_argument("--out", required=True, metavar="PATH.png", help="the figure to write")
     args = p.parse_args(argv)
     try:

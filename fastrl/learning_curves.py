@@ -7,11 +7,16 @@ run is watched, saved or kept alive rather than what it learns) form one ``SeedG
 run's curve is interpolated onto the group's common grid, the x values of all its runs where
 every run has data, and ``seed_band`` takes the mean, min and max there: a mean over fewer runs
 at the ends would jump where a run stops.
+
+A key with a ``*`` draws every key it matches in its subplot, one line each, the ``*`` standing
+for one ``/``-separated part: ``member/*/episode_return_mean`` is each member of a population
+(fastrl.pbt), ``policy/*/episode_return_mean`` each policy of a multi-agent run.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from .config import flat_config, load_run_config
 from .plotting import PlotError, engineering_axis, figure_path, pyplot, save
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
+WILDCARD = "*"
 # Budgets (train_for_env_steps, train_for_seconds) are not here: learner.lr_decay decays the
 # learning rate over the budget, so two budgets are two experiments.
 NOT_EXPERIMENT_KEYS = ("seed", "report_every_s", "checkpoint_every_s", "keep_checkpoints", "max_worker_restarts",
@@ -123,16 +129,60 @@ def metrics_rows(run_dir: Path) -> Iterator[dict]:
 
 
 def read_metrics(rows: Iterable[dict], keys: Iterable[str]) -> Metrics:
-    """The columns ``keys`` of ``rows`` (reports, read one at a time), and every key with a number."""
-    values = {key: array("d") for key in keys}
+    """The columns ``keys`` of ``rows`` (reports, read one at a time), and every key with a number;
+    a key with a ``*`` reads a column for every key it matches (NaN in the reports before it
+    first appears)."""
+    keys = list(keys)
+    values = {key: array("d") for key in keys if WILDCARD not in key}
+    patterns = [key_pattern(key) for key in keys if WILDCARD in key]
+    unmatched: set[str] = set()
     numeric: set[str] = set()
     reports = 0
     for row in rows:
+        for key in (row.keys() - values.keys() - unmatched if patterns else ()):
+            if any(pattern.fullmatch(key) for pattern in patterns):
+                values[key] = array("d", [math.nan]) * reports
+            else:
+                unmatched.add(key)
         reports += 1
         numeric.update(key for key, value in row.items() if _is_number(value))
         for key, column in values.items():
             column.append(_number(row.get(key)))
     return Metrics({key: np.asarray(column, dtype=np.float64) for key, column in values.items()}, numeric, reports)
+
+
+def key_pattern(key: str) -> re.Pattern:
+    """``key`` as a regular expression, each ``*`` one part of a ``/``-separated key."""
+    return re.compile("[^/]+".join(re.escape(part) for part in key.split(WILDCARD)))
+
+
+def matching_keys(key: str, present: list[str]) -> list[str]:
+    """The keys of ``present`` that ``key`` draws: itself, or with a ``*`` every key it matches,
+    numbers in their order (member/2 before member/10)."""
+    if WILDCARD not in key:
+        return [key] if key in present else []
+    pattern = key_pattern(key)
+    return sorted((k for k in present if pattern.fullmatch(k)),
+                  key=lambda k: [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", k)])
+
+
+def line_name(key: str, matched: str) -> str:
+    """What tells ``matched``'s line from the others ``key`` draws: its parts up to the last ``*``'s
+    (``member/3`` for ``member/*/episode_return_mean``); "" for a key without one."""
+    if WILDCARD not in key:
+        return ""
+    parts = key.split("/")
+    last = max(i for i, part in enumerate(parts) if WILDCARD in part)
+    return "/".join(matched.split("/")[:last + 1])
+
+
+def title(key: str) -> str:
+    """What a subplot's title says was measured: MEASURED's words for ``key``, or for a key with a
+    ``*`` its last part's words and the key itself."""
+    if WILDCARD not in key:
+        return MEASURED.get(key, key)
+    words = MEASURED.get(key.rsplit("/", 1)[-1])
+    return f"{words}: {key}" if words else key
 
 
 def experiment(config: dict) -> dict:
@@ -236,28 +286,33 @@ def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], ou
     path = figure_path(out, "--out")
     runs = [load_run(Path(run_dir), series_keys(x_key, y_keys)) for run_dir in run_dirs]
     present = metric_keys(runs)
-    for y_key in y_keys:
-        if y_key not in present:
-            raise PlotError(f"--y {y_key}: not in these runs' metrics; keys present: {', '.join(present)}")
+    drawn = {y_key: matching_keys(y_key, present) for y_key in y_keys}
+    for y_key, keys in drawn.items():
+        if not keys:
+            missing = "matches no key of these runs' metrics" if WILDCARD in y_key else "not in these runs' metrics"
+            raise PlotError(f"--y {y_key}: {missing}; keys present: {', '.join(present)}")
     groups = group_by_seed(runs)
     columns = min(len(y_keys), 2)
     rows = math.ceil(len(y_keys) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.5 * rows), squeeze=False)
     colors = plt.get_cmap("tab10").colors
     for ax, y_key in zip(axes.flat, y_keys):
-        for index, group in enumerate(groups):
-            curves = [curve for curve in (series(run.metrics, x_key, y_key) for run in group.runs) if len(curve[0])]
+        lines = [(group, key) for group in groups for key in drawn[y_key]]
+        for index, (group, key) in enumerate(lines):
+            curves = [curve for curve in (series(run.metrics, x_key, key) for run in group.runs) if len(curve[0])]
             if not curves:
                 continue  # this group's runs never reported this key (e.g. evaluation was off)
             band = seed_band(curves)
             color = colors[index % len(colors)]
-            ax.plot(band.x, band.mean, color=color, label=group.legend(len(curves)))
+            name = line_name(y_key, key)
+            ax.plot(band.x, band.mean, color=color,
+                    label=f"{name}: {group.legend(len(curves))}" if name else group.legend(len(curves)))
             ax.fill_between(band.x, band.low, band.high, color=color, alpha=0.2, linewidth=0)
         if y_key in (targets or {}):
             ax.axhline(targets[y_key], color="black", linestyle="--", linewidth=1, label=f"target {targets[y_key]:g}")
         if x_limit is not None:
             ax.axvline(x_limit, color="black", linestyle=":", linewidth=1, label=f"budget {x_limit:,.0f}")
-        ax.set_title(MEASURED.get(y_key, y_key))
+        ax.set_title(title(y_key))
         ax.set_xlabel(X_AXES[x_key])
         ax.set_ylabel(y_key)
         if x_key == "env_steps":

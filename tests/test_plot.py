@@ -165,3 +165,69 @@ def test_metrics_are_read_a_report_at_a_time_into_the_columns_asked_for(tmp_path
     assert run.metrics.columns["key_7"].tolist() == [row["key_7"] for row in rows]
     assert len(run.metrics.keys) == 61
     assert peak < size / 4  # neither the file nor its reports as dicts are ever held whole
+
+
+def member_rows(members, steps=(1000, 2000, 3000)):
+    """Reports of a population: every member's return (member k's k + 10 * the report's index),
+    member ``members - 1`` first reported at the second report, and its learning rate."""
+    rows = []
+    for i, step in enumerate(steps):
+        row = {"env_steps": step, "wall_time": step / 100, "episode_return_mean": 1.0 + i}
+        for k in range(members):
+            if k < members - 1 or i:
+                row[f"member/{k}/episode_return_mean"] = k + 10.0 * i
+                row[f"member/{k}/learner/lr"] = 1e-3 * (k + 1)
+        rows.append(row)
+    return rows
+
+
+def drawn_figure(monkeypatch):
+    """The figure plot_learning_curves saves, kept open for the test."""
+    import fastrl.learning_curves
+
+    figures = []
+    monkeypatch.setattr(fastrl.learning_curves, "save", lambda plt, fig, path: (figures.append(fig),
+                                                                                  fig.savefig(path)))
+    return figures
+
+
+def test_a_star_draws_every_member_of_a_population_as_its_own_line(tmp_path, monkeypatch, capsys):
+    make_run(tmp_path / "pbt", member_rows(11), pbt__population=11, env__envs_per_worker=1100)
+    figures = drawn_figure(monkeypatch)
+    out = tmp_path / "members.png"
+    assert plot_main([str(tmp_path / "pbt"), "--y", "member/*/episode_return_mean", "member/*/learner/lr",
+                      "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    returns, rates = figures[0].axes
+    names = [f"member/{k}" for k in range(11)]  # numbers in their order: member/10 last
+    assert [line.get_label() for line in returns.get_lines()] == [f"{name}: CartPole-v1 (1 seed)" for name in names]
+    assert [line.get_label() for line in rates.get_lines()] == [f"{name}: CartPole-v1 (1 seed)" for name in names]
+    for k, line in enumerate(returns.get_lines()):
+        x, y = line.get_data()
+        expected = [1000, 2000, 3000] if k < 10 else [2000, 3000]  # the last member from its first report on
+        assert list(x) == expected and list(y) == [k + 10.0 * i for i in range(3 - len(expected), 3)]
+    assert returns.get_title() == "episode return (mean of recent training episodes): member/*/episode_return_mean"
+    assert rates.get_title() == "member/*/learner/lr"
+
+
+def test_a_star_matches_one_part_of_a_key_and_groups_stay_apart(tmp_path, monkeypatch):
+    make_run(tmp_path / "a", member_rows(2), seed=1, learner__lr=1e-3)
+    make_run(tmp_path / "b", member_rows(2), seed=1, learner__lr=3e-3)
+    figures = drawn_figure(monkeypatch)
+    assert plot_main([str(tmp_path / "a"), str(tmp_path / "b"), "--y", "member/*/lr", "member/*/learner/lr",
+                      "--out", str(tmp_path / "p.png")]) == 2  # member/0/learner/lr is two parts past member/
+    figures.clear()
+    assert plot_main([str(tmp_path / "a"), str(tmp_path / "b"), "--y", "member/*/episode_return_mean",
+                      "--out", str(tmp_path / "p.png")]) == 0
+    assert [line.get_label() for line in figures[0].axes[0].get_lines()] == [
+        "member/0: CartPole-v1 learner.lr=0.001 (1 seed)", "member/1: CartPole-v1 learner.lr=0.001 (1 seed)",
+        "member/0: CartPole-v1 learner.lr=0.003 (1 seed)", "member/1: CartPole-v1 learner.lr=0.003 (1 seed)"]
+
+
+def test_a_star_that_matches_nothing_is_one_line(tmp_path, capsys):
+    make_run(tmp_path / "run", ROWS)
+    assert plot_main([str(tmp_path / "run"), "--y", "member/*/episode_return_mean", "--out",
+                      str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--y member/*/episode_return_mean: matches no key of these runs' metrics; keys present: env_steps" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.png").exists()
