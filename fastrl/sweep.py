@@ -253,9 +253,10 @@ class Sweep:
         for worker in workers:
             worker.start()
         try:
-            for worker in workers:
-                while worker.is_alive():
-                    worker.join(0.2)
+            # Not Thread.join: on Python < 3.13 a KeyboardInterrupt inside join(timeout) can leave the
+            # thread marked as stopped while it runs, and the stop below would not wait for it.
+            while any(worker.is_alive() for worker in workers):
+                time.sleep(0.2)
         except BaseException:
             # The running trials' runners are writing their final checkpoints: a second Ctrl-C
             # must not leave them unwatched.

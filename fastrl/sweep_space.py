@@ -216,7 +216,8 @@ def _typed_choices(param: Param, cfg: Config) -> Param:
 def check_objective(objective: str, cfg: Config) -> None:
     """ConfigError unless ``objective`` is a number fastrl writes into metrics.jsonl for ``cfg``
     (the run's headline figures, learner/*, rollout/*, inference/*, eval_* with evaluation,
-    eval/<opponent>/*, policy/<name>/* with several policies, league/* with self-play)."""
+    eval/<opponent>/*, policy/<name>/* with several policies, member/<k>/* with a population,
+    league/* with self-play)."""
     if objective in objective_keys(cfg):
         return
     if objective in EVAL_KEYS:
@@ -229,6 +230,9 @@ def check_objective(objective: str, cfg: Config) -> None:
             return  # names are the agents' under per_agent, or a callable's: known once the env is made
         raise ConfigError(f"--objective {objective}: policy/<name>/ figures are written with several policies "
                           f"([policies]); use {'/'.join(parts[2:])}")
+    if parts[0] == "member" and len(parts) >= 3 and cfg.pbt.population < 2:
+        raise ConfigError(f"--objective {objective}: member/<k>/ figures are written by population-based training: "
+                          f"set pbt.population (or use {'/'.join(parts[2:])})")
     if parts[0] == "league" and not cfg.selfplay.enabled and len(parts) == 2 and parts[1] in LEAGUE_KEYS:
         raise ConfigError(f"--objective {objective} is written with self-play: set selfplay.enabled=true")
     if parts[0] == "eval" and len(parts) == 3 and parts[2] in OPPONENT_STATS:
@@ -245,7 +249,7 @@ def _learner_keys() -> set[str]:
 def objective_keys(cfg: Config) -> set[str]:
     """The numeric metrics.jsonl keys of every report a run of ``cfg`` writes, and those of its
     evaluations (eval_*, eval/<opponent>/*) when it evaluates; not the per-policy figures, whose
-    names may depend on the env."""
+    names may depend on the env (a population's members are numbered: they are here)."""
     keys = {*REPORT_KEYS, *_learner_keys(), *(f"rollout/{k}" for k in WORKER_TIMINGS),
             *(f"inference/{k}" for k in INFERENCE_TIMINGS)}
     if cfg.eval.every_s:
@@ -253,4 +257,7 @@ def objective_keys(cfg: Config) -> set[str]:
         keys.update(f"eval/{name}/{stat}" for name in cfg.eval.opponents for stat in OPPONENT_STATS)
     if cfg.selfplay.enabled:
         keys.update(f"league/{k}" for k in LEAGUE_KEYS)
+    if cfg.pbt.population > 1:
+        keys.update(f"member/{k}/{figure}" for k in range(cfg.pbt.population)
+                    for figure in (*POLICY_KEYS, *_learner_keys()))
     return keys

@@ -4,6 +4,7 @@ pruned trial leaving no process or shared memory behind."""
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,8 @@ def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it
     assert epochs.distribution() == optuna.distributions.CategoricalDistribution((1, 2))
     assert epochs.set_text(2) == "2" and sizes.set_text("[128,128]") == "[128,128]"
     assert "learner/entropy" in objective_keys(cfg) and "eval_return_mean" not in objective_keys(cfg)
+    population = build_config("cartpole-appo", {"pbt.population": 2})
+    assert {"member/1/episode_return_mean", "member/0/learner/lr"} <= objective_keys(population)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -93,6 +96,8 @@ def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it
      "--objective eval_return_mean needs evaluation during training: add --set eval.every_s=60"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--objective", "league/win_rate"],
      "is written with self-play: set selfplay.enabled=true"),
+    (["--param", "learner.lr=loguniform:1e-5:1e-2", "--objective", "member/1/episode_return_mean"],
+     "member/<k>/ figures are written by population-based training: set pbt.population"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--study", "a/b"], "--study 'a/b': use letters, digits"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--prune-warmup", "1"], "--prune-warmup is a fraction"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--storage", "nodb://x"], "cannot open the storage nodb://x"),
@@ -301,6 +306,29 @@ def test_a_sweep_killed_mid_trial_resumes_to_exactly_n_trials_retrying_the_cut_o
     # Run again once done, the study is left as it is.
     assert sweep_main(args) == 0
     assert len(study_trials(tmp_path)) == 3
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigterm_stops_its_trial_and_queues_it_again(tmp_path):
+    args = sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", "5000000",
+                      "--param", "learner.lr=loguniform:1e-4:1e-2")
+    run_dir = tmp_path / "sweep" / "trial-0000"
+    proc = subprocess.Popen([*SWEEP, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").is_file() and (run_dir / "processes.json").is_file(), 180,
+                 "the first trial to train")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM and out == ""
+    assert err.splitlines()[-1] == ("fastrl-sweep: stopped by SIGTERM; the trials it was running will run again: run "
+                                    "the same command to continue"), err
+    runner = json.loads((run_dir / "processes.json").read_text())["runner"][0]
+    assert not group_members(runner) and not segments_of(runner)  # stopped before the sweep exits
+    trials = study_trials(tmp_path)
+    assert [t.state.name for t in trials] == ["FAIL", "WAITING"] and trials[1].params == trials[0].params
 
 
 @pytest.mark.slow
