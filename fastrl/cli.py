@@ -222,11 +222,11 @@ def sweep_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fastrl-sweep",
         description="Search hyperparameters with Optuna (TPE sampler): each trial is a whole fastrl-train run in its "
-                    "own run directory under SWEEP_DIR/STUDY/, its objective reported as it trains so that a median "
+                    "own run directory under SWEEP_DIR/NAME/, its objective reported as it trains so that a median "
                     "pruner stops trials clearly behind. Killed (even with SIGKILL) and run again with the same "
                     "command, the study goes on: finished trials are kept, the trials cut off run again with the "
                     "same params, and it ends at exactly --trials finished (complete or pruned) trials. At the end: "
-                    "a table of the trials and the best configuration as SWEEP_DIR/STUDY/best.toml, a profile "
+                    "a table of the trials and the best configuration as SWEEP_DIR/NAME/best.toml, a profile "
                     "for fastrl-train --profile. Needs pip install 'fastrl[sweep]'.")
     add_config_arguments(p)
     p.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=DIST:ARGS", required=True,
@@ -235,9 +235,10 @@ def sweep_parser() -> argparse.ArgumentParser:
                         "choice:A,B,... for any key, each value as --set writes it (e.g. "
                         "learner.lr=loguniform:1e-5:1e-2, learner.entropy_coef=uniform:0:0.05, "
                         "learner.batch_size=choice:1024,2048,4096, model.hidden_sizes=choice:[64,64],[128,128])")
-    p.add_argument("--trials", type=int, required=True, help="finished (complete or pruned) trials the study ends with")
-    p.add_argument("--budget-env-steps", type=int, default=0, help="each trial trains this many env steps")
-    p.add_argument("--budget-seconds", type=float, default=0.0,
+    p.add_argument("--trials", type=int, required=True, metavar="N",
+                   help="finished (complete or pruned) trials the study ends with")
+    p.add_argument("--budget-env-steps", type=int, default=0, metavar="N", help="each trial trains this many env steps")
+    p.add_argument("--budget-seconds", type=float, default=0.0, metavar="S",
                    help="or each trial trains this many seconds (trained_seconds: start-up not counted); trials are "
                         "then compared at equal training time")
     p.add_argument("--objective", default="episode_return_mean", metavar="KEY",
@@ -245,13 +246,14 @@ def sweep_parser() -> argparse.ArgumentParser:
                         "eval.every_s=...): a trial's value is its last report's")
     p.add_argument("--direction", choices=("maximize", "minimize"), default="maximize",
                    help="maximize (default) or minimize the objective")
-    p.add_argument("--study", default="sweep", help="the study's name (default sweep): its trials live in "
-                                                    "SWEEP_DIR/STUDY/")
-    p.add_argument("--sweep-dir", required=True, help="the sweep's directory; run the same command on it to continue")
+    p.add_argument("--study", default="sweep", metavar="NAME",
+                   help="the study's name (default sweep): its trials live in SWEEP_DIR/NAME/")
+    p.add_argument("--sweep-dir", required=True, metavar="DIR",
+                   help="the sweep's directory; run the same command on it to continue")
     p.add_argument("--storage", metavar="URL",
                    help=f"Optuna storage, an SQLAlchemy URL (default sqlite:///SWEEP_DIR/{STORAGE_FILE}, which "
                         f"optuna-dashboard reads); a database several machines share runs one study on all of them")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=int, default=1, metavar="K",
                    help="trials run at once (default 1). Each trial is a whole fastrl run with its own rollout "
                         "workers, batcher and learner, so K jobs share the cores K ways: each trial trains about "
                         "K times slower, and with --budget-seconds gets fewer env steps; size env.num_workers "
@@ -264,7 +266,8 @@ def sweep_parser() -> argparse.ArgumentParser:
                    help="no trial is pruned in this first fraction of its budget (default 0.25)")
     p.add_argument("--prune-after-trials", type=int, default=3, metavar="N",
                    help="no trial is pruned before N trials completed (default 3)")
-    p.add_argument("--seed", type=int, help="seeds the sampler (each trial's run keeps the config's seed)")
+    p.add_argument("--seed", type=int, metavar="SEED",
+                   help="seeds the sampler (each trial's run keeps the config's seed)")
     p.epilog = (f"A trial whose run fails is marked failed and another is drawn; {FAILURES_IN_A_ROW} in a row "
                 f"stop the sweep.")
     return p

@@ -298,7 +298,13 @@ class Sweep:
                 trial = self._next_trial()
                 if trial is None:
                     return
-                self._run_trial(trial)
+                try:
+                    self._run_trial(trial)
+                except self.optuna.exceptions.UpdateFinishedTrialError:
+                    # Its heartbeats stopped for HEARTBEAT_GRACE_S (the sweep suspended, say): a
+                    # sweep failed it as cut off and queued it again; the retry is the trial now.
+                    self.say(f"trial {trial.number} was marked cut off while it ran (no heartbeat for "
+                             f"{HEARTBEAT_GRACE_S} s): its run stopped, its retry runs instead")
         except BaseException as exc:  # a defect: the main thread raises it, the others stop
             self.crash = exc
             self.stopping.set()
@@ -354,7 +360,7 @@ class Sweep:
                 reported = self._report(trial, curve, rungs)
                 if reported and trial.should_prune():
                     proc.stop()
-                    self.study.tell(trial, state=self.optuna.trial.TrialState.PRUNED)
+                    self._tell(trial, state=self.optuna.trial.TrialState.PRUNED)
                     step, value = reported
                     return self._finished(trial, f"pruned at {step:,} {spec.axis[0]}: {spec.objective} {value:.4g}")
                 if time.monotonic() - beat >= HEARTBEAT_S:
@@ -371,8 +377,15 @@ class Sweep:
         if curve.last is None:
             return self._failed(trial, f"{run_dir / 'metrics.jsonl'} has no finite {spec.objective}: raise the "
                                        f"budget, or pick an objective the run reports")
-        self.study.tell(trial, curve.last)
+        self._tell(trial, curve.last)
         return self._finished(trial, f"complete: {spec.objective} {curve.last:.4g}")
+
+    def _tell(self, trial, value=None, state=None) -> None:
+        """Study.tell, raising UpdateFinishedTrialError (as the storage does for a report) for a
+        trial another sweep has failed meanwhile."""
+        if self.study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise self.optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} is finished")
+        self.study.tell(trial, value, state=state)
 
     @staticmethod
     def _report(trial, curve: ObjectiveCurve, rungs: Rungs) -> tuple[int, float] | None:
@@ -391,7 +404,7 @@ class Sweep:
 
     def _failed(self, trial, message: str) -> None:
         trial.set_user_attr("error", message)
-        self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+        self._tell(trial, state=self.optuna.trial.TrialState.FAIL)
         self.say(f"trial {trial.number} failed: {message}")
         with self.lock:
             self.failures_in_a_row += 1
