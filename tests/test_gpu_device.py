@@ -9,7 +9,7 @@ from torch import nn
 
 from fastrl.config import ConfigError, build_config
 from fastrl.distributed import DistInfo
-from fastrl.learner import process
+from fastrl.learner import policies, process
 from fastrl.models import build_model
 from fastrl.run_dir import LOCK_FILE
 from fastrl.runner import RunError, resolve_device, train
@@ -119,7 +119,7 @@ def test_the_learner_process_selects_its_gpu_before_building_the_model(monkeypat
         events.append(("make_learner", kwargs["device"]))
         raise BuildStarted
 
-    monkeypatch.setattr(process, "make_learner", make_learner)
+    monkeypatch.setattr(policies, "make_learner", make_learner)  # the learner process builds each policy's there
     with pytest.raises(BuildStarted):
         process.learner_process(build_config("cartpole-appo"), None, "arena", (OBS_SPACE, ACTION_SPACE), None,
                                 "cuda:1", ([], []), 0, None, None)
