@@ -324,15 +324,3 @@ def test_a_single_policy_run_cannot_resume_as_two(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "trained one policy (this run has agent_0, agent_1)" in err
 
-
-@pytest.mark.slow
-def test_two_policies_train_and_resume_in_processes(tmp_path):
-    cfg = games_config(**{"env.num_workers": 2, "train_for_env_steps": 1_500, "report_every_s": 0.3})
-    train(cfg, run_dir=tmp_path, quiet=True)
-    before = check_two_policy_run(tmp_path)
-    train(games_config(**{"env.num_workers": 2, "train_for_env_steps": 2_500, "report_every_s": 0.3}),
-          run_dir=tmp_path, resume=True, quiet=True)
-    after = load_checkpoint(list_checkpoints(tmp_path)[-1])
-    for name in ("agent_0", "agent_1"):
-        assert after["policies"][name]["learner"]["updates"] > before["policies"][name]["learner"]["updates"]
-        assert after["policies"][name]["trained_env_steps"] > before["policies"][name]["trained_env_steps"]

@@ -359,29 +359,12 @@ def test_profile_measures_every_figure_on_cartpole(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_profile_of_workers_that_act_counts_their_acting(tmp_path, capsys):
-    settings = {**SMALL, "inference.in_workers": "true"}
-    argv = ["--profile", "cartpole-appo", *set_args(settings), "--seconds", "2", "--warmup-seconds", "0.5",
-            "--json", str(tmp_path / "prof.json")]
-    assert profile_main(argv) == 0
-    table = capsys.readouterr().out
-    result = json.loads((tmp_path / "prof.json").read_text())
-    for run in ("sample", "train"):
-        bd = result["breakdown"][run]
-        assert 0 < bd["rollout/inference"] < bd["rollout/busy"] and bd["inference/busy"] == 0
-        assert bd["rollout/wait_actions"] == 0
-    assert "inference" not in {p["name"] for p in result["processes"]["train"]}
-    assert "no batcher process" in table and "rollout/inference" in table and "inference/forward" not in table
-    assert "batcher" not in result["diagnosis"] and "batcher" not in result["sample_diagnosis"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("settings", [
-    {"env.id": "fastrl.envs.toy:AgreementGames", "env.kwargs": {"agents": 4, "stagger": 2}, "env.envs_per_worker": 64,
-     "learner.batch_size": 512, "learner.rollout": 8, "device": "cpu"},
-    MASKED_CUE_GAME,
-], ids=["numpy-games", "pettingzoo"])
-def test_profile_of_a_multi_agent_run_counts_agent_rows_and_breaks_them_down(settings, tmp_path, capsys):
+def test_profile_of_a_multi_agent_run_whose_workers_act_breaks_both_down(tmp_path, capsys):
+    # One run for two checks (the suite's time): a multi-agent env's agent rows (masked moves:
+    # the raw env must draw legal ones), and workers that act for themselves (inference.in_workers),
+    # whose acting is counted as the workers' own and no batcher's. AgreementGames is profiled by
+    # tests/test_bench_agents.py's real measurement.
+    settings = {**MASKED_CUE_GAME, "inference.in_workers": "true"}
     # env.kwargs as --set takes it: a TOML inline table
     inline = {k: "{" + ", ".join(f"{name} = {json.dumps(x)}" for name, x in v.items()) + "}"
               if isinstance(v, dict) else v for k, v in settings.items()}
@@ -396,6 +379,13 @@ def test_profile_of_a_multi_agent_run_counts_agent_rows_and_breaks_them_down(set
         assert 0 < bd["rollout/env_step"] and 0 < bd["rollout/busy"] <= 1.2
     assert result["breakdown"]["train"]["learner/busy"] > 0
     assert f"diagnosis: {result['diagnosis']}" in table
+    for run in ("sample", "train"):
+        bd = result["breakdown"][run]
+        assert 0 < bd["rollout/inference"] < bd["rollout/busy"] and bd["inference/busy"] == 0
+        assert bd["rollout/wait_actions"] == 0
+    assert "inference" not in {p["name"] for p in result["processes"]["train"]}
+    assert "no batcher process" in table and "rollout/inference" in table and "inference/forward" not in table
+    assert "batcher" not in result["diagnosis"] and "batcher" not in result["sample_diagnosis"]
     assert_all_exited([p["pid"] for run in ("env", "sample", "train") for p in result["processes"][run]
                        if p["role"] != "runner"])
 
