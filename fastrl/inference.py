@@ -98,6 +98,7 @@ class InferenceBatcher:
                      and NumpyMLPPolicy.supports(model, arena.obs.dtype))
         models = [model] + [copy.deepcopy(model) for _ in range(arena.weight_version.shape[0] - 1)]
         self.actors = [Actor(arena, m, device, k, compile, numpy_mlp) for k, m in enumerate(models)]
+        self.num_policies = arena.learner_stats.shape[0]  # weight sets that are policies; then snapshots
         self.model = self.actors[0].model
         self.weights = self.actors[0].weights
         self.transfer = BatchTransfer(device) if transfer is None else transfer
@@ -131,11 +132,6 @@ class InferenceBatcher:
             actor.weights.refresh()
         self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
         return all(actor.weights.version >= 0 for actor in self.actors[:self.num_policies])
-
-    @property
-    def num_policies(self) -> int:
-        """Weight sets that are policies (the rest are self-play snapshots)."""
-        return self.arena.learner_stats.shape[0]
 
     def wait_for_weights(self, control, parent_pid: int) -> None:
         """Block until the learner's first weights are loaded (it publishes them within a moment of

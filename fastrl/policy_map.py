@@ -34,6 +34,11 @@ class PolicyMap:
             return ((np.arange(num_rows) // len(self.agents)) % self.members).astype(ACTOR_DTYPE)
         return np.tile(np.asarray(self.agent_policy, ACTOR_DTYPE), num_rows // len(self.agents))
 
+    def run_row_policies(self, num_workers: int, envs_per_worker: int) -> np.ndarray:
+        """``[num_workers * envs_per_worker]`` policy index of every env row of a run, as
+        ``arena.slot_env`` numbers them (what routes a full slot to its policy's learner)."""
+        return np.tile(self.row_policies(envs_per_worker), num_workers)
+
     def agents_of(self, policy: int) -> list[str]:
         return [agent for agent, p in zip(self.agents, self.agent_policy) if p == policy]
 

@@ -49,7 +49,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
                                torch.device(plan.inference_device), batcher_epsilons(cfg),
                                numpy_mlp=cfg.inference.numpy_mlp)
-    row_policy = np.tile(policies.row_policies(cfg.env.envs_per_worker), cfg.env.num_workers)
+    row_policy = policies.run_row_policies(cfg.env.num_workers, cfg.env.envs_per_worker)
     worker_slots, full = serial_slots(arena, cfg.env.num_workers, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                       lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS), row_policy,
                                       drop_untrained=cfg.selfplay.enabled)

@@ -81,7 +81,7 @@ class FullSlots:
         self.parent_pid = parent_pid
         self.timers = timers
         policies = policy_map(cfg, ()) if policies is None else policies
-        row_policy = np.tile(policies.row_policies(cfg.env.envs_per_worker), cfg.env.num_workers)
+        row_policy = policies.run_row_policies(cfg.env.num_workers, cfg.env.envs_per_worker)
         self.full = PolicyQueues(arena, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                  lambda w, slot_ids: free_out[w].send_bytes(slot_bytes(slot_ids)), row_policy,
                                  drop_untrained=cfg.selfplay.enabled)
