@@ -358,7 +358,8 @@ class PBTConfig:
 
     population: int = key(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
     period_env_steps: int = key(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
-    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE, help="env steps before the first exploit")
+    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE, help="env steps before the first exploit (at the later of this and "
+                                                      "pbt.period_env_steps)")
     fraction: float = key(0.25, allowed=Range(0, 0.5, low_open=True),
                           help="the bottom fraction copies the top fraction (at least one member each)")
     margin_relative: float = key(0.05, allowed=NON_NEGATIVE,
@@ -601,8 +602,19 @@ def set_key(cfg: Config, key: str, value) -> None:
     declared = KEYS.get(key)
     if declared is None:
         raise _unknown_key_error(key)
+    set_value(cfg, key, _coerce(key, value, declared.type))
+
+
+def get_value(cfg: Config, key: str):
+    """The value of ``section.key`` (or a top-level key) on ``cfg``, as stored."""
     section, _, name = key.rpartition(".")
-    setattr(getattr(cfg, section) if section else cfg, name, _coerce(key, value, declared.type))
+    return getattr(getattr(cfg, section) if section else cfg, name)
+
+
+def set_value(cfg: Config, key: str, value) -> None:
+    """Store ``value`` at ``section.key`` unchecked (set_key checks what the user gives)."""
+    section, _, name = key.rpartition(".")
+    setattr(getattr(cfg, section) if section else cfg, name, value)
 
 
 PBT_START = "pbt.start."

@@ -11,7 +11,7 @@ import numpy as np
 
 from .console import Console
 from .run_dir import make_dir, open_for_append
-from .shm import EPISODE_RING, Arena, Control, total_env_steps
+from .shm import Arena, Control, new_episodes, total_env_steps
 from .wandb_logger import open_wandb_logger
 
 # Reports kept in memory for RunResult.reports (metrics.jsonl has every one): about 3 hours at the
@@ -178,16 +178,13 @@ class Reporter:
         """Episodes finished since the last report (at most the ring's size per worker): returns,
         lengths, the weight set that played each (a policy, or a self-play snapshot) and the
         snapshot version its policy played against (-1: none)."""
-        counts = self.arena.episode_count.copy()
+        self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
         columns = (self.arena.episode_return, self.arena.episode_length, self.arena.episode_actor,
                    self.arena.episode_opponent)
         parts: list[list[np.ndarray]] = [[] for _ in columns]
-        for w, (seen, now) in enumerate(zip(self.episodes_seen, counts)):
-            new = int(min(now - seen, EPISODE_RING))
-            index = (now - new + np.arange(new)) % EPISODE_RING
+        for w, index in enumerate(indices):
             for part, column in zip(parts, columns):
                 part.append(column[w, index])
-        self.episodes_seen = counts
         returns, lengths, actors, opponents = (np.concatenate(part) for part in parts)
         return returns, lengths, actors, opponents
 

@@ -86,7 +86,7 @@ class ConnectFourOnePly(Opponent):
     def __call__(self, observation, agent):
         planes = np.asarray(observation["observation"])
         mine, theirs = planes[:, :, 0] != 0, planes[:, :, 1] != 0
-        legal = np.flatnonzero(np.asarray(observation[MASK_KEY]))
+        legal = legal_actions(observation, self.action_space)
         for pieces in (mine, theirs):  # win now, else take the square the other player wins on
             for column in legal:
                 if wins_by_dropping(pieces, mine | theirs, int(column)):

@@ -27,21 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import KEYS, Config
+from .config import KEYS, Config, get_value, set_value
 from .run_dir import make_dir, open_for_append
-from .shm import EPISODE_RING, Arena
+from .shm import Arena, new_episodes
 
 MAX_GAMMA = 0.9999  # a perturbed discount stays below 1
-
-
-def get_value(cfg: Config, key: str):
-    section, _, name = key.rpartition(".")
-    return getattr(getattr(cfg, section) if section else cfg, name)
-
-
-def set_value(cfg: Config, key: str, value) -> None:
-    section, _, name = key.rpartition(".")
-    setattr(getattr(cfg, section) if section else cfg, name, value)
 
 
 def member_configs(cfg: Config, members: int) -> list[Config]:
@@ -117,15 +107,12 @@ class Population:
 
     def collect(self) -> None:
         """Take the episodes finished since the last call into their members' recent returns."""
-        counts = self.arena.episode_count.copy()
-        for w, (seen, now) in enumerate(zip(self.episodes_seen, counts)):
-            new = int(min(now - seen, EPISODE_RING))
-            index = (now - new + np.arange(new)) % EPISODE_RING
+        self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
+        for w, index in enumerate(indices):
             for actor, value in zip(self.arena.episode_actor[w, index].tolist(),
                                     self.arena.episode_return[w, index].tolist()):
                 if actor < len(self.recent):
                     self.recent[actor].append(value)
-        self.episodes_seen = counts
 
     def objectives(self) -> list[float]:
         return [float(np.mean(r)) if r else math.nan for r in self.recent]

@@ -136,6 +136,17 @@ def total_env_steps(arena) -> int:
     return int(arena.env_steps.sum() + arena.control[Control.ENV_STEPS_OFFSET])
 
 
+def new_episodes(arena, seen: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The workers' episode counts now ``[W]``, and for each worker the ring indices of the
+    episodes it finished since its count was ``seen[w]`` (the newest EPISODE_RING at most)."""
+    counts = arena.episode_count.copy()
+    indices = []
+    for seen_w, now in zip(seen, counts):
+        new = int(min(now - seen_w, EPISODE_RING))
+        indices.append((now - new + np.arange(new)) % EPISODE_RING)
+    return counts, indices
+
+
 def set_error(arena, message: str) -> None:
     """Record why this process stops the run; the runner reports it."""
     data = message.encode()[: arena.error_text.shape[0] - 1]

@@ -18,7 +18,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from .config import KEYS, Config, ConfigError, Range, set_key, validate
+from .config import KEYS, Config, ConfigError, Range, get_value, set_key, validate
 from .eval_during_training import OPPONENT_STATS
 from .metrics import INFERENCE_TIMINGS, LEARNER_STATS, WORKER_TIMINGS
 
@@ -205,8 +205,7 @@ def _typed_choices(param: Param, cfg: Config) -> Param:
             set_key(probe, param.key, text)
         except ConfigError as exc:
             raise ConfigError(f"--param {param.spec}: {exc}") from None
-        section, _, name = param.key.rpartition(".")
-        value = getattr(getattr(probe, section) if section else probe, name)
+        value = get_value(probe, param.key)
         values.append(value if isinstance(value, (bool, int, float)) else text)
     if len(set(values)) != len(values):
         raise ConfigError(f"--param {param.spec}: two choices are the same value; keep one")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import Config
+from ..config import Config, set_value
 from ..league import League
-from ..pbt import Population, member_configs, set_value
+from ..pbt import Population, member_configs
 from ..policy_map import PolicyMap
 from ..shm import Arena
 from .base import BaseLearner
