@@ -104,6 +104,8 @@ SECONDS_OR_OFF = Range(0, 10**9)
 # Units of one layer: beyond this, one layer's weight matrix alone outgrows any host (65536^2
 # float32 is 16 GiB).
 LAYER_WIDTH = Range(1, 65536)
+# The smallest side the image encoders read, and below which [C, H, W] with W <= 4 would look channels-last.
+IMAGE_SIDE = Range(7, 65536)
 RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
 
@@ -141,6 +143,22 @@ class EnvConfig:
     num_threads: int = key(0, allowed=NON_NEGATIVE, help="envpool threads per worker; 0 = envpool's default")
     thread_affinity: bool = key(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
     kwargs: dict = key({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
+    info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
+                                        "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
+                                        "and factory envs")
+    # Image preprocessing of gymnasium and factory envs (fastrl.envs.image_preprocessing); envpool's
+    # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
+    frame_skip: int = key(1, allowed=AT_LEAST_1,
+                          help="repeat each action this many env frames, rewards summed, never past an episode's "
+                               "end; frames = env steps x frame_skip")
+    resize: list[int] = key([], allowed=IMAGE_SIDE, help="[height, width] of image observations (cv2 INTER_AREA); "
+                                                          "[] keeps their size")
+    grayscale: bool = key(False, help="image observations as one luminance channel (cv2 RGB2GRAY)")
+    frame_stack: int = key(1, allowed=AT_LEAST_1,
+                           help="the last n frames of an image observation stacked along channels (CHW, oldest "
+                                "first); an episode's first frame fills the stack")
+    image_keys: list[str] = key([], help="the leaves of a Dict observation preprocessed as images (key paths joined "
+                                         "by '.'); [] = every uint8 leaf of shape [height, width, channels]")
 
 
 @dataclass
@@ -340,6 +358,17 @@ class SelfPlayConfig:
                                  "(0: uniform)")
 
 
+# What pbt.objective may name besides "info/<key>", an env info number (INFO_PREFIX + the key).
+PBT_OBJECTIVES = ("episode_return_mean", "eval_return_mean")
+INFO_PREFIX = "info/"
+INFO_KEY = re.compile(r"[A-Za-z0-9_.-]+")  # an info key is part of metric keys: info/<key>
+
+
+def objective_info_key(objective: str) -> str | None:
+    """The env info key a pbt.objective of the form info/<key> names; None for any other."""
+    return objective[len(INFO_PREFIX):] if objective.startswith(INFO_PREFIX) else None
+
+
 PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
                "learner.max_grad_norm", "learner.gamma")
 # What members may start apart in (pbt.start): keys only a member's own learner updates read. The
@@ -366,9 +395,11 @@ class PBTConfig:
                                  help="a bottom member copies only when the top one leads by this share of "
                                       "the top's |objective| ...")
     margin_absolute: float = key(0.0, allowed=NON_NEGATIVE, help="... and by at least this much")
-    objective: str = key("episode_return_mean", allowed=Choices(("episode_return_mean",)),
-                         help="what ranks members: the mean return of each member's episodes since its last copy "
-                              "(at most its newest pbt.objective_episodes)")
+    objective: str = key("episode_return_mean",
+                         help="what ranks members: episode_return_mean (their episodes' mean return since their "
+                              "last copy, at most the newest pbt.objective_episodes), eval_return_mean (their "
+                              "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
+                              "episodes' end, averaged as the return is)")
     objective_episodes: int = key(100, allowed=AT_LEAST_1, help="a member's newest episodes its objective averages")
     mutable: list[str] = key(list(PBT_MUTABLE[:5]),
                              help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
@@ -445,6 +476,13 @@ class Config:
     policies: PoliciesConfig = field(default_factory=PoliciesConfig)
     selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
     pbt: PBTConfig = field(default_factory=PBTConfig)
+
+    @property
+    def info_keys(self) -> tuple[str, ...]:
+        """The env info keys recorded at every episode's end: env.info_keys, and the one a
+        population's pbt.objective names (info/<key>)."""
+        objective = objective_info_key(self.pbt.objective) if self.pbt.population else None
+        return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else [])]))
 
     @property
     def trajectories_per_batch(self) -> int:
@@ -730,6 +768,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"env.envs_per_worker ({cfg.env.envs_per_worker}) must be divisible by env.num_splits "
             f"({cfg.env.num_splits})")
+    if cfg.env.resize and len(cfg.env.resize) != 2:
+        raise ConfigError(f"env.resize is [height, width] (or [] to keep the size), got {cfg.env.resize!r}")
     if cfg.learner.batch_size % cfg.learner.rollout:
         raise ConfigError(
             f"learner.batch_size ({cfg.learner.batch_size}) must be a multiple of learner.rollout "
@@ -759,6 +799,7 @@ def validate(cfg: Config) -> None:
                           "(e.g. --set eval.every_s=60)")
     _validate_eval_opponents(cfg)
     _validate_policies(cfg)
+    _validate_info_keys(cfg)
     _validate_pbt(cfg)
     # The learner collects a batch while every env keeps one slot filling: more trajectories per
     # batch than the queued slots can ever hold would deadlock the run.
@@ -832,8 +873,21 @@ def _validate_policies(cfg: Config) -> None:
                           "(policies.mapping=shared)")
 
 
+def _validate_info_keys(cfg: Config) -> None:
+    bad = [k for k in cfg.env.info_keys if not INFO_KEY.fullmatch(k)]
+    if bad:
+        raise ConfigError(f"env.info_keys {bad[0]!r}: name a key of the env's info dict (letters, digits, '_', '-' "
+                          f"and '.'; it names the metric info/<key>)")
+    if len(set(cfg.env.info_keys)) != len(cfg.env.info_keys):
+        raise ConfigError(f"env.info_keys lists a key twice ({cfg.env.info_keys}): list each once")
+
+
 def _validate_pbt(cfg: Config) -> None:
     pbt = cfg.pbt
+    info_key = objective_info_key(pbt.objective)
+    if pbt.objective not in PBT_OBJECTIVES and not (info_key and INFO_KEY.fullmatch(info_key)):
+        raise ConfigError(f"pbt.objective={pbt.objective!r} is not an objective: use {' or '.join(PBT_OBJECTIVES)}, "
+                          f"or info/<key> for a number the env reports in its info at an episode's end")
     if pbt.population == 1:
         raise ConfigError("pbt.population=1 is a single run: set 2 or more members, or 0 for no population")
     if pbt.population == 0:
@@ -855,6 +909,9 @@ def _validate_pbt(cfg: Config) -> None:
         if len(values) != pbt.population:
             raise ConfigError(f"pbt.start.{key} has {len(values)} values for {pbt.population} members: give one "
                               f"per member")
+    if pbt.objective == "eval_return_mean" and not cfg.eval.every_s:
+        raise ConfigError("pbt.objective=eval_return_mean ranks members by their evaluations during training, which "
+                          "are off: set eval.every_s > 0 (e.g. --set eval.every_s=60)")
 
 
 def _validate_expect(expect: ExpectConfig) -> None:
@@ -920,7 +977,8 @@ def flat_config(config: dict) -> dict:
 
 # Config keys a checkpoint's weights depend on: a resumed or evaluated run must keep them.
 WEIGHTS_KEY_SECTIONS = ("model",)
-WEIGHTS_KEYS = ("env.id", "env.kwargs", "learner.algo")
+WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.frame_skip", "env.resize", "env.grayscale", "env.frame_stack",
+                "env.image_keys", "learner.algo")
 
 
 def weights_mismatch(saved: dict, cfg: Config) -> str:
@@ -928,7 +986,9 @@ def weights_mismatch(saved: dict, cfg: Config) -> str:
     ``saved`` (a checkpoint's config, as Config.to_dict() wrote it) and ``cfg``; "" if none."""
     before, now = flat_config(saved), flat_config(cfg.to_dict())
     keys = [k for k in now if k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS]
-    return ", ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in keys if before.get(k) != now[k])
+    # A key the saved config lacks was added since: that run had its default.
+    before = {k: before.get(k, KEYS[k].default) for k in keys}
+    return ", ".join(f"{k}: {before[k]!r} -> {now[k]!r}" for k in keys if before[k] != now[k])
 
 
 def load_run_config(run_dir: Path) -> Config:
