@@ -29,6 +29,8 @@ setup(
     extras_require={
         "test": ["pytest>=7"],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
+        # ViZDoom's gymnasium ids; OpenCV resizes the engine's smallest screen to env.resize.
+        "vizdoom": ["vizdoom>=1.3", "opencv-python-headless>=4.8"],
         "tb": ["tensorboard>=2.10"],
         "replay": ["lz4>=4"],
         "plot": ["matplotlib>=3.7"],

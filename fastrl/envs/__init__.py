@@ -5,7 +5,9 @@
               ... a multi-player one ("TicTacToe-v1")   EnvpoolTurns (turn-based) / PlayerRows of the
                                                         above: every player a row (envpool_players.py)
   gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
-                                                        are preprocessed like envpool (atari.py)
+                                                        are preprocessed like envpool (atari.py);
+                                                        ViZDoom ids ("VizdoomBasic-v1") render small
+                                                        and skip frames in the engine (vizdoom_backend.py)
   factory     "module:callable" returning a gym.Env     GymnasiumSplits
               ... or "module:Class", a VecEnv subclass   Class itself: a vectorized env that makes a
                                                         worker's whole group (fastrl.envs.toy.AgreementGames)
@@ -27,7 +29,7 @@ from typing import Any
 
 import gymnasium
 
-from fastrl.envs import atari
+from fastrl.envs import atari, vizdoom_backend
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.gym_backend import GymnasiumSplits
 from fastrl.envs.pettingzoo_backend import is_pettingzoo_id
@@ -192,6 +194,8 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
             raise ValueError(f"{env_id!r} is a PettingZoo env, which the {backend} backend cannot make: leave "
                              f"env.backend at auto")
         return "pettingzoo"
+    if vizdoom_backend.is_vizdoom_id(env_id) and backend in ("auto", "gymnasium"):
+        vizdoom_backend.register_ids()
     if backend != "auto":
         if backend == "factory":
             _import_factory(env_id)

@@ -1,0 +1,98 @@
+"""ViZDoom's gymnasium ids as a backend family (fastrl/envs/vizdoom_backend.py): ids that resolve
+with no factory, the engine resolution and frame skip chosen from env.resize and env.frame_skip,
+observations through fastrl's Dict path, and the one-line error without the package."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from fastrl.envs import make_vec_env, resolve_backend, vizdoom_backend
+
+needs_vizdoom = pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None,
+                                   reason="vizdoom is not installed (pip install 'fastrl[vizdoom]')")
+
+
+def test_missing_vizdoom_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vizdoom.gymnasium_wrapper", None)  # import fails as if not installed
+    with pytest.raises(ValueError) as raised:
+        resolve_backend("VizdoomBasic-v1")
+    message = str(raised.value)
+    assert "\n" not in message and "pip install 'fastrl[vizdoom]'" in message
+
+
+def test_vizdoom_ids_only_by_their_prefix():
+    assert vizdoom_backend.is_vizdoom_id("VizdoomHealthGatheringSupreme-v1")
+    assert not vizdoom_backend.is_vizdoom_id("CartPole-v1")
+    assert not vizdoom_backend.is_vizdoom_id("VizdoomLike:make")  # a user's factory
+
+
+@needs_vizdoom
+def test_vizdoom_id_resolves_with_no_factory():
+    assert resolve_backend("VizdoomBasic-v1") == "gymnasium"
+    assert resolve_backend("VizdoomDefendCenter-v1", "gymnasium") == "gymnasium"
+
+
+@needs_vizdoom
+@pytest.mark.parametrize(("resize", "expected"), [
+    ((72, 128), "RES_160X120"),  # Sample Factory's doom setting
+    ((120, 160), "RES_160X120"),
+    ((121, 160), "RES_200X125"),
+    ((84, 84), "RES_160X120"),
+    ((144, 256), "RES_256X144"),
+    ((240, 320), "RES_320X240"),
+    ((7, 7), "RES_160X120"),
+])
+def test_engine_resolution_is_the_smallest_at_least_the_resize(resize, expected):
+    assert vizdoom_backend.engine_resolution(*resize) == expected
+
+
+@needs_vizdoom
+def test_engine_resolution_larger_than_any_is_one_line():
+    with pytest.raises(ValueError, match="choose a smaller env.resize"):
+        vizdoom_backend.engine_resolution(2000, 3000)
+
+
+@needs_vizdoom
+def test_env_renders_at_the_engine_resolution_and_skips_in_the_engine():
+    env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {}, frame_skip=4, resize=[72, 128])()
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs["screen"].shape == (120, 160, 3) and obs["screen"].dtype == np.uint8
+        assert obs["gamevariables"].shape == (1,)
+        game = env.unwrapped.game
+        start = game.get_episode_time()
+        _, reward, _, _, _ = env.step(0)
+        assert game.get_episode_time() - start == 4
+        assert reward == pytest.approx(-4.0)  # basic.cfg: living reward -1 per tic, summed over the skip
+    finally:
+        env.close()
+
+
+@needs_vizdoom
+def test_a_resolution_in_env_kwargs_wins_and_its_frame_skip_is_refused():
+    env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {"screen_resolution": "RES_320X240"}, frame_skip=1,
+                                         resize=[72, 128])()
+    try:
+        assert env.observation_space["screen"].shape == (240, 320, 3)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="env.frame_skip, not env.kwargs.frame_skip"):
+        vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {"frame_skip": 4}, frame_skip=1, resize=[])
+
+
+@needs_vizdoom
+def test_timeout_ends_an_episode_truncated_not_terminated():
+    # basic.cfg's episode_timeout is 300 tics; standing still never kills the monster.
+    env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {}, frame_skip=4, resize=[72, 128])()
+    try:
+        env.reset(seed=0)
+        steps, terminated, truncated = 0, False, False
+        while not (terminated or truncated):
+            _, _, terminated, truncated, _ = env.step(0)
+            steps += 1
+        assert truncated and not terminated
+        assert steps == 300 // 4
+    finally:
+        env.close()
