@@ -15,7 +15,7 @@ import numba
 import numpy as np
 
 from .config import Config
-from .envs import make_vec_env
+from .envs import ImageOptions, make_vec_env
 from .league import SelfPlaySeats
 from .metrics import WorkerTiming
 from .policy_map import PolicyMap
@@ -347,7 +347,7 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
         # Distinct seeds for every env of every worker of every rank (envpool keeps them mod 2^31).
         seed=(cfg.seed * 1_000_003 + (rank * 4096 + worker_id) * ecfg.envs_per_worker) % 2**31, backend=ecfg.backend,
         async_mode=ecfg.async_mode, num_threads=ecfg.num_threads, thread_affinity=ecfg.thread_affinity,
-        env_kwargs=ecfg.kwargs)
+        env_kwargs=ecfg.kwargs, preprocessing=ImageOptions.from_config(ecfg))
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,

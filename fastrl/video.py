@@ -181,10 +181,10 @@ def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.n
             raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() (or env()) must accept "
                              f"render_mode='rgb_array' and return RGB frames from render()") from None
         return game, game.render_game
-    from .envs import _gymnasium_env_fn
+    from .envs import ImageOptions, _gymnasium_env_fn
     from .envs.gym_backend import GymnasiumSplits
 
-    make_env, _ = _gymnasium_env_fn(env_id, backend, kwargs)
+    make_env, _ = _gymnasium_env_fn(env_id, backend, kwargs, ImageOptions.from_config(cfg.env))
     made: list = []
 
     def make_and_keep():

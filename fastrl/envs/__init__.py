@@ -24,7 +24,7 @@ import difflib
 import importlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium
@@ -32,13 +32,14 @@ import gymnasium
 from fastrl.envs import atari, vizdoom_backend
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.gym_backend import GymnasiumSplits
+from fastrl.envs.image_preprocessing import ImageOptions, check_applies, preprocessed
 from fastrl.envs.pettingzoo_backend import is_pettingzoo_id
 from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
 
-__all__ = ["BACKENDS", "Batch", "EnvSpec", "SplitVecEnv", "VecEnv", "make_episode_env", "make_vec_env", "probe_env",
-           "resolve_backend"]
+__all__ = ["BACKENDS", "Batch", "EnvSpec", "ImageOptions", "SplitVecEnv", "VecEnv", "make_episode_env", "make_vec_env",
+           "probe_env", "resolve_backend"]
 
 
 @dataclass
@@ -61,7 +62,7 @@ def probe_env(cfg) -> EnvSpec:
     elif vector is not None:
         num_envs = batch_size = vector.game_rows(**cfg.env.kwargs)
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
-                       env_kwargs=cfg.env.kwargs)
+                       env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env))
     try:
         return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
     finally:
@@ -88,7 +89,7 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             num_envs, batch_size = episode_layout(cfg.env.id, cfg.env.kwargs, num_envs)
     return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=seed, backend=cfg.env.backend,
-                        env_kwargs=cfg.env.kwargs)
+                        env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env))
 
 
 def envpool_player_count(env_id: str, backend: str, env_kwargs: dict[str, Any]) -> int:
@@ -112,6 +113,7 @@ def make_vec_env(
     num_threads: int = 0,
     thread_affinity: bool = False,
     env_kwargs: dict[str, Any] | None = None,
+    preprocessing: ImageOptions | None = None,
 ) -> VecEnv:
     """Make one group of `num_envs` envs, returned `batch_size` at a time by `recv()`.
 
@@ -130,29 +132,35 @@ def make_vec_env(
         env_kwargs: passed to `envpool.make`, `gymnasium.make`, the factory or PettingZoo's
             `parallel_env`; for gymnasium Atari ids, envpool's Atari config keys are understood
             too (atari.py).
+        preprocessing: action repeat and image preprocessing of gymnasium and factory envs
+            (image_preprocessing.py); refused in one line for the other backends.
     """
     if batch_size < 1 or num_envs < 1 or num_envs % batch_size:
         raise ValueError(
             f"num_envs ({num_envs}) must be a positive multiple of batch_size ({batch_size})"
         )
     env_kwargs = dict(env_kwargs or {})
+    preprocessing = preprocessing or ImageOptions()
     backend = resolve_backend(env_id, backend)
     with naming_unknown_kwargs(env_id, env_kwargs):
         if backend == "envpool":
             # envpool is optional, and importing it loads every env family (seconds): only when used.
-            from fastrl.envs.envpool_backend import make_envpool_vec_env
+            from fastrl.envs.envpool_backend import make_envpool_vec_env, task_options
 
+            check_applies(preprocessing, env_id, "envpool", task_options(env_id) if preprocessing.asked() else ())
             env = make_envpool_vec_env(
                 env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
             )
         elif backend == "pettingzoo":
             from fastrl.envs.pettingzoo_backend import make_pettingzoo_vec_env  # pettingzoo is optional
 
+            check_applies(preprocessing, env_id, "pettingzoo")
             env = make_pettingzoo_vec_env(env_id, num_envs, batch_size, seed, env_kwargs)
         elif (vector := vector_env_class(env_id, backend)) is not None:
+            check_applies(preprocessing, env_id, "vector")
             env = vector(num_envs, batch_size, seed, **env_kwargs)
         else:
-            env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs)
+            env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs, preprocessing)
             env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
     _check_spaces(env, env_id)
     return env
@@ -269,9 +277,19 @@ def _import_factory(env_id: str) -> Callable[..., gymnasium.Env]:
 
 
 def _gymnasium_env_fn(
-    env_id: str, backend: str, env_kwargs: dict[str, Any]
+    env_id: str, backend: str, env_kwargs: dict[str, Any], preprocessing: ImageOptions | None = None
 ) -> tuple[Callable[[], gymnasium.Env], int]:
-    """(a zero-argument env constructor, emulator frames per step) for the gymnasium backends."""
+    """(a zero-argument env constructor, emulator frames per step) for the gymnasium backends,
+    its envs preprocessed as ``preprocessing`` asks."""
+    preprocessing = preprocessing or ImageOptions()
+    if atari.is_atari_id(env_id) and backend != "factory":
+        check_applies(preprocessing, env_id, "atari", atari.ENVPOOL_ATARI_DEFAULTS)
+        config, _ = atari.atari_config(env_kwargs)
+        return (lambda: atari.make_atari_env(env_id, **env_kwargs)), config["frame_skip"]
+    if vizdoom_backend.is_vizdoom_id(env_id) and backend != "factory":
+        make = vizdoom_backend.vizdoom_env_fn(env_id, env_kwargs, preprocessing.frame_skip, preprocessing.resize)
+        # The engine repeats the action itself, rendering only the last tic.
+        return preprocessed(make, replace(preprocessing, frame_skip=1), env_id), preprocessing.frame_skip
     if backend == "factory":
         factory = _import_factory(env_id)
 
@@ -282,11 +300,11 @@ def _gymnasium_env_fn(
                                  f"make it return the env (an instance of a gymnasium.Env subclass)")
             return env
 
-        return make_checked, 1
-    if atari.is_atari_id(env_id):
-        config, _ = atari.atari_config(env_kwargs)
-        return (lambda: atari.make_atari_env(env_id, **env_kwargs)), config["frame_skip"]
-    return (lambda: gymnasium.make(env_id, **env_kwargs)), 1
+        make = make_checked
+    else:
+        def make() -> gymnasium.Env:
+            return gymnasium.make(env_id, **env_kwargs)
+    return preprocessed(make, preprocessing, env_id), preprocessing.frame_skip
 
 
 def _check_spaces(env: VecEnv, env_id: str) -> None:

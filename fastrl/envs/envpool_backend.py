@@ -85,6 +85,11 @@ def task_players(env_id: str, env_kwargs: dict[str, Any]) -> tuple[int, bool]:
     return players, players > 1 and is_turn_based(spec)
 
 
+def task_options(env_id: str) -> tuple[str, ...]:
+    """The option names envpool task ``env_id`` takes (its config's fields: "frame_skip", ...)."""
+    return tuple(envpool.make_spec(env_id).config._fields)
+
+
 def episode_layout(env_id: str, env_kwargs: dict[str, Any], min_rows: int) -> tuple[int, int]:
     """(num_envs, batch_size) of the fewest games of ``env_id`` that hold ``min_rows`` rows, all in
     one batch (for a turn-based task, one group: a row of each game), to play whole episodes."""
