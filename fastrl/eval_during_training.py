@@ -8,9 +8,11 @@ env steps, not in the training episode statistics), records the result in the ar
 the best evaluated mean return. In a multi-agent game it then plays ``eval.episodes`` episodes
 against each scripted opponent of ``eval.opponents`` (``fastrl.policy_eval.evaluate_against``, the
 policy's seat rotating), whose win, draw and loss rates go to ``eval_opponent_stats``, a row per
-opponent. The weights evaluated are the first policy's. In its own process it runs at a lower
-CPU priority: on a machine with fewer cores than processes it takes what the actors and the
-learner leave.
+opponent. The weights evaluated are the first policy's; with a population (fastrl.pbt) every
+member's, each on the same episode seeds, into ``eval_member_stats`` (a row per member, what
+``pbt.objective = "eval_return_mean"`` ranks by), and best.pt keeps the best member's. In its own
+process it runs at a lower CPU priority: on a machine with fewer cores than processes it takes
+what the actors and the learner leave.
 
 It is the run's most expendable process: whatever stops it (an env that fails only in evaluation,
 a kill, a full disk under best.pt) never stops training. It says why in one line through its
@@ -20,6 +22,7 @@ envs) up to MAX_RESTARTS times, then training without evaluation.
 """
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
@@ -67,6 +71,26 @@ class EvalStats:
     SIZE = 11
 
 
+class MemberEvalStats:
+    """Columns of ``arena.eval_member_stats``: a population member's part of the latest evaluation
+    (a row per member), written under EvalStats.SEQ."""
+
+    RETURN_MEAN = 0
+    LENGTH_MEAN = 1
+    WEIGHTS_VERSION = 2
+    AT_ENV_STEPS = 3  # training env steps read before the member's weights were loaded
+
+
+def member_evaluations(arena: Arena) -> np.ndarray | None:
+    """A copy of ``arena.eval_member_stats`` ``[members, 4]`` as of the latest complete
+    evaluation; None before the first one, or when one landed during the copy."""
+    seq = int(arena.eval_stats[EvalStats.SEQ])
+    if seq == 0 or seq % 2:
+        return None
+    rows = arena.eval_member_stats.copy()
+    return rows if int(arena.eval_stats[EvalStats.SEQ]) == seq else None
+
+
 # The columns of a row of ``arena.eval_opponent_stats``: the evaluated policy's games against one
 # of eval.opponents (the row's index there), written under EvalStats.SEQ; NaN rates: no outcome.
 OPPONENT_STATS = ("win_rate", "draw_rate", "loss_rate", "episodes")
@@ -83,11 +107,13 @@ def clip_path(at_env_steps: int) -> str:
 class EvalResults:
     """The runner's side: the newest evaluation since the last call, as metrics keys; against
     each of ``opponents`` (eval.opponents) ``eval/<opponent>/win_rate``, ``draw_rate``,
-    ``loss_rate`` and ``episodes``."""
+    ``loss_rate`` and ``episodes``; each of a population's ``members``
+    ``member/<k>/eval_return_mean`` and ``eval_length_mean``."""
 
-    def __init__(self, arena: Arena, opponents: Sequence[str] = ()):
+    def __init__(self, arena: Arena, opponents: Sequence[str] = (), members: int = 0):
         self.stats = arena.eval_stats
         self.opponent_stats = arena.eval_opponent_stats
+        self.member_stats = arena.eval_member_stats[:members]
         self.opponents = tuple(opponents)
         self.seen = int(self.stats[EvalStats.SEQ])
         self.clip_seen = -1
@@ -98,6 +124,7 @@ class EvalResults:
             return {}
         s = self.stats.copy()
         against = self.opponent_stats.copy()
+        members = self.member_stats.copy()
         if int(self.stats[EvalStats.SEQ]) != seq:
             return {}  # a result landed during the copy: take it next report
         self.seen = seq
@@ -110,7 +137,10 @@ class EvalResults:
                 "eval_at_env_steps": int(s[EvalStats.AT_ENV_STEPS]), "eval_seconds": float(s[EvalStats.SECONDS]),
                 "eval_best_return": float(s[EvalStats.BEST_RETURN]),
                 **{f"eval/{name}/{key}": (int(value) if key == "episodes" else float(value))
-                   for name, row in zip(self.opponents, against) for key, value in zip(OPPONENT_STATS, row)}}
+                   for name, row in zip(self.opponents, against) for key, value in zip(OPPONENT_STATS, row)},
+                **{f"member/{k}/{key}": float(row[column]) for k, row in enumerate(members)
+                   for key, column in (("eval_return_mean", MemberEvalStats.RETURN_MEAN),
+                                       ("eval_length_mean", MemberEvalStats.LENGTH_MEAN))}}
 
 
 class Evaluator:
@@ -124,7 +154,9 @@ class Evaluator:
         self.device = device
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep_going = keep_going
-        self.weights = PublishedWeights(arena, self.model, torch.device(device))
+        # A population's members each on a model of their own: a PublishedWeights views its model's tensors.
+        self.models = [self.model, *(copy.deepcopy(self.model) for _ in range(1, max(cfg.pbt.population, 1)))]
+        self.weights = [PublishedWeights(arena, m, torch.device(device), k) for k, m in enumerate(self.models)]
         self.stats = arena.eval_stats
         # An evaluator killed while writing a result left SEQ odd: back to the last complete one,
         # else every later result would read as being written.
@@ -149,26 +181,32 @@ class Evaluator:
             return -math.inf  # unreadable: the next evaluation writes a good one
 
     def evaluate(self) -> dict | None:
-        """One evaluation of the newest weights; None if none are published yet."""
-        at_env_steps = total_env_steps(self.arena)
-        version = self.weights.load_newest(self.keep_going)
-        if version is None:
-            return None
+        """One evaluation of the newest weights (a population's members in turn); None if none
+        are published yet."""
         started = time.perf_counter()
         ecfg, seed = self.cfg.eval, self.cfg.seed + SEED_OFFSET + 7919 * self.evaluations
-        result = evaluate_policy(self.cfg, self.model, ecfg.episodes, ecfg.deterministic, self.device, seed=seed,
-                                 num_envs=ecfg.num_envs, keep_going=self.keep_going)
+        evaluated = []  # (result, weights version, env steps) of each member
+        for model, weights in zip(self.models, self.weights):
+            at_env_steps = total_env_steps(self.arena)
+            version = weights.load_newest(self.keep_going)
+            if version is None:
+                return None
+            # The same seeds for every member: their returns differ by their policies, not their luck.
+            evaluated.append((evaluate_policy(self.cfg, model, ecfg.episodes, ecfg.deterministic, self.device,
+                                              seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going),
+                              version, at_env_steps))
+        result, version, at_env_steps = evaluated[0]
         against = [evaluate_against(self.cfg, self.model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
                                     seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going)
                    for opponent in ecfg.opponents]
         self.evaluations += 1
         seconds = time.perf_counter() - started
-        improved = result["episode_return_mean"] > self.best
-        if improved:
-            self.best = result["episode_return_mean"]
-            self._save_best(result, version, at_env_steps)
+        best = max(range(len(evaluated)), key=lambda k: evaluated[k][0]["episode_return_mean"])
+        if evaluated[best][0]["episode_return_mean"] > self.best:
+            self.best = evaluated[best][0]["episode_return_mean"]
+            self._save_best(best, *evaluated[best])
         clip_at = self._clip(at_env_steps) if time.monotonic() >= self.next_clip else None
-        self._record(result, against, version, at_env_steps, seconds, clip_at)
+        self._record(result, against, version, at_env_steps, seconds, clip_at, evaluated)
         return {**result, "opponents": dict(zip(ecfg.opponents, against))}
 
     def _clip(self, at_env_steps: int) -> int:
@@ -182,11 +220,13 @@ class Evaluator:
         return at_env_steps
 
     def _record(self, result: dict, against: list[dict], version: int, at_env_steps: int, seconds: float,
-                clip_at: int | None) -> None:
+                clip_at: int | None, members: list[tuple[dict, int, int]]) -> None:
         s = self.stats
         s[EvalStats.SEQ] += 1  # odd: writing
         for row, rates in zip(self.arena.eval_opponent_stats, against):
             row[:] = [math.nan if rates[key] is None else rates[key] for key in OPPONENT_STATS]
+        for row, (member, member_version, member_at) in zip(self.arena.eval_member_stats, members):
+            row[:] = [member["episode_return_mean"], member["episode_length_mean"], member_version, member_at]
         s[EvalStats.WEIGHTS_VERSION] = version
         s[EvalStats.AT_ENV_STEPS] = at_env_steps
         s[EvalStats.RETURN_MEAN] = result["episode_return_mean"]
@@ -200,17 +240,19 @@ class Evaluator:
             s[EvalStats.CLIP_AT] = clip_at
         s[EvalStats.SEQ] += 1
 
-    def _save_best(self, result: dict, version: int, at_env_steps: int) -> None:
+    def _save_best(self, member: int, result: dict, version: int, at_env_steps: int) -> None:
+        """best.pt: the weights of ``member`` (0 without a population), evaluated as ``result``."""
         if self.run_dir is None:
             return
         state = {
-            "learner": {"model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}},
+            "learner": {"model": {k: v.detach().cpu() for k, v in self.models[member].state_dict().items()}},
             "counters": {"env_steps": at_env_steps, "weights_version": version},
             "config": self.cfg.to_dict(),
             "eval": {"eval_return_mean": result["episode_return_mean"],
                      "eval_return_std": result["episode_return_std"],
                      "eval_length_mean": result["episode_length_mean"], "eval_episodes": result["episodes"],
-                     "deterministic": self.cfg.eval.deterministic},
+                     "deterministic": self.cfg.eval.deterministic,
+                     **({"member": member} if self.cfg.pbt.population else {})},
         }
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
 

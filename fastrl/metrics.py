@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import INFO_PREFIX
 from .console import Console
 from .run_dir import make_dir, open_for_append
 from .shm import Arena, Control, new_episodes, total_env_steps
@@ -117,7 +118,9 @@ class Reporter:
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
                  aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
-                 policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False):
+                 policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False,
+                 info_keys: tuple[str, ...] = (), info_due_env_steps: int = 0,
+                 objective: str = "episode_return_mean"):
         self.arena = arena
         self.policy_names = tuple(policy_names)
         # A population's members report as member/<k>/..., other policies as policy/<name>/...
@@ -126,6 +129,17 @@ class Reporter:
                                      for k, name in enumerate(self.policy_names))
         self.league = league  # fastrl.league.LeagueRecord with self-play
         self.policy_means = {name: (math.nan, math.nan) for name in self.policy_names}
+        # Env info numbers recorded with each episode (Config.info_keys): their means, the run's
+        # and each policy's, kept from the last report that had some. A key no episode has reported
+        # by ``info_due_env_steps`` (a population's first exploit) is named once in a notice.
+        self.info_keys = tuple(info_keys)
+        self.info_means = np.full(len(self.info_keys), np.nan)
+        self.policy_info_means = {name: np.full(len(self.info_keys), np.nan) for name in self.policy_names}
+        self.info_due_env_steps = info_due_env_steps
+        self.info_checked = not self.info_keys
+        # What the status line's best member is best at (pbt.objective), each member's latest figure.
+        self.objective = objective
+        self.member_objectives = [math.nan] * len(self.policy_names)
         self.frame_skip = frame_skip
         self.target_env_steps = target_env_steps
         self.target_seconds = target_seconds
@@ -174,21 +188,22 @@ class Reporter:
         self.tick()
         return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up()
 
-    def recent_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def recent_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Episodes finished since the last report (at most the ring's size per worker): returns,
-        lengths, the weight set that played each (a policy, or a self-play snapshot) and the
-        snapshot version its policy played against (-1: none)."""
+        lengths, the weight set that played each (a policy, or a self-play snapshot), the
+        snapshot version its policy played against (-1: none), and their env info numbers
+        ``[episodes, len(info_keys)]`` (NaN: not reported)."""
         self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
         columns = (self.arena.episode_return, self.arena.episode_length, self.arena.episode_actor,
-                   self.arena.episode_opponent)
+                   self.arena.episode_opponent, *((self.arena.episode_info,) if self.info_keys else ()))
         parts: list[list[np.ndarray]] = [[] for _ in columns]
         for w, index in enumerate(indices):
             for part, column in zip(parts, columns):
                 part.append(column[w, index])
-        returns, lengths, actors, opponents = (np.concatenate(part) for part in parts)
-        return returns, lengths, actors, opponents
+        returns, lengths, actors, opponents, *info = (np.concatenate(part) for part in parts)
+        return returns, lengths, actors, opponents, info[0] if info else np.empty((len(returns), 0))
 
-    def policy_episodes(self, returns: np.ndarray, lengths: np.ndarray, actors: np.ndarray) -> dict:
+    def policy_episodes(self, returns: np.ndarray, lengths: np.ndarray, actors: np.ndarray, info: np.ndarray) -> dict:
         """``policy/<name>/...`` figures of each policy: its episodes (means kept from the last
         report that had some) and its learner's statistics."""
         out = {}
@@ -198,8 +213,29 @@ class Reporter:
                 self.policy_means[name] = (float(returns[mine].mean()), float(lengths[mine].mean()))
             out[prefix + "episode_return_mean"], out[prefix + "episode_length_mean"] = self.policy_means[name]
             out[prefix + "episodes_recent"] = int(mine.sum())
+            out.update(self.info_figures(*info_totals(info[mine]), self.policy_info_means[name], prefix))
             out.update({f"{prefix}learner/{k}": v for k, v in read_learner_stats(self.arena, p).items()})
         return out
+
+    def info_figures(self, sums: np.ndarray, counts: np.ndarray, means: np.ndarray, prefix: str = "") -> dict:
+        """``<prefix>info/<key>``: each key's mean over the episodes that reported it (info_totals);
+        ``means`` keeps each from the last report that had one, and is updated here."""
+        known = counts > 0
+        means[known] = sums[known] / counts[known]
+        return {f"{prefix}{INFO_PREFIX}{key}": float(mean) for key, mean in zip(self.info_keys, means)}
+
+    def check_info_reported(self, steps: int, episodes: int) -> None:
+        """One notice per env info key that no episode reported by ``info_due_env_steps``: the
+        figures (and a pbt.objective of info/<key>) stay unknown, the run goes on."""
+        if self.info_checked or steps < self.info_due_env_steps or not episodes:
+            return
+        self.info_checked = True
+        for key, mean in zip(self.info_keys, self.info_means):
+            if not math.isfinite(mean):
+                self.console.notice(f"[fastrl] warning: none of the {episodes} episodes so far reported a number "
+                                    f"info[{key!r}] at its end, so {INFO_PREFIX}{key} is unknown (members are not "
+                                    f"ranked by it): check the name against the env's info, or drop it from "
+                                    f"env.info_keys / pbt.objective")
 
     def report(self, extra: dict | None = None) -> dict:
         """One report. In a distributed run this is a collective: every rank calls it in step,
@@ -211,16 +247,17 @@ class Reporter:
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_steps = now, steps
-        returns, lengths, actors, opponents = self.recent_episodes()
-        by_policy = self.policy_episodes(returns, lengths, actors)
+        returns, lengths, actors, opponents, info = self.recent_episodes()
+        by_policy = self.policy_episodes(returns, lengths, actors, info)
         # A self-play snapshot's episodes are the opponent's: the run's figures are its policies'.
         ours = actors < len(self.policy_names)
         league = self.league.record(opponents[ours & (opponents >= 0)], returns[ours & (opponents >= 0)]) \
             if self.league is not None else {}
         returns, lengths = returns[ours], lengths[ours]
-        local = np.array([steps, rate, returns.sum(), len(returns), lengths.sum(), float(time_up)])
+        local = np.array([steps, rate, returns.sum(), len(returns), lengths.sum(), float(time_up),
+                          *np.concatenate(info_totals(info[ours]))])
         table = local[None] if self.aggregate is None else self.aggregate(local)
-        steps, rate, return_sum, episodes, length_sum, any_time_up = table.sum(axis=0)
+        steps, rate, return_sum, episodes, length_sum, any_time_up, *info_sums_counts = table.sum(axis=0)
         steps, rate = int(steps), float(rate)
         if episodes:
             self.return_mean, self.length_mean = float(return_sum / episodes), float(length_sum / episodes)
@@ -237,6 +274,9 @@ class Reporter:
         }
         record.update({f"learner/{k}": v for k, v in learner.items()
                        if k not in ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")})
+        keys = len(self.info_keys)
+        record.update(self.info_figures(np.array(info_sums_counts[:keys]), np.array(info_sums_counts[keys:]),
+                                        self.info_means))
         if len(self.policy_names) > 1:
             record.update(by_policy)
         record.update(league)
@@ -244,6 +284,12 @@ class Reporter:
             record.update(world_size=len(table), env_steps_per_rank=[int(v) for v in table[:, 0]])
         record.update(read_timings(self.arena))
         record.update(extra or {})
+        self.check_info_reported(steps, record["episodes"])
+        if self.members:
+            for k, prefix in enumerate(self.policy_prefixes):
+                value = record.get(prefix + self.objective, math.nan)
+                if math.isfinite(value):
+                    self.member_objectives[k] = value
         self.history.append(record)
         if self.path and self.metrics_ok:
             self._append(record)
@@ -280,9 +326,9 @@ class Reporter:
         eta = f"  ETA {max(0.0, min(etas)):.0f}s" if etas else ""
         evaluated = f"  eval {r['eval_return_mean']:.2f}" if "eval_return_mean" in r else ""
         if self.members:
-            best = max(range(len(self.policy_names)),
-                       key=lambda k: _or_low(r.get(f"member/{k}/episode_return_mean", math.nan)))
-            evaluated += f"  best member {best} {r.get(f'member/{best}/episode_return_mean', math.nan):.2f}"
+            best = max(range(len(self.policy_names)), key=lambda k: _or_low(self.member_objectives[k]))
+            by = "" if self.objective == "episode_return_mean" else f" {self.objective}"
+            evaluated += f"  best member {best}{by} {self.member_objectives[best]:.2f}"
         return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
                 f"return {r['episode_return_mean']:.2f}{evaluated}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
                 f"updates {r['learner_updates']}{eta}")
@@ -292,6 +338,13 @@ class Reporter:
             self.wandb.close()
         if self.tb:
             self.tb.close()
+
+
+def info_totals(info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sums and counts ``[keys]`` of the env info numbers ``info`` ``[episodes, keys]`` that
+    were reported (finite; NaN: the env did not report the key at that episode's end)."""
+    reported = np.isfinite(info)
+    return np.where(reported, info, 0.0).sum(axis=0), reported.sum(axis=0)
 
 
 def _or_low(value: float) -> float:

@@ -23,6 +23,7 @@ from .eval_during_training import EvalResults, evaluator_process
 from .inference import inference_process
 from .learner import learner_process
 from .metrics import MetricsWriteError, Reporter
+from .pbt import info_due_env_steps
 from .process_utils import make_channels
 from .rollout import rollout_process
 from .run_plan import RunError, RunPlan, RunResult
@@ -52,7 +53,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     late_error = ""
     try:
         arena = plan.new_arena(shared=True)
-        eval_results = EvalResults(arena, cfg.eval.opponents)
+        eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
         supervisor = _supervised_children(plan, mp.get_context("spawn"), arena, console)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():
@@ -66,7 +67,8 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
         reporter = Reporter(arena, plan.run_dir if dist_info.is_main else None, plan.spec.frame_skip,
                             cfg.train_for_env_steps, cfg.train_for_seconds, console, plan.launched_at, aggregate,
                             *plan.clocks, policy_names=plan.policies.names, members=bool(plan.policies.members),
-                            league=plan.league_record(arena, dist_info.is_main))
+                            info_keys=cfg.info_keys, info_due_env_steps=info_due_env_steps(cfg),
+                            objective=cfg.pbt.objective, league=plan.league_record(arena, dist_info.is_main))
         _supervise_until_done(plan, supervisor, reporter, eval_results)
         clean = True
     except _Interrupted as exc:

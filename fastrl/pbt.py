@@ -7,8 +7,12 @@ optimizer, normalizers and hyperparameters (its own copy of the config). The lea
 steps them in turn (fastrl.learner.policies), so their updates share its cores rather than
 competing with the actors in P processes.
 
-Every period after the warm-up, members are ranked by their objective: the mean return of their
-episodes since their last copy (at most the newest ``pbt.objective_episodes``). Each member of
+Every period after the warm-up, members are ranked by their objective (``pbt.objective``): the
+mean return of their episodes since their last copy (at most the newest
+``pbt.objective_episodes``), the mean of an env info number reported at those episodes' ends
+(``info/<key>``, recorded by the rollout workers beside the return), or their latest evaluation
+of weights published since their last copy (``eval_return_mean``, fastrl.eval_during_training
+evaluates every member). A member without one is not ranked. Each member of
 the bottom fraction draws a member of the top fraction and, when the top one leads by more than
 ``pbt.margin_absolute`` and ``pbt.margin_relative`` of its |objective|, copies its weights,
 optimizer and normalizer state and its hyperparameters, then multiplies each mutable value by a
@@ -27,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import KEYS, Config, get_value, set_value
+from .config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
+from .eval_during_training import MemberEvalStats, member_evaluations
 from .run_dir import make_dir, open_for_append
-from .shm import Arena, new_episodes
+from .shm import Arena, new_episodes, total_env_steps
 
 MAX_GAMMA = 0.9999  # a perturbed discount stays below 1
 
@@ -50,6 +55,17 @@ def member_configs(cfg: Config, members: int) -> list[Config]:
                     set_value(member, key, scaled(key, get_value(member, key), factor))
         configs.append(member)
     return configs
+
+
+def first_exploit_env_steps(settings: PBTConfig) -> int:
+    """The run's env steps at the first exploit: the later of the warm-up and the period."""
+    return max(settings.warmup_env_steps, settings.period_env_steps)
+
+
+def info_due_env_steps(cfg: Config) -> int:
+    """The run's env steps by which every info key (Config.info_keys) should have been reported,
+    else the Reporter says so: a population's first exploit, the first report without one."""
+    return first_exploit_env_steps(cfg.pbt) if cfg.pbt.population else 0
 
 
 def scaled(key: str, value: float, factor: float) -> float:
@@ -83,8 +99,17 @@ class Population:
         self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
+        # What a member's recent episodes add to its objective ([W, ring] per episode), or None when
+        # its evaluations are the objective.
+        info_key = objective_info_key(cfg.pbt.objective)
+        self.episode_values = (arena.episode_info[:, :, cfg.info_keys.index(info_key)] if info_key else
+                               arena.episode_return if cfg.pbt.objective == "episode_return_mean" else None)
+        self.evaluated = None  # the newest evaluation read, [members, MemberEvalStats.SIZE]
+        # The run's env steps when each member last published copied weights: an evaluation that
+        # read the counter no later than that may have evaluated the weights it had before.
+        self.copied_at = [-1] * len(runtimes)
         self.rng = np.random.default_rng((cfg.seed, 0xE4B))
-        self.next_exploit = max(cfg.pbt.warmup_env_steps, cfg.pbt.period_env_steps)
+        self.next_exploit = first_exploit_env_steps(cfg.pbt)
         if saved:
             self.restore(saved)
         else:
@@ -106,16 +131,33 @@ class Population:
         return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}
 
     def collect(self) -> None:
-        """Take the episodes finished since the last call into their members' recent returns."""
+        """Take the episodes finished since the last call into their members' recent values (an
+        episode whose env did not report the objective's info number adds none)."""
         self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
+        if self.episode_values is None:
+            return
         for w, index in enumerate(indices):
             for actor, value in zip(self.arena.episode_actor[w, index].tolist(),
-                                    self.arena.episode_return[w, index].tolist()):
-                if actor < len(self.recent):
+                                    self.episode_values[w, index].tolist()):
+                if actor < len(self.recent) and math.isfinite(value):
                     self.recent[actor].append(value)
 
     def objectives(self) -> list[float]:
+        """Each member's objective; NaN where it has none yet (not ranked)."""
+        if self.episode_values is None:
+            return self.evaluations()
         return [float(np.mean(r)) if r else math.nan for r in self.recent]
+
+    def evaluations(self) -> list[float]:
+        """Each member's mean return in the newest evaluation, NaN where that evaluation may
+        predate the member's last copy (or there is none)."""
+        newest = member_evaluations(self.arena)
+        if newest is not None:
+            self.evaluated = newest
+        if self.evaluated is None:
+            return [math.nan] * len(self.runtimes)
+        return [float(row[MemberEvalStats.RETURN_MEAN]) if row[MemberEvalStats.AT_ENV_STEPS] > copied else math.nan
+                for row, copied in zip(self.evaluated, self.copied_at)]
 
     def step(self, env_steps: int) -> list[tuple[int, int]]:
         """At a period's end, exploit and explore; the (member, copied from) pairs of this step."""
@@ -148,6 +190,7 @@ class Population:
             self.copy_member(parent, member)
             self.explore(member)
             self.runtimes[member].publish()
+            self.copied_at[member] = total_env_steps(self.arena)
             copies.append((member, parent))
         return copies
 

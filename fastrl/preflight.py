@@ -172,7 +172,7 @@ def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int =
         obs_dtype=obs.storage_dtype, action_shape=act.shape, action_dtype=act.dtype, num_workers=cfg.env.num_workers,
         envs_per_worker=cfg.env.envs_per_worker, num_splits=cfg.env.num_splits, num_weights=num_weights,
         state_size=state_size, num_policies=policy_map(cfg, spec.agents).num_policies,
-        num_snapshots=cfg.selfplay.max_snapshots if cfg.selfplay.enabled else 0)
+        num_snapshots=cfg.selfplay.max_snapshots if cfg.selfplay.enabled else 0, num_info_keys=len(cfg.info_keys))
 
 
 def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, policies: tuple[str, ...]) -> dict:

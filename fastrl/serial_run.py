@@ -16,6 +16,7 @@ from .eval_during_training import (MAX_RESTARTS, EvalResults, Evaluator, failure
 from .inference import InferenceBatcher, batcher_epsilons
 from .learner.policies import PolicyRuntimes, make_policy_learners, restore_policies
 from .metrics import MetricsWriteError, Reporter, WorkerTiming
+from .pbt import info_due_env_steps
 from .rollout import RolloutWorker, make_worker_env, worker_policies
 from .run_plan import RunError, RunPlan, RunResult
 from .slots import SlotsExhausted, serial_slots
@@ -58,12 +59,13 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks, policy_names=policies.names,
-                        members=bool(policies.members),
+                        members=bool(policies.members), info_keys=cfg.info_keys,
+                        info_due_env_steps=info_due_env_steps(cfg), objective=cfg.pbt.objective,
                         league=plan.league_record(arena))
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
-    eval_results = EvalResults(arena, cfg.eval.opponents)
+    eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
     next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:

@@ -58,14 +58,17 @@ class ArenaLayout:
 def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype, action_shape: tuple,
                       action_dtype, num_workers: int, envs_per_worker: int, num_splits: int,
                       num_weights: int, state_size: int = 0, num_policies: int = 1,
-                      num_snapshots: int = 0) -> ArenaLayout:
+                      num_snapshots: int = 0, num_info_keys: int = 0) -> ArenaLayout:
     """The arena of one run. Shapes: ``N`` slots, ``T`` steps, ``W`` workers, ``E`` envs per worker,
     ``S`` splits (outstanding inference requests per worker), ``b = E / S``; with a recurrent
     core, ``state_size`` floats of state per env (see fastrl.recurrent).
 
     Weight sets: ``K = num_policies + num_snapshots``, the policies' weights (set ``p`` for policy
     ``p``), then the self-play league's snapshots (fastrl.league); ``env_actor`` names the set
-    that acts for each env row."""
+    that acts for each env row.
+
+    ``num_info_keys`` (``I``): the env info numbers recorded with each finished episode
+    (Config.info_keys, in their order; NaN where the env did not report one)."""
     T, N, W, E, S = rollout, num_slots, num_workers, envs_per_worker, num_splits
     K = num_policies + num_snapshots
     b = E // S
@@ -108,7 +111,11 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.metrics
         ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.eval_during_training
         ArraySpec("eval_opponent_stats", (MAX_EVAL_OPPONENTS, 4), "<f8"),  # its games against each of eval.opponents
+        # with a population, each member's part of that evaluation (fastrl.eval_during_training.MemberEvalStats)
+        ArraySpec("eval_member_stats", (num_policies, 4), "<f8"),
     ]
+    if num_info_keys:
+        specs.append(ArraySpec("episode_info", (W, EPISODE_RING, num_info_keys), "<f8"))
     if state_size:
         specs += [
             ArraySpec("env_state", (W, E, state_size), "<f4"),  # state after the env's last acted step

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.cli import train_main
 from fastrl.config import PBT_MUTABLE, ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.learner.policies import PolicyRuntimes, make_policy_learners
 from fastrl.models import num_state_values
+from fastrl.eval_during_training import EvalStats, MemberEvalStats
 from fastrl.pbt import MAX_GAMMA, member_configs
 from fastrl.policy_map import policy_map
 from fastrl.preflight import arena_layout, check_request
@@ -26,6 +27,7 @@ from fastrl.runner import train
 from fastrl.shm import EPISODE_RING, Arena, WeightBuffer
 from tests.test_learner import random_batch
 from tests.test_policies import assert_same_state, one_line, read_metrics
+from tests.test_rollout import run_worker
 
 MUTABLE = PBT_MUTABLE[:5]  # the default pbt.mutable
 
@@ -70,6 +72,23 @@ def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: in
             arena.episode_length[worker, at] = 10
             arena.episode_actor[worker, at] = member
             arena.episode_count[worker] += 1
+
+
+def finish_scored_episodes(arena, scored_by_member: dict[int, list[tuple[float, float]]], worker: int = 0) -> None:
+    """Episodes ``(return, info number)`` finished on ``worker`` by each member, the number in
+    the last column of the ring's info (NaN: the env did not report it)."""
+    for member, episodes in scored_by_member.items():
+        for value, score in episodes:
+            arena.episode_info[worker, arena.episode_count[worker] % EPISODE_RING, -1] = score
+            finish_episodes(arena, {member: [value]}, worker)
+
+
+def finish_evaluation(arena, returns: list[float], at_env_steps: int) -> None:
+    """An evaluation of every member, written as the evaluator writes it (under its sequence)."""
+    arena.eval_stats[EvalStats.SEQ] += 1
+    for row, value in zip(arena.eval_member_stats, returns):
+        row[MemberEvalStats.RETURN_MEAN], row[MemberEvalStats.AT_ENV_STEPS] = value, at_env_steps
+    arena.eval_stats[EvalStats.SEQ] += 1
 
 
 def snapshot(runtime) -> dict:
@@ -286,6 +305,63 @@ def test_episodes_are_read_from_every_worker_and_the_ring_wraps():
     assert runtimes.population.objectives() == [3.0, 8.0]
 
 
+def test_an_info_objective_ranks_by_the_env_number_not_the_return():
+    cfg = pbt_config(2, **{"pbt.objective": "info/score", "env.info_keys": ["other"]})
+    assert cfg.info_keys == ("other", "score")
+    runtimes, arena = make_population(cfg)
+    population = runtimes.population
+    arena.episode_info[:, :, 0] = 1e6  # another key's column: not the objective
+    finish_scored_episodes(arena, {0: [(90.0, 1.0), (80.0, 3.0)], 1: [(5.0, 10.0), (7.0, math.nan)]})
+    population.collect()
+    assert population.objectives() == [2.0, 10.0]  # an episode without the number adds none
+    assert population.step(env_steps=10) == [(0, 1)]  # the higher return copies the higher score
+
+
+def test_members_whose_env_never_reported_the_info_number_are_not_ranked():
+    cfg = pbt_config(2, **{"pbt.objective": "info/score"})
+    runtimes, arena = make_population(cfg)
+    finish_scored_episodes(arena, {0: [(1.0, math.nan)], 1: [(50.0, 20.0)]})
+    assert runtimes.population.step(env_steps=10) == []
+    assert runtimes.population.objectives() == [math.nan, 20.0]
+    finish_scored_episodes(arena, {0: [(1.0, 4.0)]})
+    assert runtimes.population.step(env_steps=20) == [(0, 1)]
+
+
+def test_an_eval_objective_ranks_by_the_newest_evaluation_after_each_copy():
+    cfg = pbt_config(2, **{"pbt.objective": "eval_return_mean", "eval.every_s": 60.0})
+    runtimes, arena = make_population(cfg)
+    population = runtimes.population
+    finish_episodes(arena, {0: [100.0], 1: [0.0]})  # training episodes: not the objective
+    assert population.step(env_steps=10) == [] and population.objectives() == [math.nan, math.nan]
+    finish_evaluation(arena, [10.0, 50.0], at_env_steps=40)
+    arena.env_steps[0] = 100
+    assert population.step(env_steps=100) == [(0, 1)]
+    # Member 0's evaluation read the env steps before its copy was published: it may be of the
+    # weights it had, so member 0 is unranked until an evaluation after the copy.
+    assert population.objectives() == [math.nan, 50.0]
+    finish_evaluation(arena, [60.0, 30.0], at_env_steps=100)
+    assert population.objectives() == [math.nan, 30.0]
+    finish_evaluation(arena, [60.0, 30.0], at_env_steps=101)
+    assert population.objectives() == [60.0, 30.0]
+    arena.eval_stats[EvalStats.SEQ] += 1  # an evaluation being written: the last complete one holds
+    arena.eval_member_stats[:, MemberEvalStats.RETURN_MEAN] = -1.0
+    assert population.step(env_steps=200) == [(1, 0)]
+
+
+def test_a_worker_records_the_info_numbers_of_each_episode_beside_its_return():
+    cfg = build_config("cartpole-appo", {
+        "env.id": "tests.info_envs:ScoredSteps", "env.info_keys": ["score", "never"], "env.num_workers": 1,
+        "env.envs_per_worker": 4, "env.num_splits": 2, "learner.rollout": 4, "learner.batch_size": 16,
+        "slots_per_env": 8, "device": "cpu"})
+    rng = np.random.default_rng(0)
+    arena, _ = run_worker(cfg, steps_per_env=30, choose=lambda obs: rng.integers(0, 2, len(obs)))
+    count = arena.episode_count[0]
+    returns, info = arena.episode_return[0, :count], arena.episode_info[0, :count]
+    assert count > 10 and len(set(returns.tolist())) > 3  # episodes of several returns, ended apart
+    np.testing.assert_array_equal(info[:, 0], 100.0 - returns)  # the env's score: 100 - its return
+    assert np.isnan(info[:, 1]).all()  # a key the env never reports
+
+
 def test_the_run_directory_keeps_lineage_and_history(tmp_path):
     cfg = pbt_config(2, **{"pbt.start.learner.lr": [1e-4, 2e-3]})
     runtimes, arena = make_population(cfg, run_dir=tmp_path)
@@ -349,6 +425,12 @@ def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
     ({"pbt.start.seed": [1, 2]}, "pbt.start.seed"),
     ({"policies.names": ["hero"]}, "leave [policies] at its defaults"),
     ({"selfplay.enabled": True}, "selfplay.enabled=false"),
+    ({"pbt.objective": "win_rate"}, "pbt.objective='win_rate' is not an objective: use episode_return_mean or "
+                                    "eval_return_mean, or info/<key>"),
+    ({"pbt.objective": "info/"}, "pbt.objective='info/' is not an objective"),
+    ({"pbt.objective": "eval_return_mean"}, "evaluations during training, which are off: set eval.every_s > 0"),
+    ({"env.info_keys": ["a b"]}, "env.info_keys 'a b'"),
+    ({"env.info_keys": ["score", "score"]}, "env.info_keys lists a key twice"),
 ])
 def test_bad_pbt_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(ConfigError) as error:
@@ -461,6 +543,48 @@ def test_the_status_line_names_the_best_member(tmp_path, capsys):
     last = records[-1]
     best = max(range(3), key=lambda k: last[f"member/{k}/episode_return_mean"] or -math.inf)
     assert f"best member {best} {last[f'member/{best}/episode_return_mean']:.2f}" in lines[-1]
+
+
+def test_a_population_ranked_by_an_env_info_number_reports_it_per_member_and_copies_by_it(tmp_path, capsys):
+    cfg = pbt_config(2, **{"env.id": "tests.info_envs:ScoredSteps", "env.info_keys": ["never"],
+                           "pbt.objective": "info/score", "serial": True, "train_for_env_steps": 2_000,
+                           "report_every_s": 0.1, "pbt.period_env_steps": 500, "pbt.warmup_env_steps": 500})
+    train(cfg, run_dir=tmp_path, quiet=False)
+    err = capsys.readouterr().err
+    records = read_metrics(tmp_path)
+    # Every episode's score is 100 minus its return: the means over the same episodes add up to 100.
+    for prefix in ("", "member/0/", "member/1/"):
+        reported = [r for r in records if r[f"{prefix}info/score"] is not None]
+        assert reported, prefix
+        for r in reported:
+            assert r[f"{prefix}info/score"] + r[f"{prefix}episode_return_mean"] == pytest.approx(100.0)
+    assert all(r["info/never"] is None and r["member/0/info/never"] is None for r in records)
+    lineage = [json.loads(line) for line in (tmp_path / "pbt" / "lineage.jsonl").read_text().splitlines()]
+    assert lineage
+    for line in lineage:  # ranked by the score, which no return reaches
+        assert 90.0 <= line["objective"] < line["parent_objective"] <= 100.0
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "info['never']" in warnings[0] and "info/never is unknown" in warnings[0]
+    status = [line for line in err.splitlines() if line.startswith("[fastrl] steps")][-1]
+    assert "best member" in status and "info/score 9" in status
+
+
+def test_a_population_ranked_by_its_evaluations_evaluates_every_member(tmp_path):
+    cfg = pbt_config(2, **{"pbt.objective": "eval_return_mean", "eval.every_s": 0.3, "eval.episodes": 2,
+                           "eval.num_envs": 2, "serial": True, "train_for_env_steps": 3_000, "report_every_s": 0.05,
+                           "pbt.period_env_steps": 500, "pbt.warmup_env_steps": 500})
+    train(cfg, run_dir=tmp_path, quiet=True)
+    records = read_metrics(tmp_path)
+    evaluated = {k: {r[f"member/{k}/eval_return_mean"] for r in records if f"member/{k}/eval_return_mean" in r}
+                 for k in range(2)}
+    assert evaluated[0] and evaluated[1]
+    assert all(r["member/0/eval_return_mean"] == r["eval_return_mean"] for r in records if "eval_return_mean" in r)
+    lineage = [json.loads(line) for line in (tmp_path / "pbt" / "lineage.jsonl").read_text().splitlines()]
+    assert lineage
+    for line in lineage:
+        assert line["parent_objective"] in evaluated[line["copied"]]
+    best = load_checkpoint(best_checkpoint_path(tmp_path))["eval"]  # the best member's best evaluation
+    assert best["eval_return_mean"] >= max(evaluated[0] | evaluated[1]) and best["member"] in (0, 1)
 
 
 @pytest.mark.slow

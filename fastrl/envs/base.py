@@ -21,6 +21,8 @@ from __future__ import annotations
 import abc
 import functools
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import gymnasium
 import numpy as np
@@ -71,6 +73,9 @@ class VecEnv(abc.ABC):
         frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
         agents: a multi-agent env's agents of one game, in row order (game g holds rows
             ``g * n .. (g + 1) * n - 1``); () for a single-agent env. [policies] maps them to policies.
+        last_info: the info of the rows the last `recv()` returned, in gymnasium's vector form
+            (key -> array [batch_size], with an optional bool mask ``_key`` of the rows that have
+            the key); empty for a backend that passes no info on (env.info_keys reads it).
     """
 
     num_envs: int
@@ -79,6 +84,7 @@ class VecEnv(abc.ABC):
     action_space: gymnasium.Space
     frame_skip: int
     agents: tuple[str, ...] = ()
+    last_info: Mapping[str, np.ndarray] = MappingProxyType({})
 
     @abc.abstractmethod
     def async_reset(self) -> None:

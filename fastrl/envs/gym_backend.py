@@ -62,12 +62,12 @@ class GymnasiumSplits(SplitVecEnv):
         if self._resetting[split]:
             self._resetting[split] = False
             # Seed once; later resets continue each env's own random stream.
-            obs, _ = vec.reset(seed=self._seeds[split])
+            obs, self.last_info = vec.reset(seed=self._seeds[split])
             self._seeds[split] = None
             no_flags = np.zeros(self.batch_size, dtype=bool)
             rewards = np.zeros(self.batch_size, dtype=np.float32)
             return obs, rewards, no_flags, no_flags.copy(), self._local_ids
-        obs, rewards, terminated, truncated, _ = vec.step(self._env_actions(self._actions[split]))
+        obs, rewards, terminated, truncated, self.last_info = vec.step(self._env_actions(self._actions[split]))
         return obs, rewards, terminated, truncated, self._local_ids
 
     def close(self) -> None:
