@@ -231,6 +231,8 @@ def _is_image(space: gymnasium.Space) -> bool:
 def _described(space: gymnasium.Space) -> str:
     if isinstance(space, spaces.Box):
         return f"{space.dtype} {list(space.shape)}"
+    if isinstance(space, spaces.Dict):
+        return "a Dict of " + ", ".join(f"{'.'.join(path)}: {_described(leaf)}" for path, leaf in _dict_leaves(space, ()))
     return type(space).__name__
 
 
