@@ -158,7 +158,8 @@ class EnvConfig:
                            help="the last n frames of an image observation stacked along channels (CHW, oldest "
                                 "first); an episode's first frame fills the stack")
     image_keys: list[str] = key([], help="the leaves of a Dict observation preprocessed as images (key paths joined "
-                                         "by '.'); [] = every uint8 leaf of shape [height, width, channels]")
+                                         "by '.'); [] = every uint8 [height, width, channels] leaf, channels 1, 3 "
+                                         "or 4")
 
 
 @dataclass
