@@ -18,7 +18,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from .config import KEYS, Config, ConfigError, Range, get_value, set_key, validate
+from .config import INFO_PREFIX, KEYS, Config, ConfigError, Range, get_value, set_key, validate
 from .eval_during_training import OPPONENT_STATS
 from .metrics import INFERENCE_TIMINGS, LEARNER_STATS, WORKER_TIMINGS
 
@@ -215,8 +215,8 @@ def _typed_choices(param: Param, cfg: Config) -> Param:
 def check_objective(objective: str, cfg: Config) -> None:
     """ConfigError unless ``objective`` is a number fastrl writes into metrics.jsonl for ``cfg``
     (the run's headline figures, learner/*, rollout/*, inference/*, eval_* with evaluation,
-    eval/<opponent>/*, policy/<name>/* with several policies, member/<k>/* with a population,
-    league/* with self-play)."""
+    eval/<opponent>/*, info/<key> for Config.info_keys, policy/<name>/* with several policies,
+    member/<k>/* with a population, league/* with self-play)."""
     if objective in objective_keys(cfg):
         return
     if objective in EVAL_KEYS:
@@ -256,7 +256,10 @@ def objective_keys(cfg: Config) -> set[str]:
         keys.update(f"eval/{name}/{stat}" for name in cfg.eval.opponents for stat in OPPONENT_STATS)
     if cfg.selfplay.enabled:
         keys.update(f"league/{k}" for k in LEAGUE_KEYS)
+    info = tuple(f"{INFO_PREFIX}{key}" for key in cfg.info_keys)
+    keys.update(info)
     if cfg.pbt.population > 1:
+        evaluated = ("eval_return_mean", "eval_length_mean") if cfg.eval.every_s else ()
         keys.update(f"member/{k}/{figure}" for k in range(cfg.pbt.population)
-                    for figure in (*POLICY_KEYS, *_learner_keys()))
+                    for figure in (*POLICY_KEYS, *_learner_keys(), *info, *evaluated))
     return keys

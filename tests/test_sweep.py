@@ -68,6 +68,10 @@ def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it
     assert "learner/entropy" in objective_keys(cfg) and "eval_return_mean" not in objective_keys(cfg)
     population = build_config("cartpole-appo", {"pbt.population": 2})
     assert {"member/1/episode_return_mean", "member/0/learner/lr"} <= objective_keys(population)
+    informed = build_config("cartpole-appo", {"pbt.population": 2, "pbt.objective": "info/score",
+                                              "env.info_keys": ["lives"], "eval.every_s": 60.0})
+    assert {"info/score", "info/lives", "member/1/info/score", "member/0/eval_return_mean"} <= objective_keys(informed)
+    assert "info/lives" not in objective_keys(cfg)
 
 
 @pytest.mark.parametrize("args, message", [
