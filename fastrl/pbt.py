@@ -63,8 +63,9 @@ def first_exploit_env_steps(settings: PBTConfig) -> int:
 
 
 def info_due_env_steps(cfg: Config) -> int:
-    """The run's env steps by which every info key (Config.info_keys) should have been reported,
-    else the Reporter says so: a population's first exploit, the first report without one."""
+    """The run's env steps by which some episode should have reported each info key
+    (Config.info_keys), else the Reporter says so: a population's first exploit; without a
+    population, 0 (the first report that has episodes)."""
     return first_exploit_env_steps(cfg.pbt) if cfg.pbt.population else 0
 
 
@@ -104,7 +105,7 @@ class Population:
         info_key = objective_info_key(cfg.pbt.objective)
         self.episode_values = (arena.episode_info[:, :, cfg.info_keys.index(info_key)] if info_key else
                                arena.episode_return if cfg.pbt.objective == "episode_return_mean" else None)
-        self.evaluated = None  # the newest evaluation read, [members, MemberEvalStats.SIZE]
+        self.evaluated = None  # the newest evaluation read (member_evaluations), [members, 4]
         # The run's env steps when each member last published copied weights: an evaluation that
         # read the counter no later than that may have evaluated the weights it had before.
         self.copied_at = [-1] * len(runtimes)

@@ -154,7 +154,8 @@ class RolloutWorker:
         ended = np.flatnonzero(done & ~self.prev_done[ids] & self.started[ids])
         if not len(ended):
             return
-        entries = (self.episode_ring[2][0] + np.arange(len(ended))) % self.episode_info.shape[0]
+        ring_count = self.episode_ring[2]
+        entries = (ring_count[0] + np.arange(len(ended))) % self.episode_info.shape[0]
         for column, key in enumerate(self.info_keys):
             self.episode_info[entries, column] = info_numbers(self.env.last_info, key, ended)
 
