@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -41,6 +44,9 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1  # ranks on this node
+    # the socket variables fastrl set ("GLOO_SOCKET_IFNAME=eth1, ...", route_collectives_to_master);
+    # "" when the user's own or a loopback master decide
+    pinned_sockets: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -55,6 +61,52 @@ class DistInfo:
         """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (absent: a single process)."""
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
                    int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
+# The variables that pin gloo's and NCCL's sockets to one network interface. Unset, each library
+# takes the address this host's name resolves to, which on a multi-homed node (or in a network
+# namespace) can be one the other nodes cannot reach: the ranks then never connect.
+SOCKET_INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+class InterfaceError(RuntimeError):
+    """No network interface of this host reaches the master address; the message names the fix."""
+
+
+def interface_to(addr: str) -> str | None:
+    """The name of this host's network interface whose address the kernel would send from to reach
+    ``addr`` (a host name or IP address); None when that is a loopback address (every rank on this
+    host). A UDP ``connect`` picks the route and source address without sending anything."""
+    try:
+        family, kind, proto, _, target = socket.getaddrinfo(addr, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(target)
+            source = ipaddress.ip_address(probe.getsockname()[0])
+    except OSError as exc:
+        raise InterfaceError(f"no network interface of this host reaches MASTER_ADDR {addr} "
+                             f"({exc.strerror or exc}): check the address, or set {' / '.join(SOCKET_INTERFACE_VARS)} "
+                             f"to the interface to use") from None
+    if source.is_loopback:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == family and ipaddress.ip_address(a.address.split("%")[0]) == source for a in addresses):
+            return name
+    raise InterfaceError(f"the address {source} that reaches MASTER_ADDR {addr} belongs to no network interface: "
+                         f"set {' / '.join(SOCKET_INTERFACE_VARS)} to the interface to use")
+
+
+def route_collectives_to_master() -> str:
+    """Pin the collectives' sockets to the interface that reaches ``MASTER_ADDR``: each of
+    SOCKET_INTERFACE_VARS that is unset is set to it in this process's environment, which the
+    run's processes inherit. Returns what was set ("GLOO_SOCKET_IFNAME=eth1, ..."), "" when
+    nothing was (every variable set already, or a loopback master)."""
+    unset = [var for var in SOCKET_INTERFACE_VARS if not os.environ.get(var)]
+    interface = interface_to(os.environ.get("MASTER_ADDR", "127.0.0.1")) if unset else None
+    if interface is None:
+        return ""
+    for var in unset:
+        os.environ[var] = interface
+    return ", ".join(f"{var}={interface}" for var in unset)
 
 
 def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None:

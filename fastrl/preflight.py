@@ -4,6 +4,7 @@ starts (and before ``overwrite`` deletes anything) and raised as one line that s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
                          remove_partial_checkpoints, set_aside_newer_checkpoints)
 from .config import Config, ConfigError, to_toml, validate, weights_mismatch
-from .distributed import DistInfo
+from .distributed import DistInfo, InterfaceError, route_collectives_to_master
 from .envs import EnvSpec, probe_env
 from .eval_during_training import check_eval_opponents
 from .learner.policies import checkpoint_policies
@@ -46,6 +47,11 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
                        "it yet: run it without torchrun")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+    if dist_info.enabled:
+        try:
+            dist_info = dataclasses.replace(dist_info, pinned_sockets=route_collectives_to_master())
+        except InterfaceError as exc:
+            raise RunError(str(exc)) from None
     unguarded = None if cfg.serial else unguarded_main_call()
     if unguarded:
         raise RunError(f"fastrl.train() is called at the top level of {unguarded}, outside `if __name__ == "

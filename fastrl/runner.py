@@ -7,6 +7,7 @@ and ``resolve_device`` are importable from here, as research code and scripts do
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def _run(plan: RunPlan, quiet: bool) -> RunResult:
     """The planned run, in its processes or (serial) in this one, saying what it does on the console."""
     main = plan.dist_info.is_main
     console = Console(plan.run_dir if main else None, quiet or not main)
+    if plan.dist_info.pinned_sockets:
+        console.notice(f"[fastrl] rank {plan.dist_info.rank}: {plan.dist_info.pinned_sockets}, the interface that "
+                       f"reaches MASTER_ADDR {os.environ['MASTER_ADDR']} (set them yourself to choose another)")
     if plan.cfg.learner.precision == "auto":
         # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
         chosen = learner_precision("auto", plan.cfg.learner.algo, torch.device(plan.device))
