@@ -17,7 +17,9 @@ different prefixes:
   metrics.jsonl (env steps and FPS summed, returns averaged over episodes) and checkpoints.
 
 A collective that waits longer than ``dist_timeout_s`` raises, so a dead rank ends the others'
-runs with an error instead of a hang; torchrun then stops the job.
+runs with an error instead of a hang (fastrl.rank_watch names the rank); torchrun then stops the
+job, or under ``--max-restarts`` starts the group again (fastrl.elastic), each attempt's keys in
+the store under their own prefix (attempt_prefix).
 
 Only tensors travel between ranks (no pickled objects), but torch's TCPStore listens on every
 interface of the rank-0 host and trusts whoever connects: run multi-node jobs on a trusted network.
@@ -111,17 +113,46 @@ def route_collectives_to_master() -> str:
 
 def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None:
     """Join the process group of ``role`` ("learner" or "runner") through torchrun's store."""
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "29500"))
     # Under torchrun the agent hosts the store; launched by hand, rank 0's runner hosts it (its
     # learner, a child process on the same port, connects as a client).
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    host = info.rank == 0 and role == "runner" and not agent_store
-    store = dist.TCPStore(addr, port, info.world_size, is_master=host,
-                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    host = info.rank == 0 and role == "runner" and not uses_agent_store()
+    store = connect_store(info.world_size, host, timeout_s)
     backend = "nccl" if device.startswith("cuda") and role == "learner" else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore(f"fastrl/{role}", store), rank=info.rank,
+    dist.init_process_group(backend, store=dist.PrefixStore(attempt_prefix(role), store), rank=info.rank,
                             world_size=info.world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def connect_store(world_size: int, host: bool, timeout_s: float) -> dist.TCPStore:
+    """The TCPStore at MASTER_ADDR:MASTER_PORT (hosted by this process when ``host``)."""
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    return dist.TCPStore(addr, port, world_size, is_master=host, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def uses_agent_store() -> bool:
+    """Whether torchrun's agent hosts the store (it does with its static and c10d rendezvous). That
+    store outlives the attempts of an elastic job, so a dead attempt's keys are still there (see
+    attempt_prefix)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def restart_count() -> int:
+    """Which restart of its torchrun job this process belongs to (0: the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def attempt_prefix(name: str) -> str:
+    """``name``'s keys in the store for this attempt: a restarted group must not read the dead
+    attempt's addresses and barrier counts, which the agent's store still holds."""
+    return f"fastrl/attempt_{restart_count()}/{name}"
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because a peer went away: a reset connection
+    (its process died) or a timeout (its host is gone). gloo raises both as plain RuntimeErrors
+    whose text names its sources; NCCL and the store raise torch's DistError."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "/gloo/" in str(exc))
 
 
 def close_group() -> None:

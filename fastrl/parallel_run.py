@@ -25,6 +25,7 @@ from .learner import learner_process
 from .metrics import MetricsWriteError, Reporter
 from .pbt import info_due_env_steps
 from .process_utils import make_channels
+from .rank_watch import RankWatch
 from .rollout import rollout_process
 from .run_plan import RunError, RunPlan, RunResult
 from .shm import Arena, Control, get_error
@@ -48,7 +49,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     # (and the resource tracker the arena starts) inherit the ignore through exec; the runner
     # itself switches to a quiet console once they run.
     previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_IGN)}
-    arena = supervisor = reporter = None
+    arena = supervisor = reporter = watch = None
     clean = False
     late_error = ""
     try:
@@ -64,12 +65,13 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
         if dist_info.enabled:
             distributed.init_group(dist_info, "runner", "cpu", cfg.dist_timeout_s)
             aggregate = distributed.gather_counters
+            watch = RankWatch(dist_info, cfg.dist_timeout_s)
         reporter = Reporter(arena, plan.run_dir if dist_info.is_main else None, plan.spec.frame_skip,
                             cfg.train_for_env_steps, cfg.train_for_seconds, console, plan.launched_at, aggregate,
                             *plan.clocks, policy_names=plan.policies.names, members=bool(plan.policies.members),
                             info_keys=cfg.info_keys, info_due_env_steps=info_due_env_steps(cfg),
                             objective=cfg.pbt.objective, league=plan.league_record(arena, dist_info.is_main))
-        _supervise_until_done(plan, supervisor, reporter, eval_results)
+        _supervise_until_done(plan, supervisor, reporter, eval_results, watch)
         clean = True
     except _Interrupted as exc:
         console.notice(f"[fastrl] {exc}: stopping, writing a final checkpoint")
@@ -77,6 +79,10 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
         raise RunError(str(exc)) from None
     except OSError as exc:  # processes.json or TensorBoard events on a full disk, too many open pipes
         raise RunError(f"cannot write {exc.filename or 'to the run directory'}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # RunError too: a child's failure may be a collective's with a peer that went away
+        if watch is None or not watch.explains(exc):
+            raise
+        raise watch.error() from None
     finally:
         # A second Ctrl-C while the children stop must not cut the stop short: they are ignored
         # until the arena is gone (the learner is writing its final checkpoint meanwhile).
@@ -85,7 +91,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
         try:
             # A last report is a collective in a distributed run: only when every rank gets there.
             if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
-                reporter.report({**supervisor.restart_counts(), **eval_results.new()})
+                reporter.report({**supervisor.restart_counts(), **plan.restart_metrics, **eval_results.new()})
         except (MetricsWriteError, OSError) as exc:
             late_error = str(exc)
         finally:
@@ -99,6 +105,8 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
                 if reporter is not None:
                     result.reports = list(reporter.history)
                     _close_quietly(reporter)
+                if watch is not None:
+                    watch.leave()
                 if dist_info.enabled:
                     distributed.close_group()
                 if arena is not None:
@@ -153,17 +161,19 @@ def _supervised_children(plan: RunPlan, ctx, arena: Arena, console: Console) -> 
 
 
 def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Reporter,
-                          eval_results: EvalResults) -> None:
+                          eval_results: EvalResults, watch: RankWatch | None = None) -> None:
     """Watch the children and report every ``report_every_s`` until the budget is spent (with
-    several ranks: until they agree to stop)."""
+    several ranks: until they agree to stop, or ``watch`` finds that one went away)."""
     cfg, distributed_run = plan.cfg, plan.dist_info.enabled
     next_report = time.time() + cfg.report_every_s
     while True:
         if not distributed_run and reporter.budget_reached():
             return
         supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
+        if watch is not None and watch.lost:
+            raise watch.error()
         if time.time() >= next_report:
-            reporter.report({**supervisor.restart_counts(), **eval_results.new()})
+            reporter.report({**supervisor.restart_counts(), **plan.restart_metrics, **eval_results.new()})
             next_report += cfg.report_every_s
             # Distributed: every rank leaves at the same report, on the same aggregated figures.
             if distributed_run and reporter.stop_agreed:

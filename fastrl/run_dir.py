@@ -27,8 +27,10 @@ from pathlib import Path
 
 import psutil
 
+# The record of the elastic torchrun job that owns the run (fastrl.elastic).
+ELASTIC_RECORD = "elastic.json"
 # What fastrl writes into a run directory; --overwrite removes these and nothing else.
-RUN_FILES = ("config.toml", "metrics.jsonl", "train.log", "train.log.1")
+RUN_FILES = ("config.toml", "metrics.jsonl", "train.log", "train.log.1", ELASTIC_RECORD)
 RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
 RUN_FILE_PATTERNS = ("processes*.json",)
 # Any of these means an earlier run lives here. Not processes.rankN.json: the other ranks of a
@@ -162,8 +164,9 @@ class RunDirLock:
         self.fd = fd
 
     @classmethod
-    def take(cls, run_dir: Path) -> RunDirLock:
-        """The lock of ``run_dir``; RunDirError naming who holds it when another process does."""
+    def take(cls, run_dir: Path, wait_s: float = 0.0) -> RunDirLock:
+        """The lock of ``run_dir``; RunDirError naming who holds it when another process still does
+        after ``wait_s`` seconds."""
         path = Path(run_dir) / LOCK_FILE
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
@@ -172,9 +175,15 @@ class RunDirLock:
                 raise _link_refusal(run_dir, path) from None
             raise RunDirError(f"cannot lock run directory '{run_dir}' ({exc.strerror}); pass a writable "
                               f"--run-dir") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
             os.close(fd)
             raise RunDirError(f"run directory '{run_dir}' is in use by {lock_holder(path)}; stop it first, or pass "
                               f"another --run-dir") from None

@@ -38,7 +38,8 @@ class RunPlan:
     ``resume_state`` is the checkpoint a resumed run continues from (None: a new run);
     ``launched_at`` is when train() was called (``time.time()``); ``lock`` is the lock on
     ``run_dir`` (None without one), which the learner process shares; ``policies`` the run's
-    policies over the env's agents."""
+    policies over the env's agents; ``restart_metrics`` what an elastic torchrun job reports of its
+    restarts (fastrl.elastic), on its main rank."""
 
     cfg: Config
     run_dir: Path | None
@@ -52,6 +53,7 @@ class RunPlan:
     dist_info: DistInfo
     lock: RunDirLock | None
     policies: PolicyMap
+    restart_metrics: dict = field(default_factory=dict)
 
     @property
     def clocks(self) -> tuple[float, float]:

@@ -7,6 +7,7 @@ and ``resolve_device`` are importable from here, as research code and scripts do
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from .console import Console
 from .config import Config
+from .elastic import ElasticAttempt, current_attempt
 from .learner.precision import learner_precision
 from .parallel_run import run_parallel
 from .preflight import arena_layout, check_request, lock_run_dir, plan_run, resolve_device
@@ -35,13 +37,26 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     launched_at = time.time()
     run_dir = Path(run_dir) if run_dir is not None else None
     dist_info = check_request(cfg, run_dir, resume)
+    attempt = current_attempt(cfg.dist_timeout_s) if dist_info.enabled else None
+    if attempt is not None:
+        resume, overwrite = attempt.settle(run_dir, resume, overwrite, dist_info)
     lock = lock_run_dir(run_dir, resume, overwrite, dist_info)
     try:
         plan = plan_run(cfg, run_dir, resume, overwrite, model, launched_at, dist_info, lock)
+        if attempt is not None and dist_info.is_main:
+            plan = dataclasses.replace(plan, restart_metrics=_claim(attempt, plan))
         return _run(plan, quiet)
     finally:
         if lock is not None:
             lock.release()  # after the last write: the children have stopped, the console is closed
+
+
+def _claim(attempt: ElasticAttempt, plan: RunPlan) -> dict:
+    """The run directory recorded as the elastic job's (fastrl.elastic); its restart metrics."""
+    try:
+        return attempt.claim(plan.run_dir, plan.resume_state is not None)
+    except OSError as exc:
+        raise RunError(f"cannot write {exc.filename or plan.run_dir}: {exc.strerror or exc}") from None
 
 
 def _run(plan: RunPlan, quiet: bool) -> RunResult:
@@ -51,6 +66,10 @@ def _run(plan: RunPlan, quiet: bool) -> RunResult:
     if plan.dist_info.pinned_sockets:
         console.notice(f"[fastrl] rank {plan.dist_info.rank}: {plan.dist_info.pinned_sockets}, the interface that "
                        f"reaches MASTER_ADDR {os.environ['MASTER_ADDR']} (set them yourself to choose another)")
+    if plan.restart_metrics.get("restarts"):
+        how = "resumes from its newest checkpoint" if plan.resume_state else "starts afresh (no checkpoint yet)"
+        console.notice(f"[fastrl] restart {plan.restart_metrics['restarts']} of this torchrun job: the run {how}; "
+                       f"wall time lost to restarts: {plan.restart_metrics['restart_lost_s']:.1f} s")
     if plan.cfg.learner.precision == "auto":
         # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
         chosen = learner_precision("auto", plan.cfg.learner.algo, torch.device(plan.device))

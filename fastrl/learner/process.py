@@ -15,6 +15,7 @@ from .. import distributed
 from ..checkpoint import CheckpointError
 from ..config import Config
 from ..process_utils import ProcessExit, ReadablePipes, configure_child
+from ..rank_watch import PEER_FAILURE
 from ..shm import Arena, Control, set_error
 from ..policy_map import PolicyMap, policy_map
 from ..slots import PolicyQueues, slot_bytes, slot_ids_from
@@ -49,6 +50,7 @@ class DistributedStop:
         self.arena = arena
         self.device = device
         self.agreed = False
+        self.peer_lost = False  # a collective failed: a peer went away, no collective can follow
 
     def before_batch(self, progress: float) -> tuple[bool, float | None]:
         self.agreed, progress = distributed.agree(bool(self.arena.control[Control.STOP]), progress, self.device)
@@ -60,6 +62,8 @@ class DistributedStop:
             distributed.broadcast_buffers(normalizer)  # every rank acts with rank 0's statistics
 
     def leaving(self, progress: float) -> bool:
+        if self.peer_lost:
+            return False
         if not self.agreed:
             # Leaving for a local reason (the stop flag between batches): the peers are, or soon
             # will be, in before_batch's all-reduce; meet them there with a stop.
@@ -167,6 +171,13 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     except (NonFiniteTraining, CheckpointError) as exc:
         checkpoint_failed = isinstance(exc, CheckpointError)
         set_error(arena, str(exc))
+    except RuntimeError as exc:
+        if not (parallel and distributed.is_peer_failure(exc)):
+            raise
+        # The runner names the rank that went away (fastrl.rank_watch); the weights are those of
+        # the last update every rank made, so the final checkpoint below is sound.
+        stopping.peer_lost = True
+        set_error(arena, f"{PEER_FAILURE} ({str(exc).splitlines()[0][:200]})")
     finally:
         try:
             if stopping.leaving(runtime.progress()):
