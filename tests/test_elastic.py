@@ -1,0 +1,303 @@
+"""Elastic restarts (fastrl.elastic) and ranks that go away (fastrl.rank_watch), on loopback gloo."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import psutil
+import pytest
+import torch.distributed as dist
+
+from fastrl import elastic
+from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.distributed import DistInfo
+from fastrl.rank_watch import RankWatch
+from fastrl.run_dir import ELASTIC_RECORD, RunDirError, check_run_dir
+from fastrl.run_plan import RunError
+from fastrl.shm import SHM_DIR, segment_creator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def agent_store(monkeypatch):
+    """A TCPStore standing in for torchrun's agent's, and the environment torchrun gives a rank."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1",
+                        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    return store
+
+
+RANK0, RANK1 = DistInfo(0, 2), DistInfo(1, 2)
+
+
+def first_attempt(run_dir, monkeypatch, resume=False, overwrite=False):
+    """What train() does on rank 0 of a first attempt: settle, claim the directory, record the job."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = elastic.current_attempt(5.0)
+    resume, overwrite = attempt.settle(run_dir, resume, overwrite, RANK0)
+    check_run_dir(run_dir, resume, overwrite).release()
+    (run_dir / "config.toml").write_text("")
+    attempt.claim(run_dir, resumed=False)
+    return attempt
+
+
+def restart(monkeypatch, count=1, info=RANK0, run_dir=None, resume=False, overwrite=False):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(count))
+    attempt = elastic.current_attempt(5.0)
+    return attempt, attempt.settle(run_dir, resume, overwrite, info)
+
+
+def test_a_restart_of_the_same_job_resumes_from_a_checkpoint_and_the_other_ranks_follow(tmp_path, agent_store,
+                                                                                      monkeypatch):
+    run_dir = tmp_path / "run"
+    first_attempt(run_dir, monkeypatch)
+    (run_dir / "checkpoints").mkdir()
+    checkpoint = run_dir / "checkpoints" / "ckpt_000000004096.pt"
+    checkpoint.write_bytes(b"")
+    saved_at = time.time() - 30.0
+    os.utime(checkpoint, (saved_at, saved_at))
+
+    attempt, flags = restart(monkeypatch, run_dir=run_dir)
+    assert flags == (True, False)  # resume, no --resume given
+    check_run_dir(run_dir, *flags).release()  # no "already holds a run"
+    metrics = attempt.claim(run_dir, resumed=True)
+    assert metrics["restarts"] == 1 and 29.0 < metrics["restart_lost_s"] < 40.0
+    record = json.loads((run_dir / ELASTIC_RECORD).read_text())
+    assert record["restarts"] == [{"restart": 1, "checkpoint": checkpoint.name, "lost_s": metrics["restart_lost_s"]}]
+    # Rank 1 takes rank 0's decision from the store, whatever its flags.
+    assert restart(monkeypatch, info=RANK1, run_dir=run_dir)[1] == (True, False)
+
+    # A second restart adds its loss to the first's.
+    os.utime(checkpoint, (time.time() - 10.0,) * 2)
+    attempt, flags = restart(monkeypatch, count=2, run_dir=run_dir)
+    assert flags == (True, False)
+    metrics = attempt.claim(run_dir, resumed=True)
+    assert metrics["restarts"] == 2 and 39.0 < metrics["restart_lost_s"] < 55.0
+
+
+def test_a_restart_without_a_checkpoint_starts_afresh_and_counts_the_whole_attempt_lost(tmp_path, agent_store,
+                                                                                      monkeypatch):
+    run_dir = tmp_path / "run"
+    first = first_attempt(run_dir, monkeypatch)
+    attempt, flags = restart(monkeypatch, run_dir=run_dir)
+    assert flags == (False, True)  # replace what the dead attempt wrote
+    assert restart(monkeypatch, info=RANK1, run_dir=run_dir)[1] == (False, False)
+    metrics = attempt.claim(run_dir, resumed=False)
+    assert metrics["restart_lost_s"] == pytest.approx(attempt.decided_at - first.decided_at, abs=1e-2)
+    assert json.loads((run_dir / ELASTIC_RECORD).read_text())["job"] == first.job  # still this job's run
+
+
+def test_another_jobs_run_is_refused_as_without_elastic(tmp_path, agent_store, monkeypatch):
+    run_dir = tmp_path / "run"
+    first_attempt(run_dir, monkeypatch)
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "ckpt_000000004096.pt").write_bytes(b"")
+    # A new job (its own store; TORCHELASTIC_RUN_ID "none" as before) whose first attempt was
+    # refused, restarted by torchrun: the directory is still not its run.
+    port = free_port()
+    other = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    _, flags = restart(monkeypatch, run_dir=run_dir)
+    assert flags == (False, False)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        check_run_dir(run_dir, *flags)
+    # The same with this job's store but another run id (--rdzv-id of another job).
+    monkeypatch.setenv("MASTER_PORT", str(agent_store.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-job")
+    assert restart(monkeypatch, run_dir=run_dir)[1] == (False, False)
+    del other
+
+
+def test_a_restart_waits_for_the_dead_attempts_last_process_to_let_go_of_the_run_dir(tmp_path, agent_store,
+                                                                                     monkeypatch):
+    run_dir = tmp_path / "run"
+    first_attempt(run_dir, monkeypatch)
+    # The dead attempt's learner, still writing its final checkpoint under the run's lock.
+    learner = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pathlib import Path
+from fastrl.run_dir import RunDirLock
+lock = RunDirLock.take(Path({str(run_dir)!r}))
+(Path({str(run_dir)!r}) / "checkpoints").mkdir()
+print("locked", flush=True)
+time.sleep(1.5)
+(Path({str(run_dir)!r}) / "checkpoints" / "ckpt_000000004096.pt").write_bytes(b"")
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert learner.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirError, match="in use by"):
+            check_run_dir(run_dir, False, True)
+        started = time.monotonic()
+        _, flags = restart(monkeypatch, run_dir=run_dir)
+        assert flags == (True, False)  # the checkpoint written meanwhile is resumed, not removed
+        assert time.monotonic() - started > 0.5
+    finally:
+        learner.kill()
+        learner.wait()
+
+
+def test_restarts_off_or_no_agent_store_is_not_elastic(agent_store, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    assert elastic.current_attempt(5.0) is None
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert elastic.current_attempt(5.0) is None
+
+
+def test_a_restarted_rank_whose_rank_0_never_decides_stops_in_one_line(tmp_path, monkeypatch):
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=1), wait_for_workers=False)
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1",
+                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    attempt = elastic.current_attempt(1.0)
+    with pytest.raises(RunError, match="rank 0 did not say"):
+        attempt.settle(tmp_path, False, False, RANK1)
+    del store
+
+
+def test_the_watch_names_a_rank_that_went_silent_not_one_that_left(agent_store, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    watches = [RankWatch(DistInfo(rank, 3), timeout_s=2.0) for rank in range(3)]  # silence_s 1 s
+    try:
+        time.sleep(0.6)
+        watches[2].leave()  # stops and says so
+        watches[1]._stop.set()  # stops beating, says nothing: a SIGKILL
+        deadline = time.monotonic() + 5.0
+        while not watches[0].lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert watches[0].lost.startswith("rank 1 went away")
+        assert watches[0].explains(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"))
+        assert not watches[0].explains(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+        assert "rank 1 went away" in str(watches[0].error())
+    finally:
+        for watch in watches:
+            watch.leave()
+
+
+def torchrun(run_dir, port, extra, *torchrun_args, steps=200_000):
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "--master-port", str(port),
+            "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
+            "--train-for-env-steps", str(steps), "--set", "device=cpu", "--set", "env.num_workers=1",
+            "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=1024", "--set", "report_every_s=0.5",
+            "--set", "checkpoint_every_s=1", "--set", "keep_checkpoints=20", *extra]
+
+
+def runner_pid(run_dir, rank: int, timeout_s: float = 60.0) -> tuple[int, dict]:
+    """Rank ``rank``'s runner pid once it trains (a checkpoint after its first), and its processes."""
+    name = "processes.json" if rank == 0 else f"processes.rank{rank}.json"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / name).exists() and len(list_checkpoints(run_dir)) >= 2:
+            pids = json.loads((run_dir / name).read_text())
+            return pids["runner"][0], pids
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} did not start training within {timeout_s} s")
+
+
+def all_pids(process_files: list[dict]) -> list[int]:
+    return [pid for pids in process_files for group in pids.values() for pid in group]
+
+
+def leftovers(pids: list[int]) -> tuple[list[int], list[str]]:
+    """Of ``pids``, those still running; fastrl segments in /dev/shm that they created."""
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    segments = [name for name in os.listdir(SHM_DIR) if segment_creator(name) in pids]
+    return alive, segments
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_the_group_and_the_run_goes_on_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    budget = 200_000
+    job = subprocess.Popen(torchrun(run_dir, free_port(), [], "--nproc-per-node", "2", "--max-restarts", "1",
+                                    steps=budget), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid, _ = runner_pid(run_dir, 1)
+        os.kill(pid, signal.SIGKILL)
+        out, err = job.communicate(timeout=150)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert "restart 1 of this torchrun job: the run resumes from its newest checkpoint" in err
+
+    # (The restarted run rewrites the checkpoint it resumed, under the same env step count, when it
+    # saves before its first step: read what it resumed from the record and the metrics.)
+    (entry,) = json.loads((run_dir / ELASTIC_RECORD).read_text())["restarts"]
+    resumed_steps = int(entry["checkpoint"][len("ckpt_"):-len(".pt")])
+    assert resumed_steps > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    before = [r for r in records if r["restarts"] == 0]
+    after = [r for r in records if r["restarts"] == 1]
+    assert before and after and records.index(after[0]) == len(before)
+    assert all(r["restart_lost_s"] == entry["lost_s"] > 0 for r in after)
+    # Counters, clocks and the learning-rate schedule go on from the checkpoint, not from zero.
+    saved_before = [r for r in before if r["env_steps"] < resumed_steps]
+    assert all(r["env_steps"] >= resumed_steps for r in after)
+    assert after[0]["trained_seconds"] > saved_before[-1]["trained_seconds"]
+    assert after[-1]["env_steps"] >= budget
+    final = load_checkpoint(list_checkpoints(run_dir)[-1])
+    lr0 = final["config"]["learner"]["lr"]
+    trained = [r for r in after if r["learner/lr"] > 0]
+    assert trained and trained[0]["learner/lr"] <= lr0 * (1 - resumed_steps / budget) + 1e-9
+    assert trained[0]["learner_updates"] > saved_before[-1]["learner_updates"]
+    assert final["param_digests"][0] == final["param_digests"][1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["killed", "frozen"])
+def test_without_elastic_a_lost_rank_stops_the_others_within_the_timeout_naming_it(tmp_path, loss):
+    """Two torchrun agents, one per "node", as on two machines: node 0's agent knows nothing of
+    node 1's rank, so rank 0 finds out by itself. ``killed``: rank 1's runner is SIGKILLed, its
+    host closes its sockets (gloo fails at once). ``frozen``: all of node 1 stops (SIGSTOP), as a
+    node that lost power or its network: no socket is closed, collectives wait out the timeout.
+    The margin is the survivor's own stop (final checkpoint, children joined) on a loaded machine."""
+    run_dir, port, timeout_s = tmp_path / "run", free_port(), 6.0
+    extra = ["--set", f"dist_timeout_s={timeout_s}"]
+    nodes = [subprocess.Popen(torchrun(run_dir, port, extra, "--nnodes", "2", "--node-rank", str(k),
+                                       "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--max-restarts", "0"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    node1 = [psutil.Process(nodes[1].pid)]
+    try:
+        pid, rank1 = runner_pid(run_dir, 1)
+        survivor, rank0 = runner_pid(run_dir, 0)
+        if loss == "killed":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            node1 += node1[0].children(recursive=True)
+            for process in node1:
+                process.suspend()
+        lost_at = time.monotonic()
+        psutil.Process(survivor).wait(timeout=60)
+        stopped_s = time.monotonic() - lost_at
+        _, err = nodes[0].communicate(timeout=60)
+    finally:
+        for process in node1:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for node in nodes:
+            node.kill()
+            node.communicate()
+    assert nodes[0].returncode != 0
+    assert "fastrl-train: error: rank 1 went away" in err, err[-3000:]
+    assert stopped_s < timeout_s + 12.0, stopped_s
+    time.sleep(1.0)  # the killed rank's orphans notice that their runner is gone
+    # A frozen node's processes were killed above with their shared memory (on a real node lost,
+    # that is another machine's): check what the survivors leave.
+    alive, segments = leftovers(all_pids([rank0, rank1] if loss == "killed" else [rank0]))
+    assert alive == [] and segments == []
