@@ -3,6 +3,7 @@ any other child's exit turned into the run's one-line RunError, and the stop in 
 (the learner given time for its final checkpoint, stragglers killed)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import time
 from collections import deque
 from multiprocessing.connection import wait
 from pathlib import Path
+
+import psutil
 
 from .config import Config
 from .console import Console
@@ -134,5 +137,18 @@ def stop_processes(arena: Arena, procs: dict, console: Console) -> None:
             if p.pid is not None and p.is_alive():
                 console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {SHUTDOWN_GRACE_S:.0f} s; "
                                f"killed" + (" before its final checkpoint" if p.name == "fastrl-learner" else ""))
-                p.kill()
-                p.join(5)
+                kill_with_descendants(p)
+
+
+def kill_with_descendants(process) -> None:
+    """Kill ``process`` (a multiprocessing.Process) and the processes it started: an env's own
+    processes (ViZDoom's engines) outlive a killed worker otherwise, orphaned."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    process.kill()
+    process.join(5)
+    for child in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
