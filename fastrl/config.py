@@ -454,7 +454,10 @@ class Config:
                                    help="rollout worker crashes tolerated within restart_window_s")
     restart_window_s: float = key(300.0, allowed=SECONDS, help="the window max_worker_restarts counts crashes in")
     dist_timeout_s: float = key(120.0, allowed=SECONDS,
-                                help="torch.distributed collectives wait this long for a peer, then fail")
+                                help="torch.distributed collectives wait this long for a peer, then fail (a rank "
+                                     "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
+                                     "an elastic restart waits this long for rank 0's decision and for the dead "
+                                     "attempt's last process")
     serial: bool = key(False, help="everything in one process, for debugging")
     sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
     retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "

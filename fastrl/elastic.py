@@ -13,8 +13,9 @@ tells a restart of this job from another job started on the same run directory
   else is not this job's run, and the usual rules apply ("already holds a run" refused).
 - Rank 0 puts that decision in the store under the attempt; the other ranks follow it.
 - The record lists each restart: the checkpoint it resumed and the wall time it lost, from that
-  checkpoint's save (without one: the run's start) to the restart's decision. Metrics report
-  ``restarts`` and ``restart_lost_s`` (their sum).
+  checkpoint's save (without one: the run's start) to the restart's resume (its run directory
+  ready, its processes about to start). Metrics report ``restarts`` and ``restart_lost_s`` (the
+  losses summed).
 """
 from __future__ import annotations
 
@@ -45,13 +46,11 @@ class ElasticAttempt:
     timeout_s: float  # dist_timeout_s: how long to wait for rank 0's decision, or for the dead attempt
     job: str = ""  # the job's token, once known
     same_job: bool = False  # a restart of the job whose run is in the run directory
-    decided_at: float = 0.0
     record: dict = field(default_factory=dict)
 
     def settle(self, run_dir: Path, resume: bool, overwrite: bool, dist_info: DistInfo) -> tuple[bool, bool]:
         """(resume, overwrite) for this attempt, from the command's flags. A restart of the same job
         continues its run: resumed from a checkpoint, else replaced."""
-        self.decided_at = time.time()
         if self.restart == 0:
             return resume, overwrite
         key = distributed.attempt_prefix(DECISION_KEY)
@@ -60,7 +59,7 @@ class ElasticAttempt:
                 return self.store.get(key) == b"1", False
             except RuntimeError:  # DistStoreError: rank 0 never decided (it failed, or is not there)
                 raise RunError(f"restart {self.restart}: rank 0 did not say within dist_timeout_s whether to "
-                                   f"resume the run; see rank 0's error") from None
+                               f"resume the run; see rank 0's error") from None
         self.record = read_record(run_dir)
         stored = self.store.get(JOB_KEY).decode() if self.store.check([JOB_KEY]) else ""
         self.same_job = bool(stored) and self.record.get("job") == stored and self.record.get("run_id") == self.run_id
@@ -80,17 +79,18 @@ class ElasticAttempt:
     def claim(self, run_dir: Path, resumed: bool) -> dict:
         """Rank 0, once the run directory is ready: record the job (a first attempt draws its token)
         and this restart; returns the metrics of the job's restarts."""
+        now = time.time()
         if self.restart == 0 or not self.same_job:
             self.job = uuid.uuid4().hex
             self.store.set(JOB_KEY, self.job)
-            self.record = {"run_id": self.run_id, "job": self.job, "started_at": self.decided_at, "restarts": []}
+            self.record = {"run_id": self.run_id, "job": self.job, "started_at": now, "restarts": []}
         else:
             newest = list_checkpoints(run_dir)[-1] if resumed else None
             since = newest.stat().st_mtime if newest is not None else self.record["started_at"]
             self.record["restarts"].append({"restart": self.restart, "checkpoint": newest.name if newest else None,
-                                            "lost_s": round(max(0.0, self.decided_at - since), 3)})
+                                            "lost_s": round(max(0.0, now - since), 3)})
             if newest is None:
-                self.record["started_at"] = self.decided_at
+                self.record["started_at"] = now
         write_atomic(run_dir / ELASTIC_RECORD, json.dumps(self.record, indent=1))
         return self.metrics()
 
