@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "recurrent": ("recurrent", "what an LSTM costs on CartPole, and how fast recurrent learners solve MemoryEnv"),
     "eval": ("evaluation", "what evaluation during training costs"),
     "scaling": ("scaling", "one rank against N ranks (torchrun)"),
+    "vizdoom": ("vizdoom", "fastrl against Sample Factory on ViZDoom: training frames/s, time to a score"),
     "syncs": ("syncs", "host synchronisations and host <-> device copies per call"),
 }
 BENCH = Path(__file__).resolve()
