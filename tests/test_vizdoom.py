@@ -8,10 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from fastrl.envs import make_vec_env, resolve_backend, vizdoom_backend
+from fastrl.envs import ImageOptions, make_vec_env, resolve_backend, vizdoom_backend
 
 needs_vizdoom = pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None,
                                    reason="vizdoom is not installed (pip install 'fastrl[vizdoom]')")
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the engine writes _vizdoom.ini and _vizdoom/ into the working directory
 
 
 def test_missing_vizdoom_is_one_line_naming_the_extra(monkeypatch):
@@ -94,5 +99,50 @@ def test_timeout_ends_an_episode_truncated_not_terminated():
             steps += 1
         assert truncated and not terminated
         assert steps == 300 // 4
+    finally:
+        env.close()
+
+
+@needs_vizdoom
+@pytest.mark.parametrize(("options", "screen"), [
+    (ImageOptions(frame_skip=4, resize=(72, 128)), (3, 72, 128)),  # Sample Factory's doom setting
+    (ImageOptions(resize=(84, 84), grayscale=True, frame_stack=4), (4, 84, 84)),
+    (ImageOptions(frame_skip=2), (240, 320, 3)),  # the scenario's own resolution, as the wrapper gives it
+])
+def test_observations_after_preprocessing_through_the_vector_env(options, screen):
+    env = make_vec_env("VizdoomBasic-v1", num_envs=4, batch_size=2, seed=0, preprocessing=options)
+    try:
+        assert env.frame_skip == options.frame_skip
+        assert env.observation_space["screen"].shape == screen
+        env.async_reset()
+        for step in range(6):
+            obs, rewards, terminated, truncated, ids = env.recv()
+            assert obs["screen"].shape == (2, *screen) and obs["screen"].dtype == np.uint8
+            assert obs["gamevariables"].shape == (2, 1)
+            assert obs["screen"].any()  # a rendered room, not the zero frame of an episode's end
+            if step >= 2:  # each split's first recv is its reset
+                # basic.cfg: -1 per tic while the monster lives, summed over the repeat
+                np.testing.assert_array_equal(rewards, -float(options.frame_skip))
+            assert not (terminated.any() or truncated.any())
+            env.send(np.zeros(len(ids), dtype=np.int64), ids)
+    finally:
+        env.close()
+
+
+@needs_vizdoom
+def test_frame_skip_runs_in_the_engine():
+    env = make_vec_env("VizdoomBasic-v1", num_envs=1, batch_size=1, seed=0,
+                       preprocessing=ImageOptions(frame_skip=4, resize=(72, 128)))
+    try:
+        env.async_reset()
+        _, _, _, _, ids = env.recv()
+        doom = env._vecs[0].envs[0].unwrapped  # the one env of the only split
+        game = doom.game
+        assert doom.frame_skip == 4  # one make_action(action, 4) per step, not four one-tic steps
+        start = game.get_episode_time()
+        env.send(np.zeros(1, dtype=np.int64), ids)
+        env.recv()
+        assert game.get_episode_time() - start == 4
+        assert (game.get_screen_height(), game.get_screen_width()) == (120, 160)
     finally:
         env.close()
