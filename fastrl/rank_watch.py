@@ -63,7 +63,10 @@ class RankWatch:
 
     def explains(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a peer's failure that the watch names: waits for it to do so (up to
-        ``silence_s`` and two beats); afterwards ``lost`` says who went away."""
+        ``silence_s`` and two beats); afterwards ``lost`` says who went away. Any failure after a
+        rank went away is put down to it (a learner that NCCL's watchdog aborted, say)."""
+        if self.lost:
+            return True
         if not (distributed.is_peer_failure(exc) or str(exc).startswith(PEER_FAILURE)):
             return False
         deadline = time.monotonic() + self.silence_s + 2 * BEAT_S
