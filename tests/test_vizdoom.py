@@ -3,6 +3,7 @@ with no factory, the engine resolution and frame skip chosen from env.resize and
 observations through fastrl's Dict path, and the one-line error without the package."""
 
 import importlib.util
+import json
 import sys
 
 import numpy as np
@@ -146,3 +147,17 @@ def test_frame_skip_runs_in_the_engine():
         assert (game.get_screen_height(), game.get_screen_width()) == (120, 160)
     finally:
         env.close()
+
+
+@needs_vizdoom
+def test_vizdoom_basic_profile_trains_and_counts_frames_by_the_skip(tmp_path):
+    from fastrl.config import build_config
+    from fastrl.runner import train
+
+    cfg = build_config("vizdoom-basic", {"serial": True, "env.num_workers": 1, "env.envs_per_worker": 2,
+                                         "env.num_splits": 1, "learner.rollout": 8, "learner.batch_size": 16,
+                                         "train_for_env_steps": 96, "report_every_s": 0.5})
+    train(cfg, run_dir=tmp_path / "run", quiet=True)
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["env_steps"] >= 96 and last["frames"] == 4 * last["env_steps"]
+    assert last["learner_updates"] >= 1
