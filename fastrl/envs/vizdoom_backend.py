@@ -7,7 +7,7 @@ scenario declares game variables, ``gamevariables`` float32 [n]; the generic ima
 (env.resize, env.grayscale, env.frame_stack) reads ``screen`` as the image leaf and passes
 ``gamevariables`` on.
 
-Two of env's image keys are cheaper in the engine than in Python:
+Two of the [env] image keys are cheaper in the engine than in Python:
 
   env.resize = [H, W]   the engine renders at the smallest ``ScreenResolution`` of at least H x W
                         (`engine_resolution`: RES_160X120 for [72, 128], Sample Factory's doom
