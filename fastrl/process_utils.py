@@ -22,8 +22,9 @@ class ProcessExit(Exception):
 
 
 def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 0) -> None:
-    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it, and a
-    terminal's hang-up (SIGHUP to the whole process group), which the runner survives.
+    """Ctrl-C goes to the runner, which stops the children in order; a child ignores it, SIGTERM
+    sent to the whole process group (torchrun stopping a rank, fastrl-sweep a trial: the learner
+    must live to write its final checkpoint), and a terminal's hang-up, which the runner survives.
     ``retain_freed_memory`` is the config key of that name: see :mod:`fastrl.allocator`.
 
     Thread pools are sized where they are made: torch.set_num_threads in the batcher and the
@@ -43,6 +44,7 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     atari-appo-cpu 0.75, 0.79, 0.98 and cartpole-appo 0.84, 0.98, 0.98 by the same command, so
     the default is 0 and atari-appo sets it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     threadpool_limits(1, user_api="blas")
     if retain_freed_memory:

@@ -311,3 +311,32 @@ def test_without_elastic_a_lost_rank_stops_the_others_within_the_timeout_naming_
     # that is another machine's): check what the survivors leave.
     alive, segments = leftovers(all_pids([rank0, rank1] if loss == "killed" else [rank0]))
     assert alive == [] and segments == []
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_ranks_process_group_still_leaves_a_final_checkpoint(tmp_path):
+    # torchrun stops a rank (the survivors of a failure, before it restarts them) with SIGTERM to
+    # the rank's whole process group: the children must leave the stop to the runner, so that the
+    # learner lives to write the final checkpoint the restart resumes from.
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
+           "--train-for-env-steps", "10000000", "--set", "env.num_workers=1", "--set", "env.envs_per_worker=64",
+           "--set", "learner.batch_size=1024", "--set", "report_every_s=0.5", "--set", "checkpoint_every_s=1000"]
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+            if lines and json.loads(lines[-1])["learner_updates"] > 0:
+                break
+            time.sleep(0.2)
+        pids = all_pids([json.loads((run_dir / "processes.json").read_text())])
+        os.killpg(run.pid, signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert "SIGTERM: stopping, writing a final checkpoint" in err
+    final = load_checkpoint(list_checkpoints(run_dir)[-1])
+    assert final["counters"]["env_steps"] > 0 and final["learner"]["updates"] > 0
+    assert leftovers(pids) == ([], [])
