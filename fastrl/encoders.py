@@ -247,6 +247,12 @@ def _key(i: int) -> str:
     return f"leaf{i}"
 
 
+def _one_hot_chw(leaf) -> tuple:
+    """The CHW shape a ``codes`` leaf [H, W, C] reads as: one channel per (channel, code)."""
+    h, w, c = leaf.shape
+    return (c * leaf.size, h, w)
+
+
 def _is_float_leaf(leaf) -> bool:
     return leaf.kind != "mask" and leaf.dtype.kind == "f"
 
@@ -254,8 +260,8 @@ def _is_float_leaf(leaf) -> bool:
 class LeafEncoder(nn.Module):
     """Packed observation rows -> features ``[B, out_features]`` in two halves, so that a
     :class:`LeafNormalizer` (the model's) can sit between them: ``leaf_inputs(rows)`` makes each
-    leaf a float input (uint8 images scaled to [0, 1], ``Discrete`` one-hot, or a learned
-    embedding above ``ONE_HOT_MAX`` values, integers and flags as floats); ``encode_leaves``
+    leaf a float input (uint8 images and bytes scaled to [0, 1], code grids one-hot
+    [C x codes, H, W], ``Discrete`` one-hot, or a learned embedding above ``ONE_HOT_MAX`` values, integers and flags as floats); ``encode_leaves``
     sends image leaves through an image encoder (``kind``), flattens the rest, concatenates
     everything and applies an MLP (``hidden_sizes``). ``forward`` is both, unnormalized. The
     ``action_mask`` leaf is left out unless ``encode_action_mask``."""
@@ -274,7 +280,12 @@ class LeafEncoder(nn.Module):
         for i, leaf in enumerate(layout.leaves):
             if leaf not in self.inputs:
                 continue
-            if leaf.kind == "image" and kind != "mlp":
+            if leaf.kind == "codes" and kind != "mlp":
+                self.images[_key(i)] = image_encoder(_one_hot_chw(leaf), kind)
+                width += self.images[_key(i)].out_features
+            elif leaf.kind == "codes":
+                width += int(np.prod(_one_hot_chw(leaf)))
+            elif leaf.kind == "image" and kind != "mlp":
                 self.images[_key(i)] = image_encoder(leaf.shape, kind)
                 width += self.images[_key(i)].out_features
             elif leaf.kind == "discrete" and leaf.size > ONE_HOT_MAX:
@@ -302,8 +313,12 @@ class LeafEncoder(nn.Module):
                 x = self.embeddings[_key(i)](x.long().clamp(0, leaf.size - 1))
             elif leaf.kind == "discrete":
                 x = F.one_hot(x.long().clamp(0, leaf.size - 1), leaf.size).float()
+            elif leaf.kind == "codes":
+                hot = F.one_hot(x.long().clamp(0, leaf.size - 1), leaf.size)  # [B, H, W, C, size]
+                x = hot.flatten(3).permute(0, 3, 1, 2).float()
             else:
-                x = scale_obs(x, 1.0 / 255.0 if leaf.kind == "image" and leaf.dtype == np.uint8 else 1.0)
+                pixels = leaf.kind == "bytes" or (leaf.kind == "image" and leaf.dtype == np.uint8)
+                x = scale_obs(x, 1.0 / 255.0 if pixels else 1.0)
             floats[leaf.name] = x
         return floats
 

@@ -11,6 +11,10 @@ space; the network unpacks the row into typed leaves on its own device (:meth:`O
 a zero-copy view). Declared bounds are never trusted (envpool declares float64 or nonsense
 bounds for many tasks): only dtypes and shapes are.
 
+A :class:`CodeGrid` (a ``Box`` subclass an env or fastrl's backend declares) is a uint8 image whose
+values are codes, not intensities (MiniGrid's object / colour / state per cell): the network reads
+it one-hot rather than scaled to [0, 1], where the codes of two objects would differ by 1/255.
+
 A top-level ``Dict`` key named ``action_mask`` (the gymnasium / PettingZoo convention) is the
 action mask: one flag per action (per component for ``MultiDiscrete``), not fed to the encoders.
 
@@ -37,6 +41,20 @@ MASK_KEY = "action_mask"
 _ALIGN = 8
 
 
+class CodeGrid(spaces.Box):
+    """A uint8 grid ``[H, W, C]`` whose channel ``c`` holds codes ``0 .. levels[c] - 1``."""
+
+    def __init__(self, shape: tuple, levels: tuple, seed=None):
+        if len(shape) != 3 or len(levels) != shape[-1] or min(levels) < 1 or max(levels) > 256:
+            raise ValueError(f"CodeGrid needs shape [H, W, C] and C levels in 1..256; got {shape}, {levels}")
+        high = np.broadcast_to(np.asarray(levels, dtype=np.uint8) - 1, shape)
+        super().__init__(0, high, shape, np.uint8, seed=seed)
+        self.levels = tuple(int(n) for n in levels)
+
+    def __repr__(self) -> str:
+        return f"CodeGrid({self.shape}, levels={self.levels})"
+
+
 class UnsupportedSpace(ValueError):
     """A space fastrl cannot store or act in; the message names it and its key path."""
 
@@ -44,9 +62,10 @@ class UnsupportedSpace(ValueError):
 @dataclass(frozen=True)
 class ObsLeaf:
     """One array of an observation: ``name`` is its key path joined by '.', ``shape`` / ``dtype``
-    how it is stored, ``kind`` how the network reads it (image | vector | discrete | mask),
-    ``size`` the number of values of a ``Discrete`` leaf (its one-hot width), ``start`` its first
-    value (stored as 0), ``offset`` its first byte in a packed row."""
+    how it is stored, ``kind`` how the network reads it (image | codes | bytes | vector | discrete | mask),
+    ``size`` the number of values of a ``Discrete`` leaf or of a ``codes`` leaf's codes (their
+    one-hot width: the most levels of any channel), ``start`` its first value (stored as 0),
+    ``offset`` its first byte in a packed row."""
 
     name: str
     path: tuple
@@ -96,9 +115,13 @@ def _flatten(space: gymnasium.Space, path: tuple, out: list) -> None:
     elif isinstance(space, spaces.Tuple):
         for i, sub in enumerate(space.spaces):
             _flatten(sub, path + (i,), out)
+    elif isinstance(space, CodeGrid):
+        out.append((name, path, tuple(space.shape), np.dtype(np.uint8), "codes", max(space.levels), 0))
     elif isinstance(space, spaces.Box):
         shape = tuple(int(s) for s in space.shape)
         kind = "mask" if path == (MASK_KEY,) else _leaf_kind(shape)
+        if kind == "vector" and space.dtype == np.uint8 and np.all(space.high == 255):
+            kind = "bytes"  # the dtype's whole range, as pixels (envpool MiniGrid's mission text)
         out.append((name, path, shape, _stored_dtype(space.dtype), kind, 0, 0))
     elif isinstance(space, spaces.MultiBinary):
         shape = tuple(int(s) for s in np.atleast_1d(space.n))

@@ -30,6 +30,7 @@ from envpool.registration import registry
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, as_batch, check_whole_games
 from fastrl.envs.envpool_players import EnvpoolTurns, PlayerRows, is_turn_based
 from fastrl.envs.turns import check_turn_groups
+from fastrl.spaces import CodeGrid
 
 
 def make_envpool_vec_env(
@@ -109,7 +110,20 @@ def _spaces(pools: list[Any]) -> tuple[Any, Any]:
         warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", category=UserWarning)
         spaces = [(pool.observation_space, pool.action_space) for pool in pools]
     observation_space, action_space = spaces[0]
+    if type(pools[0]).__name__.startswith("MiniGrid"):
+        observation_space = _minigrid_codes(observation_space)
     return observation_space, _integer_box_as_multidiscrete(action_space)
+
+
+MINIGRID_LEVELS = (11, 6, 3)  # MiniGrid's object, colour and door-state codes per cell
+
+
+def _minigrid_codes(space: gymnasium.spaces.Dict) -> gymnasium.spaces.Dict:
+    """MiniGrid's ``image`` as the :class:`~fastrl.spaces.CodeGrid` it is: envpool declares it
+    0-255 pixels, which would scale a key (5) and a ball (6) to 0.020 and 0.024."""
+    leaves = dict(space.spaces)
+    leaves["image"] = CodeGrid(leaves["image"].shape, MINIGRID_LEVELS)
+    return gymnasium.spaces.Dict(leaves)
 
 
 def _integer_box_as_multidiscrete(space: Any) -> Any:

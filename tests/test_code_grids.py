@@ -1,0 +1,60 @@
+"""Grids of codes (fastrl.spaces.CodeGrid) are read one-hot; uint8 vectors over 0-255 as bytes."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from fastrl.encoders import LeafEncoder
+from fastrl.spaces import CodeGrid, ObsLayout
+
+
+def _grid_space() -> spaces.Dict:
+    return spaces.Dict({"image": CodeGrid((7, 7, 3), (11, 6, 3)),
+                        "mission": spaces.Box(0, 255, (4,), np.uint8)})
+
+
+def test_a_code_grid_reaches_the_network_one_hot_and_bytes_scaled():
+    layout = ObsLayout(_grid_space())
+    kinds = {leaf.name: (leaf.kind, leaf.size) for leaf in layout.leaves}
+    assert kinds == {"image": ("codes", 11), "mission": ("bytes", 0)}
+    encoder = LeafEncoder(layout, [16], "relu")
+    image = np.zeros((2, 7, 7, 3), np.uint8)
+    image[0, 2, 3] = (5, 1, 0)  # a key
+    image[1, 2, 3] = (6, 1, 0)  # a ball
+    mission = np.array([[255, 0, 51, 102]] * 2, np.uint8)
+    rows = torch.as_tensor(layout.pack({"image": image, "mission": mission}, 2))
+    floats = encoder.leaf_inputs(rows)
+    grid = floats["image"]
+    assert grid.shape == (2, 3 * 11, 7, 7)
+    # channel c's code k is input channel c * 11 + k
+    assert grid[0, 5, 2, 3] == 1 and grid[0, 6, 2, 3] == 0
+    assert grid[1, 5, 2, 3] == 0 and grid[1, 6, 2, 3] == 1
+    assert grid[:, 11 + 1, 2, 3].tolist() == [1, 1] and grid[:, 22, 2, 3].tolist() == [1, 1]
+    assert grid.sum().item() == 2 * 7 * 7 * 3  # one code per channel of every cell
+    assert torch.allclose(floats["mission"], torch.tensor([[1.0, 0.0, 0.2, 0.4]] * 2))
+    assert encoder(rows).shape == (2, 16)
+
+
+def test_a_code_grid_under_model_kind_mlp_is_flattened_into_the_trunk():
+    encoder = LeafEncoder(ObsLayout(_grid_space()), [16], "relu", kind="mlp")
+    assert not encoder.images
+    assert encoder.trunk.net[1].in_features == 3 * 11 * 7 * 7 + 4
+
+
+def test_code_grid_declarations_are_checked():
+    with pytest.raises(ValueError, match="levels"):
+        CodeGrid((7, 7, 3), (11, 6))
+
+
+def test_envpool_minigrid_declares_its_image_a_code_grid():
+    from fastrl.envs.envpool_backend import MINIGRID_LEVELS, make_envpool_vec_env
+
+    env = make_envpool_vec_env("MiniGrid-MemoryS7-v0", 2, 2, 0)
+    try:
+        image = env.observation_space["image"]
+        assert isinstance(image, CodeGrid) and image.levels == MINIGRID_LEVELS
+        env.async_reset()
+        obs = env.recv()[0]
+        assert obs["image"].max() < max(MINIGRID_LEVELS)
+    finally:
+        env.close()
