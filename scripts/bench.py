@@ -30,7 +30,7 @@ SUBCOMMANDS = {
     "replay": ("replay", "replay memory per transition, add, sample and priority-update rates"),
     "recurrent": ("recurrent", "what an LSTM costs on CartPole, and how fast recurrent learners solve MemoryEnv"),
     "eval": ("evaluation", "what evaluation during training costs"),
-    "scaling": ("scaling", "one rank against N ranks (torchrun)"),
+    "scaling": ("scaling", "one rank against N ranks (torchrun; two nodes over a veth link as root)"),
     "vizdoom": ("vizdoom", "fastrl against Sample Factory on ViZDoom: training frames/s, time to a score"),
     "syncs": ("syncs", "host synchronisations and host <-> device copies per call"),
 }
