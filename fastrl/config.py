@@ -176,6 +176,10 @@ class ModelConfig:
     core_size: int = key(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
                          help="units of each recurrent layer")
     core_layers: int = key(1, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"), help="recurrent layers")
+    core_memory_steps: int = key(64, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"),
+                                 help="the horizon a new core keeps memories for (chrono initialization: each "
+                                      "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
+                                      "which halves a memory every step")
     encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
     # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
     separate_critic: bool = key(False, algos=VTRACE,

@@ -93,7 +93,7 @@ class ActorCritic(nn.Module):
         features = self.encoder.out_features
         self.core = None
         if cfg.core != "none":
-            self.core = RecurrentCore(cfg.core, features, cfg.core_size, cfg.core_layers)
+            self.core = RecurrentCore(cfg.core, features, cfg.core_size, cfg.core_layers, cfg.core_memory_steps)
             features = self.core.out_features
         parts = self.action_layout.parts
         self.gaussian_dims = sum(p.n for p in parts if p.kind == "gaussian")

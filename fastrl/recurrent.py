@@ -21,6 +21,13 @@ On the CPU, an LSTM layer's recurrence over more than one step runs in a numba k
 whose dispatch dominated it; the input projection and the weight gradients stay torch matmuls over
 all steps. The same maths (tested against ``nn.LSTMCell`` to float32 rounding); other devices and
 dtypes use torch ops.
+
+Gate biases start from chrono initialization (Tallec and Ollivier, "Can recurrent neural networks
+warp time?", 2018): each unit's forget gate (LSTM; the input gate the opposite) or update gate
+(GRU) bias is ``log u``, ``u ~ U(1, memory_steps - 1)``, so units keep a memory for 1 to
+``memory_steps`` steps. With zero biases every gate starts at 0.5 and a cue's trace halves each
+step: LSTM APPO then never learned a cue 24 steps back on the memory toy env (3M env steps, with a
+forget bias of 1 too), and learned it in under 0.5M with biases near 3.
 """
 from __future__ import annotations
 
@@ -32,10 +39,21 @@ from .kernels.torch_ops import LSTMRecurrence
 CORES = ("none", "lstm", "gru")
 
 
-class RecurrentCore(nn.Module):
-    """``kind`` lstm | gru, ``layers`` stacked cells of ``size`` units over ``in_features`` inputs."""
+@torch.no_grad()
+def _chrono_gate_biases(cell: nn.Module, kind: str, size: int, memory_steps: int) -> None:
+    keep = torch.log(torch.empty(size).uniform_(1.0, max(memory_steps - 1.0, 1.0)))
+    if kind == "lstm":  # gates i, f, g, o
+        cell.bias_ih[size:2 * size] = keep
+        cell.bias_ih[:size] = -keep
+    else:  # gates r, z, n; h' = (1 - z) n + z h
+        cell.bias_ih[size:2 * size] = keep
 
-    def __init__(self, kind: str, in_features: int, size: int, layers: int = 1):
+
+class RecurrentCore(nn.Module):
+    """``kind`` lstm | gru, ``layers`` stacked cells of ``size`` units over ``in_features`` inputs,
+    initialized to keep memories for up to ``memory_steps`` steps (1: zero gate biases)."""
+
+    def __init__(self, kind: str, in_features: int, size: int, layers: int = 1, memory_steps: int = 64):
         super().__init__()
         if kind not in ("lstm", "gru"):
             raise ValueError(f"model.core must be one of {', '.join(CORES)}; got {kind!r}")
@@ -46,6 +64,8 @@ class RecurrentCore(nn.Module):
             nn.init.orthogonal_(c.weight_hh)
             nn.init.zeros_(c.bias_hh)
             nn.init.zeros_(c.bias_ih)
+            if memory_steps > 1:
+                _chrono_gate_biases(c, kind, size, memory_steps)
         self.parts = 2 if kind == "lstm" else 1  # (h, c) or h
         self.state_size = self.parts * size * layers
         self.out_features = size

@@ -460,3 +460,29 @@ def test_the_layer_by_layer_unroll_matches_torch_cells_step_by_step_with_gradien
     theirs = torch.autograd.grad((reference ** 2).sum() + (state ** 2).sum(), wrt)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_new_core_keeps_a_cue_for_its_memory_steps(kind):
+    """Chrono initialization: an input seen 24 steps ago still moves a new core's output. With
+    zero gate biases (memory_steps=1) every gate starts at 0.5 and the trace halves each step."""
+    torch.manual_seed(0)
+
+    def trace(memory_steps: int) -> float:
+        torch.manual_seed(1)
+        core = RecurrentCore(kind, in_features=4, size=32, memory_steps=memory_steps)
+        core.use_kernel = False
+        x = torch.zeros(25, 1, 4)
+        starts = torch.zeros(25, 1, dtype=torch.bool)
+        cue = x.clone()
+        cue[0] = 1.0
+        with torch.no_grad():
+            quiet, _ = core(x, core.initial_state(1), starts)
+            cued, _ = core(cue, core.initial_state(1), starts)
+        first = (cued[0] - quiet[0]).abs().max()
+        return ((cued[24] - quiet[24]).abs().max() / first).item()
+
+    assert trace(64) > 0.02
+    assert trace(1) < 1e-4
+    biases = RecurrentCore(kind, 4, 32, memory_steps=64).cells[0].bias_ih[32:64]
+    assert 0.0 <= biases.min() and biases.max() <= np.log(63) + 1e-6
