@@ -44,7 +44,9 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     atari-appo-cpu 0.75, 0.79, 0.98 and cartpole-appo 0.84, 0.98, 0.98 by the same command, so
     the default is 0 and atari-appo sets it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A handler, not SIG_IGN: an ignored signal stays ignored across exec, so the processes a child
+    # starts (ViZDoom engines, a factory env's subprocesses) could not be terminated.
+    signal.signal(signal.SIGTERM, _ignore_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     threadpool_limits(1, user_api="blas")
     if retain_freed_memory:
@@ -52,6 +54,10 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     if niceness:
         lower_priority(niceness)
     check_alive(None, parent_pid)
+
+
+def _ignore_signal(signum, frame) -> None:
+    pass
 
 
 def lower_priority(niceness: int) -> None:

@@ -108,3 +108,22 @@ def test_a_child_process_runs_numpys_blas_on_one_thread():
                          check=True).stdout
     threads = json.loads(out)
     assert threads and threads == [1] * len(threads), out
+
+
+CHILD_STARTS_A_PROCESS = """
+import os, signal, subprocess
+from fastrl.process_utils import configure_child
+configure_child(os.getppid(), False)
+os.kill(os.getpid(), signal.SIGTERM)  # the child itself lives on
+started = subprocess.Popen(["sleep", "30"])
+started.terminate()
+print(started.wait(timeout=10))
+"""
+
+
+def test_a_child_survives_sigterm_and_what_it_starts_does_not():
+    """The runner stops its children in order, so they outlive a SIGTERM to the process group; the
+    processes they start (ViZDoom engines, a factory env's subprocesses) must still stop on one."""
+    out = subprocess.run([sys.executable, "-c", CHILD_STARTS_A_PROCESS], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == str(-15)
