@@ -47,7 +47,7 @@ class CodeGrid(spaces.Box):
     def __init__(self, shape: tuple, levels: tuple, seed=None):
         if len(shape) != 3 or len(levels) != shape[-1] or min(levels) < 1 or max(levels) > 256:
             raise ValueError(f"CodeGrid needs shape [H, W, C] and C levels in 1..256; got {shape}, {levels}")
-        high = np.broadcast_to(np.asarray(levels, dtype=np.uint8) - 1, shape)
+        high = np.broadcast_to((np.asarray(levels) - 1).astype(np.uint8), shape)
         super().__init__(0, high, shape, np.uint8, seed=seed)
         self.levels = tuple(int(n) for n in levels)
 
@@ -148,7 +148,8 @@ class ObsLayout:
 
     def __init__(self, space: gymnasium.Space):
         self.space = space
-        self.packed = not isinstance(space, spaces.Box)
+        # A grid of codes alone is a leaf too: only the leaf encoder reads codes one-hot.
+        self.packed = not isinstance(space, spaces.Box) or isinstance(space, CodeGrid)
         raw: list = []
         _flatten(space, (), raw)
         leaves, offset = [], 0

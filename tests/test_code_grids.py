@@ -58,3 +58,22 @@ def test_envpool_minigrid_declares_its_image_a_code_grid():
         assert obs["image"].max() < max(MINIGRID_LEVELS)
     finally:
         env.close()
+
+
+def test_a_code_grid_alone_is_read_one_hot_too():
+    layout = ObsLayout(CodeGrid((7, 7, 3), (11, 6, 3)))
+    assert layout.packed and [leaf.kind for leaf in layout.leaves] == ["codes"]
+    image = np.full((1, 7, 7, 3), 2, np.uint8)
+    floats = LeafEncoder(layout, [8], "relu").leaf_inputs(torch.as_tensor(layout.pack(image, 1)))
+    assert floats["obs"].shape == (1, 33, 7, 7) and floats["obs"].sum().item() == 7 * 7 * 3
+
+
+def test_a_code_grid_of_256_codes_declares_its_bounds():
+    assert CodeGrid((2, 2, 1), (256,)).high.max() == 255
+
+
+def test_image_preprocessing_leaves_a_code_grid_alone():
+    from fastrl.envs.image_preprocessing import _is_image
+
+    assert not _is_image(CodeGrid((8, 8, 3), (11, 6, 3)))
+    assert _is_image(spaces.Box(0, 255, (8, 8, 3), np.uint8))

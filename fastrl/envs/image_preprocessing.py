@@ -35,6 +35,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from fastrl.spaces import CodeGrid
+
 # What each key does in envpool's image tasks' own options (Atari, ViZDoom), and in the envpool
 # option names that fastrl's gymnasium Atari takes (fastrl/envs/atari.py).
 OWN_OPTIONS = {"frame_skip": ("frame_skip",), "resize": ("img_height", "img_width"), "grayscale": ("gray_scale",),
@@ -224,8 +226,9 @@ def _opencv():
 
 
 def _is_image(space: gymnasium.Space) -> bool:
-    return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
-            and space.shape[-1] in IMAGE_CHANNELS)
+    # A grid of codes is no picture: averaging or graying its codes would make other codes.
+    return (isinstance(space, spaces.Box) and not isinstance(space, CodeGrid) and space.dtype == np.uint8
+            and len(space.shape) == 3 and space.shape[-1] in IMAGE_CHANNELS)
 
 
 def _described(space: gymnasium.Space) -> str:
