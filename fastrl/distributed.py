@@ -106,9 +106,10 @@ def route_collectives_to_master() -> str:
     interface = interface_to(os.environ.get("MASTER_ADDR", "127.0.0.1")) if unset else None
     if interface is None:
         return ""
-    for var in unset:
-        os.environ[var] = interface
-    return ", ".join(f"{var}={interface}" for var in unset)
+    # NCCL reads its variable as a name prefix (eth1 would take eth10 too); "=" asks for this one.
+    values = {var: "=" + interface if var.startswith("NCCL") else interface for var in unset}
+    os.environ.update(values)
+    return ", ".join(f"{var}={value}" for var, value in values.items())
 
 
 def init_group(info: DistInfo, role: str, device: str, timeout_s: float) -> None:

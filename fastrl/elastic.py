@@ -67,8 +67,9 @@ class ElasticAttempt:
             self.job = stored
             # The dead attempt's last process (its learner) holds the lock while it writes a
             # final checkpoint: count the checkpoints once it is done.
+            # Half the timeout: the other ranks wait for this decision for the whole of it.
             try:
-                RunDirLock.take(run_dir, self.timeout_s).release()
+                RunDirLock.take(run_dir, self.timeout_s / 2).release()
             except RunDirError as exc:
                 raise RunError(str(exc)) from None
             resume = resume or bool(list_checkpoints(run_dir))
@@ -87,8 +88,12 @@ class ElasticAttempt:
         else:
             newest = list_checkpoints(run_dir)[-1] if resumed else None
             since = newest.stat().st_mtime if newest is not None else self.record["started_at"]
+            # A restart that resumes the checkpoint the previous one resumed lost only what came since
+            # that restart: the time before it is counted already.
+            previous = self.record["restarts"][-1].get("resumed_at", 0.0) if self.record["restarts"] else 0.0
             self.record["restarts"].append({"restart": self.restart, "checkpoint": newest.name if newest else None,
-                                            "lost_s": round(max(0.0, now - since), 3)})
+                                            "lost_s": round(max(0.0, now - max(since, previous)), 3),
+                                            "resumed_at": now})
             if newest is None:
                 self.record["started_at"] = now
         write_atomic(run_dir / ELASTIC_RECORD, json.dumps(self.record, indent=1))

@@ -53,9 +53,9 @@ def first_attempt(run_dir, monkeypatch, resume=False, overwrite=False):
     return attempt
 
 
-def restart(monkeypatch, count=1, info=RANK0, run_dir=None, resume=False, overwrite=False):
+def restart(monkeypatch, count=1, info=RANK0, run_dir=None, resume=False, overwrite=False, timeout_s=5.0):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(count))
-    attempt = elastic.current_attempt(5.0)
+    attempt = elastic.current_attempt(timeout_s)
     return attempt, attempt.settle(run_dir, resume, overwrite, info)
 
 
@@ -75,16 +75,25 @@ def test_a_restart_of_the_same_job_resumes_from_a_checkpoint_and_the_other_ranks
     metrics = attempt.claim(run_dir, resumed=True)
     assert metrics["restarts"] == 1 and 29.0 < metrics["restart_lost_s"] < 40.0
     record = json.loads((run_dir / ELASTIC_RECORD).read_text())
-    assert record["restarts"] == [{"restart": 1, "checkpoint": checkpoint.name, "lost_s": metrics["restart_lost_s"]}]
+    assert [{k: entry[k] for k in ("restart", "checkpoint", "lost_s")} for entry in record["restarts"]] == [
+        {"restart": 1, "checkpoint": checkpoint.name, "lost_s": metrics["restart_lost_s"]}]
     # Rank 1 takes rank 0's decision from the store, whatever its flags.
     assert restart(monkeypatch, info=RANK1, run_dir=run_dir)[1] == (True, False)
 
-    # A second restart adds its loss to the first's.
+    # A second restart adds its loss to the first's: the first resumed 20 s ago, the checkpoint
+    # the second resumes was written 10 s ago.
+    record["restarts"][-1]["resumed_at"] -= 20.0
+    (run_dir / ELASTIC_RECORD).write_text(json.dumps(record))
     os.utime(checkpoint, (time.time() - 10.0,) * 2)
     attempt, flags = restart(monkeypatch, count=2, run_dir=run_dir)
     assert flags == (True, False)
     metrics = attempt.claim(run_dir, resumed=True)
     assert metrics["restarts"] == 2 and 39.0 < metrics["restart_lost_s"] < 55.0
+    # A third that resumes that same checkpoint again lost only what came after the second's resume.
+    lost_before = metrics["restart_lost_s"]
+    attempt, flags = restart(monkeypatch, count=3, run_dir=run_dir)
+    metrics = attempt.claim(run_dir, resumed=True)
+    assert metrics["restarts"] == 3 and lost_before <= metrics["restart_lost_s"] < lost_before + 5.0
 
 
 def test_a_restart_without_a_checkpoint_starts_afresh_and_counts_the_whole_attempt_lost(tmp_path, agent_store,
@@ -144,7 +153,7 @@ time.sleep(3.0)
         with pytest.raises(RunDirError, match="in use by"):
             check_run_dir(run_dir, False, True)
         started = time.monotonic()
-        _, flags = restart(monkeypatch, run_dir=run_dir)
+        _, flags = restart(monkeypatch, run_dir=run_dir, timeout_s=10.0)  # rank 0 waits for the lock for half
         assert flags == (True, False)  # the checkpoint written meanwhile is resumed, not removed
         assert time.monotonic() - started > 1.0
     finally:

@@ -486,3 +486,13 @@ def test_a_new_core_keeps_a_cue_for_its_memory_steps(kind):
     assert trace(1) < 1e-4
     biases = RecurrentCore(kind, 4, 32, memory_steps=64).cells[0].bias_ih[32:64]
     assert 0.0 <= biases.min() and biases.max() <= np.log(63) + 1e-6
+
+
+def test_a_resume_may_change_how_new_cores_start():
+    from fastrl.config import weights_mismatch
+
+    saved = build_config("cartpole-appo", {"model.core": "lstm"}).to_dict()
+    asked = build_config("cartpole-appo", {"model.core": "lstm", "model.core_memory_steps": 8})
+    assert weights_mismatch(saved, asked) == ""
+    assert "model.core_size" in weights_mismatch(saved, build_config("cartpole-appo", {"model.core": "lstm",
+                                                                                     "model.core_size": 8}))

@@ -44,12 +44,13 @@ def test_unset_socket_variables_are_set_to_that_interface_and_the_users_are_kept
     monkeypatch.setenv("MASTER_ADDR", address)
     for var in SOCKET_INTERFACE_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert route_collectives_to_master() == f"GLOO_SOCKET_IFNAME={name}, NCCL_SOCKET_IFNAME={name}"
-    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == name
+    assert route_collectives_to_master() == f"GLOO_SOCKET_IFNAME={name}, NCCL_SOCKET_IFNAME=={name}"
+    # NCCL takes its variable as a prefix unless it starts with "=": eth1 would take eth10 too
+    assert os.environ["GLOO_SOCKET_IFNAME"] == name and os.environ["NCCL_SOCKET_IFNAME"] == "=" + name
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine0")
     monkeypatch.delenv("NCCL_SOCKET_IFNAME")
-    assert route_collectives_to_master() == f"NCCL_SOCKET_IFNAME={name}"
+    assert route_collectives_to_master() == f"NCCL_SOCKET_IFNAME=={name}"
     assert os.environ["GLOO_SOCKET_IFNAME"] == "mine0"
     assert route_collectives_to_master() == ""  # both set: nothing to choose
 
@@ -111,7 +112,7 @@ def test_two_nodes_over_a_veth_link_find_their_interface_train_and_agree_on_para
     logs = [(tmp_path / f"node{k}.log").read_text() for k in range(2)]
     assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
     for k, (node, log) in enumerate(zip(nodes, logs)):
-        assert (f"[fastrl] rank {k}: GLOO_SOCKET_IFNAME={node.interface}, NCCL_SOCKET_IFNAME={node.interface}, "
+        assert (f"[fastrl] rank {k}: GLOO_SOCKET_IFNAME={node.interface}, NCCL_SOCKET_IFNAME=={node.interface}, "
                 f"the interface that reaches MASTER_ADDR {nodes[0].address}") in log, log[-3000:]
 
     state = load_checkpoint(list_checkpoints(run_dir)[-1])
