@@ -286,8 +286,11 @@ def test_without_elastic_a_lost_rank_stops_the_others_within_the_timeout_naming_
     The margin is the survivor's own stop (final checkpoint, children joined) on a loaded machine."""
     run_dir, port, timeout_s = tmp_path / "run", free_port(), 6.0
     extra = ["--set", f"dist_timeout_s={timeout_s}"]
+    # A budget the ranks cannot finish before the loss: a rank 0 done first would leave node 0's agent
+    # in torchrun's exit barrier, waiting for node 1's.
     nodes = [subprocess.Popen(torchrun(run_dir, port, extra, "--nnodes", "2", "--node-rank", str(k),
-                                       "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--max-restarts", "0"),
+                                       "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--max-restarts", "0",
+                                       steps=10**9),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (0, 1)]
     node1 = [psutil.Process(nodes[1].pid)]
     try:

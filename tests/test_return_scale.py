@@ -206,6 +206,9 @@ def train_one_rank(rank: int, store: str, out: str) -> None:
             learner.train(batch, env_ids=np.arange(4))
         scale = learner.return_scale
         np.save(f"{out}/rank{rank}.npy", [scale.count, scale.mean, scale.var, scale.scale])
+        # Both ranks leave the group together: a rank destroying it while gloo still serves the other
+        # aborted now and then ("terminate called without an active exception", SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
