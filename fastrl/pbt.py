@@ -98,6 +98,7 @@ class Population:
         # What a member's hyperparameters are: what explore changes, and what members start apart in.
         self.keys = list(dict.fromkeys([*cfg.pbt.mutable, *cfg.pbt.start]))
         self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
+        self.objective = cfg.pbt.objective
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
         # What a member's recent episodes add to its objective ([W, ring] per episode), or None when
@@ -118,15 +119,18 @@ class Population:
 
     def state_dict(self) -> dict:
         return {"next_exploit": self.next_exploit, "rng": json.dumps(self.rng.bit_generator.state),
-                "start_values": self.start_values,
+                "start_values": self.start_values, "objective": self.objective,
                 "recent": [list(r) for r in self.recent]}
 
     def restore(self, saved: dict) -> None:
         self.next_exploit = saved["next_exploit"]
         self.rng.bit_generator.state = json.loads(saved["rng"])
         self.start_values = saved["start_values"]
-        for recent, values in zip(self.recent, saved["recent"]):
-            recent.extend(values)
+        # Recent values of another objective (a resume that changed pbt.objective; checkpoints from
+        # before the key held returns) would be ranked beside this one's: start them afresh.
+        if saved.get("objective", "episode_return_mean") == self.objective:
+            for recent, values in zip(self.recent, saved["recent"]):
+                recent.extend(values)
 
     def hyperparameters(self, member: int) -> dict:
         return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}

@@ -317,6 +317,23 @@ def test_an_info_objective_ranks_by_the_env_number_not_the_return():
     assert population.step(env_steps=10) == [(0, 1)]  # the higher return copies the higher score
 
 
+def test_a_resume_under_another_objective_starts_the_recent_values_afresh():
+    returns_cfg = pbt_config(2)
+    runtimes, arena = make_population(returns_cfg)
+    finish_episodes(arena, {0: [100.0], 1: [200.0]})
+    runtimes.population.collect()
+    saved = runtimes.population.state_dict()
+    same, _ = make_population(returns_cfg)
+    same.population.restore(saved)
+    assert same.population.objectives() == [100.0, 200.0]
+    scored, _ = make_population(pbt_config(2, **{"pbt.objective": "info/score"}))
+    scored.population.restore(saved)
+    assert all(math.isnan(v) for v in scored.population.objectives())  # returns are no scores
+    del saved["objective"]  # a checkpoint from before pbt.objective held returns
+    scored.population.restore(saved)
+    assert all(math.isnan(v) for v in scored.population.objectives())
+
+
 def test_members_whose_env_never_reported_the_info_number_are_not_ranked():
     cfg = pbt_config(2, **{"pbt.objective": "info/score"})
     runtimes, arena = make_population(cfg)
