@@ -1,7 +1,10 @@
 """End to end: real processes, real envs, files on disk, processes gone afterwards."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -20,6 +23,29 @@ REQUIRED_METRICS = {"env_steps", "frames", "env_steps_per_s", "fps", "episode_re
 
 def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_until_reported(cfg, run_dir, reached):
+    """``train()`` stopped by Ctrl-C (SIGINT to this process) once a report in metrics.jsonl is
+    ``reached``: a learning test's bar met, the rest of the budget is not needed. ``reached`` keeps
+    the budget's end well away, so that no signal comes as the run ends by itself."""
+    done = threading.Event()
+
+    def interrupt_when_reached():
+        metrics = run_dir / "metrics.jsonl"
+        while not done.wait(0.2):
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            if any(reached(json.loads(line)) for line in lines if line.endswith("}")):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    stopper = threading.Thread(target=interrupt_when_reached, daemon=True)
+    stopper.start()
+    try:
+        return train(cfg, run_dir=run_dir, quiet=True)
+    finally:
+        done.set()
+        stopper.join()
 
 
 def assert_all_exited(run_dir):
@@ -135,9 +161,11 @@ def test_cartpole_learns_when_a_batcher_runs_the_policy(tmp_path):
     actions and act for none of their batches (the workers' path is the profile's, cartpole_run)."""
     # 2M env steps: the best report by then was 226-351 in four runs (two each way); at 1.2M the
     # batcher's run once stopped at 139 in CI (an asynchronous run's curve varies with its lag).
-    cfg = build_config("cartpole-appo", {"train_for_env_steps": 2_000_000, "device": "cpu", "report_every_s": 1.0,
+    budget = 2_000_000
+    cfg = build_config("cartpole-appo", {"train_for_env_steps": budget, "device": "cpu", "report_every_s": 1.0,
                                          "inference.in_workers": False})
-    result = train(cfg, run_dir=tmp_path, quiet=True)
+    result = train_until_reported(cfg, tmp_path, lambda r: (r["episode_return_mean"] or 0) > 150
+                                  and r["env_steps"] < budget - 300_000)
     records = read_metrics(tmp_path)
     assert max(r["episode_return_mean"] or 0 for r in records) > 150
     roles = json.loads((tmp_path / "processes.json").read_text())
@@ -199,9 +227,11 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(cartpole_run, tmp_pat
 
 def test_cartpole_dqn_learns(tmp_path):
     # Ape-X DQN end to end; seeds 0-2 first reached a mean >= 400 at 113K-290K env steps.
-    cfg = build_config("cartpole-dqn", {"train_for_env_steps": 400_000, "device": "cpu", "report_every_s": 1.0,
+    budget = 400_000
+    cfg = build_config("cartpole-dqn", {"train_for_env_steps": budget, "device": "cpu", "report_every_s": 1.0,
                                         "seed": 1})
-    train(cfg, run_dir=tmp_path, quiet=True)
+    train_until_reported(cfg, tmp_path, lambda r: (r["episode_return_mean"] or 0) >= 400
+                         and r["env_steps"] < budget - 50_000)
     records = read_metrics(tmp_path)
     assert max(r["episode_return_mean"] or 0 for r in records) >= 400
     last = records[-1]
