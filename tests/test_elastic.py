@@ -270,9 +270,10 @@ def test_a_killed_rank_restarts_the_group_and_the_run_goes_on_from_its_checkpoin
     assert after[-1]["env_steps"] >= budget
     final = load_checkpoint(list_checkpoints(run_dir)[-1])
     lr0 = final["config"]["learner"]["lr"]
-    trained = [r for r in after if r["learner/lr"] > 0]
+    # The schedule goes on from the resumed env steps (a restarted one would be back near lr0); a
+    # restart resumed near the budget may report only its last record, whose lr has reached 0.
+    trained = [r for r in after if r["learner_updates"] > saved_before[-1]["learner_updates"]]
     assert trained and trained[0]["learner/lr"] <= lr0 * (1 - resumed_steps / budget) + 1e-9
-    assert trained[0]["learner_updates"] > saved_before[-1]["learner_updates"]
     assert final["param_digests"][0] == final["param_digests"][1]
 
 
