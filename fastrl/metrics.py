@@ -93,6 +93,13 @@ def write_learner_stats(arena: Arena, stats: dict, policy: int = 0) -> None:
             row[STAT[name]] = value
 
 
+def saved_learner_stats(learner_state: dict) -> dict:
+    """The counters a checkpoint's learner state holds (BaseLearner.state_dict), as its
+    learner_stats would show them (BaseLearner.counters)."""
+    return {"lr": learner_state["optimizer"]["param_groups"][0]["lr"], "learner_updates": learner_state["updates"],
+            "skipped_updates": learner_state.get("skipped_updates", 0), "version": learner_state["version"]}
+
+
 def read_learner_stats(arena: Arena, policy: int = 0) -> dict:
     row = arena.learner_stats[policy]
     return {name: float(row[i]) for name, i in STAT.items()}

@@ -10,6 +10,7 @@ from .config import Config
 from .distributed import DistInfo
 from .envs import EnvSpec
 from .league import LeagueRecord
+from .metrics import saved_learner_stats, write_learner_stats
 from .policy_map import PolicyMap
 from .run_dir import RunDirLock
 from .shm import Arena, ArenaLayout, Control
@@ -81,4 +82,10 @@ class RunPlan:
             arena.control[Control.WALL_MS] = int(counters.get("wall_time", 0.0) * 1000)
             arena.control[Control.TRAINED_MS] = int(counters.get("trained_seconds", counters.get("wall_time", 0.0))
                                                     * 1000)
+            # Reports before the learner's first update (it loads for seconds) show the resumed
+            # counters and lr, not zeros.
+            saved = self.resume_state.get("policies", {})
+            learners = [self.resume_state["learner"], *(saved[name]["learner"] for name in self.policies.names[1:])]
+            for policy, state in enumerate(learners):
+                write_learner_stats(arena, saved_learner_stats(state), policy)
         return arena

@@ -383,6 +383,9 @@ def test_budgets_and_clocks_continue_across_a_resume(finished_run, tmp_path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     walls = [r["wall_time"] for r in records]
     assert walls == sorted(walls)  # wall_time runs on across the resume
+    # So do the learner's counters, from the resumed run's first report on (before its first update).
+    updates = [r["learner_updates"] for r in records]
+    assert updates[0] < updates[-1] and updates == sorted(updates)
     assert cfg.train_for_seconds <= records[-1]["trained_seconds"] < cfg.train_for_seconds + 2.0
     # The checkpoint keeps the clock in whole milliseconds (arena.control), so it may read up to 1 ms
     # below the float the budget check compared (seen in CI: 3.139 against 3.1390000000000002).
