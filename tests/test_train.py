@@ -2,8 +2,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import psutil
@@ -12,6 +10,7 @@ import torch
 from torch import nn
 
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli import eval_main, train_main
 from fastrl.config import build_config
 from fastrl.runner import train
 
@@ -88,10 +87,8 @@ def test_resume_continues_counters_and_weights(cartpole_run):
     run_dir, _ = cartpole_run
     before = load_checkpoint(list_checkpoints(run_dir)[-1])
     steps_before = before["counters"]["env_steps"]
-    cmd = [sys.executable, "-m", "fastrl.cli", "--resume", "--run-dir", str(run_dir), "--quiet",
-           "--train-for-env-steps", str(steps_before + 150_000)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
+    assert train_main(["--resume", "--run-dir", str(run_dir), "--quiet",
+                       "--train-for-env-steps", str(steps_before + 150_000)]) == 0
     after = load_checkpoint(list_checkpoints(run_dir)[-1])
     assert after["counters"]["env_steps"] >= steps_before + 150_000
     assert after["learner"]["version"] > before["learner"]["version"]
@@ -101,13 +98,10 @@ def test_resume_continues_counters_and_weights(cartpole_run):
     assert_all_exited(run_dir)
 
 
-def test_eval_prints_one_json_line(cartpole_run):
+def test_eval_prints_one_json_line(cartpole_run, capsys):
     run_dir, _ = cartpole_run
-    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
-                          str(run_dir), "--episodes", "6", "--deterministic"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    assert eval_main([str(run_dir), "--episodes", "6", "--deterministic"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert result["episodes"] == 6
@@ -183,10 +177,6 @@ def test_sample_only_mode_steps_envs_without_training(tmp_path):
     assert result.final["learner_updates"] == 0
 
 
-def run_cli(*args, module="fastrl.cli", timeout=120):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.parametrize("args, message", [
     (["--set", "learner.lrr=1"], "did you mean learner.lr"),
     (["--set", "learner.lr=fast"], "expects float"),
@@ -194,19 +184,20 @@ def run_cli(*args, module="fastrl.cli", timeout=120):
     (["--profile", "cartpol-appo"], "did you mean cartpole-appo"),
     (["--resume", "--run-dir", "/nonexistent/run"], "does not exist"),
 ])
-def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message, tmp_path):
-    out = run_cli(*args, "--run-dir", str(tmp_path / "run"), "--quiet") if "--run-dir" not in args else run_cli(*args)
-    assert out.returncode == 2
-    assert message in out.stderr
-    assert "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+def test_bad_input_is_one_clear_line_and_a_nonzero_exit(args, message, tmp_path, capsys):
+    code = train_main([*args, "--run-dir", str(tmp_path / "run"), "--quiet"] if "--run-dir" not in args else args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
-def test_eval_without_checkpoint_is_a_clear_error(tmp_path):
+def test_eval_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "config.toml").write_text('[env]\nid = "CartPole-v1"\n')
-    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
-                          str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "no checkpoint" in out.stderr and "Traceback" not in out.stderr
+    code = eval_main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no checkpoint" in err and "Traceback" not in err
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(cartpole_run, tmp_path):
