@@ -1,14 +1,15 @@
 """PettingZoo ParallelEnvs, every agent a row of its worker's batch under one shared policy
 (fastrl/envs/pettingzoo_backend.py)."""
 import collections
+import contextlib
+import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+from fastrl.cli import eval_main
 from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
 from fastrl.envs.pettingzoo_backend import PettingZooSplits
@@ -214,10 +215,10 @@ def test_simple_spread_trains_and_evaluates(tmp_path, serial):
     lengths = [r["episode_length_mean"] for r in records if r["episode_length_mean"] is not None]
     assert lengths and set(lengths) == {25}  # every agent plays each game's 25 steps: one episode each
     args = [str(tmp_path), "--episodes", "4"] + (["--video", str(tmp_path / "spread.mp4")] if serial else [])
-    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
-                          *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    evaluated = json.loads(out.stdout)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert eval_main(args) == 0
+    evaluated = json.loads(printed.getvalue())
     assert evaluated["episodes"] == 4 and evaluated["episode_length_mean"] == 25
     if serial:
         assert evaluated["video_frames"] == 2 * 26  # two games (four agent episodes of three a game)

@@ -1,12 +1,13 @@
 """Turn-based PettingZoo (AEC) games, every seat a row whose trajectory holds only its own turns
 (fastrl/envs/pettingzoo_turns.py)."""
+import contextlib
+import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from fastrl.cli import eval_main
 from fastrl.config import build_config
 from fastrl.envs import make_vec_env, probe_env
 from fastrl.runner import train
@@ -140,8 +141,8 @@ def check_self_play_trains_and_evaluates(tmp_path, env_id, serial, env_steps, tu
     assert lengths and all(turns[0] <= n <= turns[1] for n in lengths)
     if serial:
         assert any(r.get("eval_episodes") == 4 for r in records)
-    out = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
-                          str(tmp_path), "--episodes", "4"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    evaluated = json.loads(out.stdout)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert eval_main([str(tmp_path), "--episodes", "4"]) == 0
+    evaluated = json.loads(printed.getvalue())
     assert evaluated["episodes"] == 4 and turns[0] <= evaluated["episode_length_mean"] <= turns[1]
