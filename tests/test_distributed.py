@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli import eval_main, train_main
 
 
 def free_port() -> int:
@@ -16,7 +17,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_checkpoint(tmp_path):
+def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
@@ -39,17 +40,15 @@ def test_two_ranks_keep_identical_weights_sum_their_steps_and_leave_a_portable_c
     assert (run_dir / "processes.json").exists() and (run_dir / "processes.rank1.json").exists()
 
     # The rank-0 checkpoint continues in a plain single-process run, and evaluates.
-    resume = subprocess.run([sys.executable, "-m", "fastrl.cli", "--resume", "--run-dir", str(run_dir), "--quiet",
-                             "--train-for-env-steps", str(state["counters"]["env_steps"] + 50_000),
-                             "--set", "env.num_workers=1"], capture_output=True, text=True, timeout=180)
-    assert resume.returncode == 0, resume.stderr[-3000:]
+    assert train_main(["--resume", "--run-dir", str(run_dir), "--quiet",
+                       "--train-for-env-steps", str(state["counters"]["env_steps"] + 50_000),
+                       "--set", "env.num_workers=1"]) == 0
     resumed = load_checkpoint(list_checkpoints(run_dir)[-1])
     assert resumed["learner"]["updates"] > state["learner"]["updates"]
     assert resumed["counters"]["env_steps"] >= state["counters"]["env_steps"] + 50_000
-    evaluation = subprocess.run([sys.executable, "-c", "from fastrl.cli import eval_main; raise SystemExit(eval_main())",
-                                 str(run_dir), "--episodes", "2"], capture_output=True, text=True, timeout=120)
-    assert evaluation.returncode == 0, evaluation.stderr
-    assert json.loads(evaluation.stdout)["episodes"] == 2
+    capsys.readouterr()
+    assert eval_main([str(run_dir), "--episodes", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
 
 
 @pytest.mark.slow
