@@ -2,14 +2,13 @@
 sequence starts in the replay, burn-in steps without loss or gradient, resets inside a sequence,
 the config rules, and a short run end to end (train -> checkpoint -> eval)."""
 import json
-import subprocess
-import sys
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
 
+from fastrl.cli import train_main
 from fastrl.config import ConfigError, ReplayConfig, build_config, validate
 from fastrl.policy_eval import evaluate_run
 from fastrl.learner import R2D2Learner, make_learner
@@ -241,11 +240,8 @@ def test_r2d2_refuses_continuous_actions():
 
 @pytest.mark.slow
 def test_cartpole_r2d2_trains_checkpoints_and_evaluates(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-r2d2", "--run-dir", str(tmp_path / "run"),
-         "--train-for-env-steps", "12000", "--set", "device=cpu", "--set", "replay.min_fill=2000",
-         "--set", "report_every_s=1"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert train_main(["--profile", "cartpole-r2d2", "--run-dir", str(tmp_path / "run"), "--train-for-env-steps",
+                       "12000", "--set", "device=cpu", "--set", "replay.min_fill=2000", "--set", "report_every_s=1"]) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["env_steps"] >= 12000 and records[-1]["learner_updates"] > 0
     assert list((tmp_path / "run" / "checkpoints").glob("*.pt"))
