@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from fastrl.cli import resolve_train_config, sweep_main, train_parser
+from fastrl.cli import resolve_train_config, sweep_main, train_main, train_parser
 from fastrl.config import build_config
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace
 from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
@@ -268,10 +268,8 @@ def test_three_trials_end_to_end_table_and_a_best_profile_fastrl_train_runs(tmp_
                 for k, v in json.loads(line).items() if isinstance(v, (int, float))}
     assert reported <= objective_keys(cfg), reported - objective_keys(cfg)
     profile = tmp_path / "sweep" / BEST_PROFILE
-    run = subprocess.run([sys.executable, "-m", "fastrl.cli", "--profile", str(profile), "--run-dir",
-                          str(tmp_path / "best-run"), "--quiet", "--train-for-env-steps", "2000"],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert run.returncode == 0, run.stderr
+    assert train_main(["--profile", str(profile), "--run-dir", str(tmp_path / "best-run"), "--quiet",
+                       "--train-for-env-steps", "2000"]) == 0
     trained = (tmp_path / "best-run" / "config.toml").read_text()
     assert f"lr = {best.params['learner.lr']!r}" in trained
     assert f"entropy_coef = {best.params['learner.entropy_coef']!r}" in trained
