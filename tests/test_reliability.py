@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli import train_main
 from fastrl.config import build_config
 from fastrl.runner import RunError, train
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace, remove_stale_segments
@@ -157,9 +158,9 @@ def test_killed_runner_takes_its_children_along_and_the_next_start_cleans_up(tmp
 
 def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
     before = segments()
-    first = start_cli(tmp_path, "--train-for-env-steps", "100000")
-    first.communicate(timeout=180)
-    assert first.returncode == 0 and list_checkpoints(tmp_path)
+    assert train_main(["--profile", "cartpole-appo", "--run-dir", str(tmp_path), "--quiet", "--set", "device=cpu",
+                       "--train-for-env-steps", "100000"]) == 0
+    assert list_checkpoints(tmp_path)
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(FULL_DISK_UNDER_METRICS)
