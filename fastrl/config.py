@@ -180,6 +180,11 @@ class ModelConfig:
                                  help="the horizon a new core keeps memories for (chrono initialization: each "
                                       "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
                                       "which halves a memory every step")
+    image_trunk: str = key("relu", allowed=Choices(("relu", "mlp")),
+                           help="a Dict observation with image leaves (or code grids) read by CNNs: relu joins "
+                                "their features and the other leaves in one ReLU layer as wide as the CNNs' "
+                                "features; mlp in the MLP of model.hidden_sizes and model.activation (runs from "
+                                "before this key)")
     encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
     # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
     separate_critic: bool = key(False, algos=VTRACE,
@@ -716,16 +721,21 @@ def load_profile(name: str) -> Config:
     return config_from_toml(source, f"profile '{name}'")
 
 
-def config_from_toml(source, label: str, ignored: tuple[str, ...] = ()) -> Config:
+def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: bool = False) -> Config:
     """The config in ``source`` (a Path or a package resource), top-level keys ``ignored`` left
-    out; ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not
-    TOML in UTF-8 or holds a key or value that no config takes."""
+    out; with ``saved`` (a run's own config.toml) a key it lacks has :func:`saved_default`.
+    ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not TOML in
+    UTF-8 or holds a key or value that no config takes."""
     try:
         data = tomllib.loads(source.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{label} is not valid TOML: {exc}; correct it") from None
     for key in ignored:
         data.pop(key, None)
+    if saved:
+        for dotted, value in SAVED_BEFORE_THE_KEY.items():
+            section, name = dotted.split(".")
+            data.setdefault(section, {}).setdefault(name, value)
     cfg = Config()
     try:
         apply_dict(cfg, data)
@@ -990,13 +1000,23 @@ WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.frame_skip", "env.resize", "env.gra
                 "env.image_keys", "learner.algo")
 
 
+# Keys added with a default other than what runs before them did: the value a saved config that
+# lacks the key stands for.
+SAVED_BEFORE_THE_KEY = {"model.image_trunk": "mlp"}
+
+
+def saved_default(key_name: str):
+    """What a saved config (a run's config.toml, a checkpoint's) that lacks ``key_name`` had."""
+    return SAVED_BEFORE_THE_KEY.get(key_name, KEYS[key_name].default)
+
+
 def weights_mismatch(saved: dict, cfg: Config) -> str:
     """``key: saved -> asked`` for every key that shapes the weights and differs between
     ``saved`` (a checkpoint's config, as Config.to_dict() wrote it) and ``cfg``; "" if none."""
     before, now = flat_config(saved), flat_config(cfg.to_dict())
     keys = [k for k in now if (k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS) and k not in INIT_ONLY_KEYS]
     # A key the saved config lacks was added since: that run had its default.
-    before = {k: before.get(k, KEYS[k].default) for k in keys}
+    before = {k: before.get(k, saved_default(k)) for k in keys}
     return ", ".join(f"{k}: {before[k]!r} -> {now[k]!r}" for k in keys if before[k] != now[k])
 
 
@@ -1006,4 +1026,4 @@ def load_run_config(run_dir: Path) -> Config:
         raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
     # Older run directories hold the promise as a line of text, `expected`: documentation that
     # never changed a run, so it is not carried over.
-    return config_from_toml(path, f"'{path}'", ignored=("expected",))
+    return config_from_toml(path, f"'{path}'", ignored=("expected",), saved=True)

@@ -263,11 +263,13 @@ class LeafEncoder(nn.Module):
     leaf a float input (uint8 images and bytes scaled to [0, 1], code grids one-hot
     [C x codes, H, W], ``Discrete`` one-hot, or a learned embedding above ``ONE_HOT_MAX`` values, integers and flags as floats); ``encode_leaves``
     sends image leaves through an image encoder (``kind``), flattens the rest, concatenates
-    everything and applies an MLP (``hidden_sizes``). ``forward`` is both, unnormalized. The
-    ``action_mask`` leaf is left out unless ``encode_action_mask``."""
+    everything and applies the trunk: an MLP (``hidden_sizes``, ``activation``), or where image
+    encoders are and ``image_trunk`` is "relu", one ReLU layer as wide as their features together.
+    ``forward`` is both, unnormalized. The ``action_mask`` leaf is left out unless
+    ``encode_action_mask``."""
 
     def __init__(self, layout: ObsLayout, hidden_sizes: list[int], activation: str, kind: str = "auto",
-                 encode_action_mask: bool = False):
+                 encode_action_mask: bool = False, image_trunk: str = "relu"):
         super().__init__()
         self.layout = layout
         self.inputs = [leaf for leaf in layout.leaves if leaf.kind != "mask" or encode_action_mask]
@@ -295,7 +297,13 @@ class LeafEncoder(nn.Module):
                 width += leaf.size
             else:
                 width += int(np.prod(leaf.shape, dtype=np.int64))
-        self.trunk = MLPEncoder(width, hidden_sizes, activation)
+        if self.images and image_trunk == "relu":
+            # As a Box image's CNN features reach the heads: a small tanh MLP after them learned an
+            # image cue far slower (docs/images.md).
+            image_features = sum(encoder.out_features for encoder in self.images.values())
+            self.trunk = MLPEncoder(width, [image_features], "relu")
+        else:
+            self.trunk = MLPEncoder(width, hidden_sizes, activation)
         self.out_features = self.trunk.out_features
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:

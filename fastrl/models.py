@@ -104,7 +104,8 @@ class ActorCritic(nn.Module):
         self.value = _orthogonal(nn.Linear(features, 1), gain=1.0)
 
     def _leaf_encoder(self, cfg: ModelConfig) -> LeafEncoder:
-        return LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind, cfg.encode_action_mask)
+        return LeafEncoder(self.obs_layout, cfg.hidden_sizes, cfg.activation, cfg.kind, cfg.encode_action_mask,
+                           cfg.image_trunk)
 
     @staticmethod
     def _box_encoder(space: gymnasium.spaces.Box, cfg: ModelConfig) -> nn.Module:

@@ -32,7 +32,8 @@ def test_a_code_grid_reaches_the_network_one_hot_and_bytes_scaled():
     assert grid[:, 11 + 1, 2, 3].tolist() == [1, 1] and grid[:, 22, 2, 3].tolist() == [1, 1]
     assert grid.sum().item() == 2 * 7 * 7 * 3  # one code per channel of every cell
     assert torch.allclose(floats["mission"], torch.tensor([[1.0, 0.0, 0.2, 0.4]] * 2))
-    assert encoder(rows).shape == (2, 16)
+    # The trunk after a CNN is one ReLU layer of its width (model.image_trunk), not the [16] MLP.
+    assert encoder(rows).shape == (2, next(iter(encoder.images.values())).out_features)
 
 
 def test_a_code_grid_under_model_kind_mlp_is_flattened_into_the_trunk():

@@ -269,10 +269,13 @@ class CueEnv(_NewTargetEachStep):
     ``form`` picks how the cue is observed: "discrete" Discrete(num_actions); "tuple"
     Tuple(Discrete(num_actions), Box float32 [2] of noise); "float64" Dict {"cue": float64
     one-hot with bounds (-inf, inf), "noise": float64 [2] with bounds of the whole float64
-    range}, bounds as envpool declares them. Episodes last ``length`` steps.
+    range}, bounds as envpool declares them; "image" Dict {"screen": uint8 [16, 8 num_actions, 3],
+    dark but for a bright 8-pixel-wide bar in column block k, "step": float32 [1] the step index},
+    an image env's observation as ViZDoom's (screen and game variables). Episodes last ``length``
+    steps.
     """
 
-    FORMS = ("discrete", "tuple", "float64")
+    FORMS = ("discrete", "tuple", "float64", "image")
 
     def __init__(self, num_actions: int = 3, length: int = 8, form: str = "discrete") -> None:
         if form not in self.FORMS:
@@ -285,6 +288,11 @@ class CueEnv(_NewTargetEachStep):
         elif form == "tuple":
             self.observation_space = spaces.Tuple((spaces.Discrete(num_actions),
                                                    spaces.Box(-1.0, 1.0, (2,), np.float32)))
+        elif form == "image":
+            self.observation_space = spaces.Dict({
+                "screen": spaces.Box(0, 255, (16, 8 * num_actions, 3), np.uint8),
+                "step": spaces.Box(-np.inf, np.inf, (1,), np.float32),
+            })
         else:
             big = np.finfo(np.float64).max
             self.observation_space = spaces.Dict({
@@ -298,6 +306,10 @@ class CueEnv(_NewTargetEachStep):
         self._cue = int(self.np_random.integers(self.num_actions))
         if self.form == "discrete":
             return self._cue
+        if self.form == "image":
+            screen = np.full((16, 8 * self.num_actions, 3), 40, np.uint8)
+            screen[4:12, 8 * self._cue:8 * (self._cue + 1)] = 220
+            return {"screen": screen, "step": np.array([self._t], np.float32)}
         noise = self.np_random.uniform(-1.0, 1.0, 2)
         if self.form == "tuple":
             return self._cue, noise.astype(np.float32)
