@@ -19,7 +19,7 @@ import difflib
 import math
 import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -110,11 +110,13 @@ RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
 
 def key(default, *, help: str, allowed: Range | Choices | DeviceNames | None = None,
-        algos: tuple[str, ...] = ALGOS, unread: Range | None = None):
+        algos: tuple[str, ...] = ALGOS, unread: Range | None = None, saved_default=MISSING):
     """A config field declared once: its ``default``, the ``allowed`` values (for a list, each
     entry's), the ``algos`` that read it, and its ``help``. ``unread``, if given, is what is allowed
-    instead under an algorithm that does not read the key (else ``allowed`` holds everywhere)."""
-    metadata = {"allowed": allowed, "algos": algos, "help": help, "unread": unread}
+    instead under an algorithm that does not read the key (else ``allowed`` holds everywhere).
+    ``saved_default``, if given, is what a saved config (a run's config.toml, a checkpoint's) that
+    lacks the key stands for: runs from before the key did otherwise than ``default``."""
+    metadata = {"allowed": allowed, "algos": algos, "help": help, "unread": unread, "saved_default": saved_default}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -168,7 +170,8 @@ class ModelConfig:
 
     kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet")),
                     help="the encoder; auto: an MLP for vectors, a small CNN for images")
-    hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH, help="units of each MLP layer")
+    hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH,
+                                  help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")
     activation: str = key("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")
     normalize_obs: bool = key(False, help="running mean/std normalization of float observations, kept in the model")
     core: str = key("none", allowed=Choices(("none", "lstm", "gru")), algos=("appo", "impala", "r2d2"),
@@ -180,11 +183,11 @@ class ModelConfig:
                                  help="the horizon a new core keeps memories for (chrono initialization: each "
                                       "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
                                       "which halves a memory every step")
-    image_trunk: str = key("relu", allowed=Choices(("relu", "mlp")),
+    image_trunk: str = key("relu", allowed=Choices(("relu", "mlp")), saved_default="mlp",
                            help="a Dict observation with image leaves (or code grids) read by CNNs: relu joins "
                                 "their features and the other leaves in one ReLU layer as wide as the CNNs' "
-                                "features; mlp in the MLP of model.hidden_sizes and model.activation (runs from "
-                                "before this key)")
+                                "features; mlp in the MLP of model.hidden_sizes and model.activation (what a "
+                                "saved run without this key reads as)")
     encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
     # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
     separate_critic: bool = key(False, algos=VTRACE,
@@ -534,6 +537,12 @@ class Key:
     algos: tuple[str, ...]
     help: str
     unread: Range | None
+    saved_default: typing.Any = MISSING
+
+    @property
+    def default_when_saved(self):
+        """What a saved config that lacks this key stands for."""
+        return self.default if self.saved_default is MISSING else self.saved_default
 
     def allowed_under(self, algo: str | None):
         """The values allowed when ``algo`` runs (None: as if an algorithm that reads the key)."""
@@ -564,7 +573,8 @@ def _declared_keys(cls, prefix: str) -> dict[str, Key]:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with fastrl.config.key()")
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         keys[prefix + f.name] = Key(prefix + f.name, hints[f.name], default, f.metadata["allowed"],
-                                    f.metadata["algos"], f.metadata["help"], f.metadata["unread"])
+                                    f.metadata["algos"], f.metadata["help"], f.metadata["unread"],
+                                    f.metadata["saved_default"])
     return keys
 
 
@@ -723,7 +733,7 @@ def load_profile(name: str) -> Config:
 
 def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: bool = False) -> Config:
     """The config in ``source`` (a Path or a package resource), top-level keys ``ignored`` left
-    out; with ``saved`` (a run's own config.toml) a key it lacks has :func:`saved_default`.
+    out; with ``saved`` (a run's own config.toml) a key it lacks has its ``Key.default_when_saved``.
     ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not TOML in
     UTF-8 or holds a key or value that no config takes."""
     try:
@@ -732,15 +742,16 @@ def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: b
         raise ConfigError(f"{label} is not valid TOML: {exc}; correct it") from None
     for key in ignored:
         data.pop(key, None)
-    if saved:
-        for dotted, value in SAVED_BEFORE_THE_KEY.items():
-            section, name = dotted.split(".")
-            data.setdefault(section, {}).setdefault(name, value)
     cfg = Config()
     try:
         apply_dict(cfg, data)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
+    if saved:
+        present = flat_config(data)
+        for name, declared in KEYS.items():
+            if name not in present and declared.saved_default is not MISSING:
+                set_key(cfg, name, declared.saved_default)
     return cfg
 
 
@@ -1000,23 +1011,14 @@ WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.frame_skip", "env.resize", "env.gra
                 "env.image_keys", "learner.algo")
 
 
-# Keys added with a default other than what runs before them did: the value a saved config that
-# lacks the key stands for.
-SAVED_BEFORE_THE_KEY = {"model.image_trunk": "mlp"}
-
-
-def saved_default(key_name: str):
-    """What a saved config (a run's config.toml, a checkpoint's) that lacks ``key_name`` had."""
-    return SAVED_BEFORE_THE_KEY.get(key_name, KEYS[key_name].default)
-
-
-def weights_mismatch(saved: dict, cfg: Config) -> str:
+def weights_mismatch(saved: dict, cfg: Config, unread: tuple[str, ...] = ()) -> str:
     """``key: saved -> asked`` for every key that shapes the weights and differs between
     ``saved`` (a checkpoint's config, as Config.to_dict() wrote it) and ``cfg``; "" if none."""
     before, now = flat_config(saved), flat_config(cfg.to_dict())
-    keys = [k for k in now if (k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS) and k not in INIT_ONLY_KEYS]
+    keys = [k for k in now if (k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS)
+            and k not in INIT_ONLY_KEYS and k not in unread]
     # A key the saved config lacks was added since: that run had its default.
-    before = {k: before.get(k, saved_default(k)) for k in keys}
+    before = {k: before.get(k, KEYS[k].default_when_saved) for k in keys}
     return ", ".join(f"{k}: {before[k]!r} -> {now[k]!r}" for k in keys if before[k] != now[k])
 
 

@@ -309,6 +309,13 @@ def model_device(model: nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
+def keys_it_ignores(model: nn.Module) -> tuple[str, ...]:
+    """Model config keys that did not shape ``model``'s weights: model.image_trunk without a CNN
+    beside other leaves. A checkpoint compared with a config leaves them out (config.weights_mismatch)."""
+    joins_images = any(isinstance(m, LeafEncoder) and len(m.images) for m in model.modules())
+    return () if joins_images else ("model.image_trunk",)
+
+
 def build_model(observation_space, action_space, cfg: ModelConfig, user_model: nn.Module | None = None,
                 algo: str = "appo") -> nn.Module:
     """The network for ``algo``: an actor-critic, or a dueling Q-network for dqn."""

@@ -11,7 +11,7 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_pa
 from .config import Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
 from .envs import make_episode_env, probe_env
 from .envs.pettingzoo_games import Games
-from .models import action_head, build_model
+from .models import action_head, build_model, keys_it_ignores
 from .opponents import checked_action, find_opponent, make_opponent, opponent_name
 from .policy_map import policy_map
 from .spaces import ObsLayout
@@ -236,7 +236,7 @@ def load_run_model(run_dir: Path, best: bool = False,
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
 
     def check(state: dict, path_hint: str = "the checkpoint") -> None:
-        differs = weights_mismatch(state.get("config", {}), cfg)
+        differs = weights_mismatch(state.get("config", {}), cfg, keys_it_ignores(model))
         if differs:
             raise CheckpointMismatch(f"'{Path(run_dir) / 'config.toml'}' differs from the config its checkpoints "
                                      f"were trained with ({differs}; checkpoint -> config.toml): put the "

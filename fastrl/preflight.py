@@ -18,7 +18,7 @@ from .envs import EnvSpec, probe_env
 from .eval_during_training import check_eval_opponents
 from .learner.policies import checkpoint_policies
 from .main_guard import unguarded_main_call
-from .models import build_model, num_state_values, state_bytes
+from .models import build_model, keys_it_ignores, num_state_values, state_bytes
 from .policy_map import PolicyMap, check_slots_per_policy, policy_map
 from .resources import ResourceError, check_resources, model_memory_error
 from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
@@ -187,7 +187,7 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, pol
     probe = copy.deepcopy(template)
 
     def check(state: dict) -> None:
-        differs = weights_mismatch(state.get("config", {}), cfg)
+        differs = weights_mismatch(state.get("config", {}), cfg, keys_it_ignores(template))
         if differs:
             raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
                                      f"drop those overrides to continue it, or start a new run with another --run-dir")

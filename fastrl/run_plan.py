@@ -83,9 +83,13 @@ class RunPlan:
             arena.control[Control.TRAINED_MS] = int(counters.get("trained_seconds", counters.get("wall_time", 0.0))
                                                     * 1000)
             # Reports before the learner's first update (it loads for seconds) show the resumed
-            # counters and lr, not zeros.
+            # counters, lr and a population member's hyperparameters, not zeros.
             saved = self.resume_state.get("policies", {})
-            learners = [self.resume_state["learner"], *(saved[name]["learner"] for name in self.policies.names[1:])]
-            for policy, state in enumerate(learners):
-                write_learner_stats(arena, saved_learner_stats(state), policy)
+            for policy, name in enumerate(self.policies.names):
+                entry = saved.get(name, {})
+                learner = self.resume_state["learner"] if policy == 0 else entry["learner"]
+                trained = counters.get("trained_env_steps", 0) if policy == 0 else entry.get("trained_env_steps", 0)
+                hyperparameters = {k.split(".")[-1]: v for k, v in entry.get("hyperparameters", {}).items()}
+                write_learner_stats(arena, {**hyperparameters, **saved_learner_stats(learner),
+                                            "trained_env_steps": trained}, policy)
         return arena

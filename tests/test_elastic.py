@@ -207,12 +207,12 @@ def test_the_watch_names_a_rank_that_went_silent_not_one_that_left(agent_store, 
             watch.leave()
 
 
-def torchrun(run_dir, port, extra, *torchrun_args, steps=200_000):
+def torchrun(run_dir, port, extra, *torchrun_args, steps=200_000, checkpoint_every_s=1.0):
     return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "--master-port", str(port),
             "-m", "fastrl.cli", "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
             "--train-for-env-steps", str(steps), "--set", "device=cpu", "--set", "env.num_workers=1",
             "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=1024", "--set", "report_every_s=0.5",
-            "--set", "checkpoint_every_s=1", "--set", "keep_checkpoints=20", *extra]
+            "--set", f"checkpoint_every_s={checkpoint_every_s}", "--set", "keep_checkpoints=20", *extra]
 
 
 def runner_pid(run_dir, rank: int, timeout_s: float = 60.0) -> tuple[int, dict]:
@@ -231,8 +231,9 @@ def wait_for_a_checkpoint_after_an_update(run_dir, timeout_s: float = 60.0) -> N
     """Until a checkpoint was saved after a report with learner updates."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
-        updated = [json.loads(line)["env_steps"] for line in lines if json.loads(line)["learner_updates"] > 0]
+        text = (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""
+        records = [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]  # whole lines
+        updated = [r["env_steps"] for r in records if r["learner_updates"] > 0]
         if updated and int(list_checkpoints(run_dir)[-1].stem[len("ckpt_"):]) > updated[0]:
             return
         time.sleep(0.1)
@@ -253,12 +254,12 @@ def leftovers(pids: list[int]) -> tuple[list[int], list[str]]:
 @pytest.mark.slow
 def test_a_killed_rank_restarts_the_group_and_the_run_goes_on_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    # Two ranks of 64 CartPoles pass 200K env steps/s on this 2-core machine: a checkpoint every 0.5 s
-    # has rank 1 killed after ~100-150K, and the budget leaves the restart several times that to train.
+    # Rank 1 dies after a checkpoint that follows an update; the budget must leave the restart
+    # steps to train after it: two ranks of 64 CartPoles step ~200K env steps a second here.
     budget = 1_000_000
-    job = subprocess.Popen(torchrun(run_dir, free_port(), ["--set", "checkpoint_every_s=0.5"], "--nproc-per-node", "2",
-                                    "--max-restarts", "1",
-                                    steps=budget), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(torchrun(run_dir, free_port(), [], "--nproc-per-node", "2", "--max-restarts", "1",
+                                    steps=budget, checkpoint_every_s=0.5),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pid, _ = runner_pid(run_dir, 1)
         wait_for_a_checkpoint_after_an_update(run_dir)

@@ -1,14 +1,18 @@
 """How a Dict observation's image features meet its other leaves (model.image_trunk)."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-import numpy as np
 
 from fastrl import train
+from fastrl.checkpoint import save_checkpoint
 from fastrl.config import build_config, load_run_config, to_toml, weights_mismatch
 from fastrl.encoders import LeafEncoder
+from fastrl.envs import probe_env
+from fastrl.models import build_model, keys_it_ignores
+from fastrl.policy_eval import load_run_model
 from fastrl.spaces import ObsLayout
 
 SCREEN_AND_STEP = spaces.Dict({"screen": spaces.Box(0, 255, (16, 32, 3), np.uint8),
@@ -32,20 +36,44 @@ def test_image_leaves_meet_the_others_in_one_relu_layer_as_wide_as_the_cnn():
     assert linear_widths(flat) == [(16 * 32 * 3 + 1, 64), (64, 64)]
 
 
-def test_a_run_saved_before_the_key_keeps_its_mlp_trunk(tmp_path):
-    cfg = build_config("cartpole-appo")
+def without_the_key(cfg) -> tuple[str, dict]:
+    """``cfg`` as a run saved before model.image_trunk wrote it: config.toml's text, the checkpoint's dict."""
     saved = cfg.to_dict()
     del saved["model"]["image_trunk"]
-    (tmp_path / "config.toml").write_text("\n".join(line for line in to_toml(cfg).splitlines()
-                                                    if not line.startswith("image_trunk")))
+    return "\n".join(line for line in to_toml(cfg).splitlines() if not line.startswith("image_trunk")), saved
+
+
+IMAGE_CUE = {"env.id": "fastrl.envs.toy:make_cue", "env.kwargs": {"num_actions": 4, "length": 20, "form": "image"},
+             "model.kind": "auto", "device": "cpu"}
+
+
+def test_a_run_saved_before_the_key_resumes_and_evaluates_with_its_mlp_trunk(tmp_path):
+    cfg = build_config("cartpole-appo", {**IMAGE_CUE, "model.image_trunk": "mlp"})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    text, saved = without_the_key(cfg)
+    (tmp_path / "config.toml").write_text(text)
+    save_checkpoint(tmp_path, {"learner": {"model": model.state_dict()}, "counters": {"env_steps": 100},
+                               "config": saved}, 100, keep=3)
     assert load_run_config(tmp_path).model.image_trunk == "mlp"
-    cfg.model.image_trunk = "mlp"
-    assert weights_mismatch(saved, cfg) == ""
-    cfg.model.image_trunk = "relu"
-    assert weights_mismatch(saved, cfg) == "model.image_trunk: 'mlp' -> 'relu'"
+    _, loaded, _ = load_run_model(tmp_path)  # fastrl-eval's path: weights checked and loaded
+    assert linear_widths(loaded.encoder) == linear_widths(model.encoder)
+    resumed = load_run_config(tmp_path)
+    assert weights_mismatch(saved, resumed, keys_it_ignores(loaded)) == ""  # --resume's check
+    resumed.model.image_trunk = "relu"
+    assert weights_mismatch(saved, resumed, keys_it_ignores(loaded)) == "model.image_trunk: 'mlp' -> 'relu'"
     # A run of today's default writes the key: it reads back as it trained.
-    (tmp_path / "config.toml").write_text(to_toml(cfg))
+    (tmp_path / "config.toml").write_text(to_toml(resumed))
     assert load_run_config(tmp_path).model.image_trunk == "relu"
+
+
+def test_the_key_is_not_compared_where_it_shaped_nothing():
+    cfg = build_config("cartpole-appo")  # vector observations: no CNN
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    _, saved = without_the_key(cfg)
+    assert keys_it_ignores(model) == ("model.image_trunk",)
+    assert weights_mismatch(saved, cfg, keys_it_ignores(model)) == ""
 
 
 @pytest.mark.slow
@@ -53,9 +81,8 @@ def test_appo_learns_an_image_cue_beside_a_float_leaf_with_the_default_trunk(tmp
     # Random scores 5 of 20. With the ReLU layer runs here reached 13-20 by 22K env steps; the MLP
     # trunk ([32, 32] relu here, [64, 64] tanh by default) stayed at 5 for 30K.
     cfg = build_config("cartpole-appo", {
-        "env.id": "fastrl.envs.toy:make_cue", "env.kwargs": {"num_actions": 4, "length": 20, "form": "image"},
-        "env.num_workers": 1, "env.envs_per_worker": 16, "learner.rollout": 16, "learner.batch_size": 256,
-        "learner.lr": 1e-3, "model.kind": "auto", "serial": True, "device": "cpu", "report_every_s": 1.0,
+        **IMAGE_CUE, "env.num_workers": 1, "env.envs_per_worker": 16, "learner.rollout": 16,
+        "learner.batch_size": 256, "learner.lr": 1e-3, "serial": True, "report_every_s": 1.0,
         "train_for_env_steps": 22_000})
     train(cfg, run_dir=tmp_path, quiet=True)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
