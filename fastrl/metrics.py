@@ -120,14 +120,17 @@ class Reporter:
       + warm-up + measured seconds on this clock.
 
     ``tick()`` publishes both in the arena, where the learner reads them for its checkpoints and
-    learning-rate schedule, so every part of a run agrees on them."""
+    learning-rate schedule, so every part of a run agrees on them.
+
+    ``stop_when`` (a single node's run) is called with every report; once it returns True the
+    budget counts as reached: the run stops as it would at its budget."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
                  aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
                  policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False,
                  info_keys: tuple[str, ...] = (), info_due_env_steps: int = 0,
-                 objective: str = "episode_return_mean"):
+                 objective: str = "episode_return_mean", stop_when=None):
         self.arena = arena
         self.policy_names = tuple(policy_names)
         # A population's members report as member/<k>/..., other policies as policy/<name>/...
@@ -168,6 +171,8 @@ class Reporter:
         # Distributed runs: all ranks' counter vectors -> [world_size, k] (fastrl.distributed).
         self.aggregate = aggregate
         self.stop_agreed = False
+        self.stop_when = stop_when
+        self.stop_asked = False
         # W&B starts on its own thread: nothing here waits for its server (fastrl.wandb_logger).
         self.wandb = open_wandb_logger(run_dir, self.console.notice) if run_dir else None
 
@@ -193,7 +198,8 @@ class Reporter:
     def budget_reached(self) -> bool:
         """This rank's own view: its steps (with the resumed count) or the time budget."""
         self.tick()
-        return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up()
+        return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up() or \
+            self.stop_asked
 
     def recent_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Episodes finished since the last report (at most the ring's size per worker): returns,
@@ -298,6 +304,7 @@ class Reporter:
                 if math.isfinite(value):
                     self.member_objectives[k] = value
         self.history.append(record)
+        self.stop_asked = self.stop_asked or (self.stop_when is not None and bool(self.stop_when(record)))
         if self.path and self.metrics_ok:
             self._append(record)
         if self.tb:

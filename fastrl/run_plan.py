@@ -3,6 +3,7 @@ it fails (RunError): the terms the runner's parts (fastrl.preflight, fastrl.para
 fastrl.serial_run, fastrl.supervisor) share."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ class RunPlan:
     ``launched_at`` is when train() was called (``time.time()``); ``lock`` is the lock on
     ``run_dir`` (None without one), which the learner process shares; ``policies`` the run's
     policies over the env's agents; ``restart_metrics`` what an elastic torchrun job reports of its
-    restarts (fastrl.elastic), on its main rank."""
+    restarts (fastrl.elastic), on its main rank; ``stop_when`` train()'s (see fastrl.metrics.Reporter)."""
 
     cfg: Config
     run_dir: Path | None
@@ -55,6 +56,7 @@ class RunPlan:
     lock: RunDirLock | None
     policies: PolicyMap
     restart_metrics: dict = field(default_factory=dict)
+    stop_when: Callable[[dict], bool] | None = None
 
     @property
     def clocks(self) -> tuple[float, float]:

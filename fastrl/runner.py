@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,16 +28,22 @@ __all__ = ["RunError", "RunResult", "arena_layout", "resolve_device", "train"]
 
 
 def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, model: torch.nn.Module | None = None,
-          quiet: bool = False, overwrite: bool = False) -> RunResult:
+          quiet: bool = False, overwrite: bool = False, stop_when: Callable[[dict], bool] | None = None) -> RunResult:
     """Train with ``cfg``. ``run_dir`` receives config.toml, metrics.jsonl, train.log,
     processes.json and checkpoints; ``model`` replaces the built-in actor-critic (see
     fastrl.models). A ``run_dir`` that holds a run needs ``resume`` (continue it) or
-    ``overwrite`` (replace it). What the user can get wrong is checked before any process
+    ``overwrite`` (replace it). ``stop_when`` is called with every report (a line of
+    metrics.jsonl); the first for which it returns True ends the run before its budget, as the
+    budget would (final report and checkpoint), e.g. ``lambda r: r["episode_return_mean"] >= 475``;
+    a single node's run only. What the user can get wrong is checked before any process
     starts (and before ``overwrite`` deletes anything) and raises RunError (or ConfigError) with
     one line that says what to do."""
     launched_at = time.time()
     run_dir = Path(run_dir) if run_dir is not None else None
     dist_info = check_request(cfg, run_dir, resume)
+    if stop_when is not None and dist_info.enabled:
+        raise RunError("stop_when stops a single node's run: with several ranks, end the run by its budget "
+                       "(train_for_env_steps / train_for_seconds)")
     attempt = current_attempt(cfg.dist_timeout_s) if dist_info.enabled else None
     if attempt is not None:
         resume, overwrite = attempt.settle(run_dir, resume, overwrite, dist_info)
@@ -45,7 +52,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         plan = plan_run(cfg, run_dir, resume, overwrite, model, launched_at, dist_info, lock)
         if attempt is not None and dist_info.is_main:
             plan = dataclasses.replace(plan, restart_metrics=_claim(attempt, plan))
-        return _run(plan, quiet)
+        return _run(dataclasses.replace(plan, stop_when=stop_when), quiet)
     finally:
         if lock is not None:
             lock.release()  # after the last write: the children have stopped, the console is closed

@@ -88,3 +88,20 @@ def test_help_says_how_the_budgets_count_with_resume():
     text = " ".join(train_parser().format_help().split())
     assert "a resumed run counts the steps it did before the resume" in text
     assert "a resumed run counts the time it trained before the resume" in text
+
+
+def test_a_report_that_stop_when_accepts_counts_as_the_budget_reached():
+    from fastrl.metrics import Reporter
+
+    arena = small_arena(num_workers=1)
+    seen = []
+    reporter = Reporter(arena, None, frame_skip=1, target_env_steps=1_000, target_seconds=0.0,
+                        stop_when=lambda record: seen.append(record["env_steps"]) or record["env_steps"] >= 20)
+    arena.env_steps[0] = 10
+    reporter.report()
+    assert not reporter.budget_reached()
+    arena.env_steps[0] = 20
+    reporter.report()
+    assert reporter.budget_reached()
+    reporter.report()  # the final report: the stop stands, and is not asked again
+    assert reporter.budget_reached() and seen == [10, 20]

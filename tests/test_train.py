@@ -83,6 +83,19 @@ def test_cartpole_learns_and_writes_its_run_dir(cartpole_run):
     assert_all_exited(run_dir)
 
 
+def test_stop_when_ends_the_run_at_the_first_report_it_accepts(tmp_path):
+    cfg = build_config("cartpole-appo", {"env.id": "fastrl.envs.toy:make_countdown", "serial": True, "device": "cpu",
+                                         "env.num_workers": 1, "env.envs_per_worker": 8, "learner.batch_size": 64,
+                                         "train_for_env_steps": 0, "train_for_seconds": 120.0,
+                                         "report_every_s": 0.2})
+    result = train(cfg, run_dir=tmp_path, quiet=True, stop_when=lambda report: report["env_steps"] >= 2_000)
+    rows = read_metrics(tmp_path)
+    accepted = next(i for i, row in enumerate(rows) if row["env_steps"] >= 2_000)
+    assert accepted == len(rows) - 2  # then the final report, as at the budget
+    assert result.final["env_steps"] == rows[-1]["env_steps"] and rows[-1]["trained_seconds"] < 60
+    assert list_checkpoints(tmp_path)
+
+
 def test_resume_continues_counters_and_weights(cartpole_run):
     run_dir, _ = cartpole_run
     before = load_checkpoint(list_checkpoints(run_dir)[-1])

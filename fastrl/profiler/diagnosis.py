@@ -59,6 +59,15 @@ def steady_window(reports: list[dict], warmup_s: float, training: bool) -> tuple
                     warmup_s)
 
 
+def window_measured(reports: list[dict], warmup_s: float, seconds: float, training: bool) -> bool:
+    """Whether ``reports`` already hold a steady-state window (``steady_window``) of ``seconds``."""
+    try:
+        first, last = steady_window(reports, warmup_s, training)
+    except LateStart:
+        return False
+    return last["wall_time"] - first["wall_time"] >= seconds
+
+
 def _component(group: str, timing: str) -> str:
     """Breakdown name of a metrics timing: the batcher's "inference_forward_s" -> "forward", a
     worker's "inference_s" (its own acting) -> "inference"."""

@@ -12,14 +12,15 @@ from pathlib import Path
 
 from ..config import Config, validate
 from .diagnosis import (MIN_WINDOW_S, STARTUP_MARGIN, Diagnosis, LateStart, ProfileError, breakdown, diagnose,
-                        steady_window)
+                        steady_window, window_measured)
 from .rawenv import measure_env
 from .sampling import ProcessSampler, cores_used, cpu_count, hardware
 
 DEFAULT_SECONDS = 10.0
 # From the train() call until env steps flow and the first update is done (probe env, spawn 4+
 # processes, import torch, build envs): 5-8 s on an idle 2-vCPU VM, 10-12 s while other jobs load
-# it. A run lasts this allowance + warm-up + the measured seconds; later runs use what was measured.
+# it. A run stops once its window is measured, and at the latest after this allowance + warm-up +
+# the measured seconds; later runs use what was measured.
 STARTUP_ESTIMATE_S = 12.0
 
 
@@ -29,11 +30,13 @@ def log_progress(message: str) -> None:
 
 @dataclass
 class RunMeasurement:
-    """A ``train()`` run's steady state; ``startup_s`` is how long it took to flow."""
+    """A ``train()`` run's steady state; ``startup_s`` is how long it took to flow, ``trained_s``
+    how long it ran on its budget's clock (``train_for_seconds``) when it stopped."""
     env_steps_per_s: float
     frames_per_s: float
     window_s: float
     startup_s: float
+    trained_s: float
     breakdown: dict  # see diagnosis.breakdown
     processes: list[dict]
     cores_used: float
@@ -65,7 +68,8 @@ def _read_pids(run_dir: Path) -> dict | None:
 def measure_run(cfg: Config, seconds: float, warmup_s: float, sample_only: bool,
                 startup_s: float = STARTUP_ESTIMATE_S) -> RunMeasurement:
     """Steady-state throughput and breakdown of a ``train()`` of ``cfg`` (``sample_only``: the
-    learner hands slots back untrained) that runs ``startup_s + warmup_s + seconds``; the
+    learner hands slots back untrained) that stops once ``seconds`` of steady state are measured,
+    or after ``startup_s + warmup_s + seconds`` (``LateStart`` if it had not flowed in time); the
     result's ``startup_s`` is how long this run took to flow (an allowance for the next)."""
     # Imported here, not above: the runner imports torch, and the raw env processes import this
     # module and, like rollout workers, should not pay for torch.
@@ -84,13 +88,20 @@ def measure_run(cfg: Config, seconds: float, warmup_s: float, sample_only: bool,
         run_dir = Path(tmp)
         with ProcessSampler(lambda: _read_pids(run_dir)) as sampler:
             t0 = time.time()  # report wall_time counts from the train() call (fastrl.metrics)
-            result = train(run_cfg, run_dir=run_dir, quiet=True)
+            reports = []
+
+            def measured(report: dict) -> bool:
+                reports.append(report)
+                return window_measured(reports, warmup_s, seconds, training=not sample_only)
+
+            result = train(run_cfg, run_dir=run_dir, quiet=True, stop_when=measured)
     a, b = steady_window(result.reports, warmup_s, training=not sample_only)
     bd = breakdown(a, b, cfg.env.num_workers)
     processes = sampler.processes(t0 + a["wall_time"], t0 + b["wall_time"])
     used = cores_used(processes)
     return RunMeasurement(env_steps_per_s=bd["env_steps_per_s"], frames_per_s=bd["frames_per_s"],
-                          window_s=bd["window_s"], startup_s=a["wall_time"] - warmup_s, breakdown=bd,
+                          window_s=bd["window_s"], startup_s=a["wall_time"] - warmup_s,
+                          trained_s=result.final["trained_seconds"], breakdown=bd,
                           processes=processes, cores_used=used,
                           gpus=sampler.gpus(t0 + a["wall_time"], t0 + b["wall_time"]),
                           diagnosis=diagnose(bd, used, cpu_count()))

@@ -107,7 +107,7 @@ def tuned_keys(cfg: Config) -> tuple[str, ...]:
 
 
 class Autotuner:
-    """One search over ``tuned_keys(cfg)``. A trial costs start-up + ``warmup_s`` +
+    """One search over ``tuned_keys(cfg)``. A trial costs at most start-up + ``warmup_s`` +
     ``trial_seconds`` + overhead; start-up and overhead are learned from the trials so far
     (STARTUP_ESTIMATE_S and OVERHEAD_ESTIMATE_S before the first), and a trial starts only if
     the rest of ``budget_s`` fits it."""
@@ -119,7 +119,7 @@ class Autotuner:
         self.keys = tuned_keys(cfg)
         self.cores = cpu_count()
         self.allowances: list[float] = []  # start-up allowances that fit, one per trial
-        self.overheads: list[float] = []  # a trial's time beyond its train_for_seconds, per trial
+        self.overheads: list[float] = []  # a trial's time beyond the trained seconds it ran, per trial
         self.trials: list[Trial] = []
         self.best_settings = {key: get_key(cfg, key) for key in self.keys}
         self.best_fps: float | None = None
@@ -143,6 +143,7 @@ class Autotuner:
         changed = self.changed(settings)
         self.log(f"trial {len(self.trials) + 1}: {set_args(changed) or 'the profile as given'}")
         begun, startup = time.time(), self.allowance()
+        ran = startup + self.warmup_s + self.trial_seconds  # its budget, unless it stopped once measured
         try:
             measured = measure_run(with_settings(self.cfg, settings), self.trial_seconds, self.warmup_s, False,
                                    startup)
@@ -153,10 +154,11 @@ class Autotuner:
             record = Trial(settings, changed, "failed", error=f"{type(exc).__name__}: {exc}")
         else:
             self.allowances.append(measured.startup_s * STARTUP_MARGIN)
+            ran = measured.trained_s
             record = Trial(settings, changed, "ok", train_fps=measured.env_steps_per_s,
                            train_frames_per_s=measured.frames_per_s, bottleneck=measured.diagnosis.bottleneck,
                            elapsed_s=time.time() - begun)
-        self.overheads.append(time.time() - begun - (startup + self.warmup_s + self.trial_seconds))
+        self.overheads.append(time.time() - begun - ran)
         self.trials.append(record)
         return record.train_fps
 
