@@ -122,8 +122,8 @@ class Reporter:
     ``tick()`` publishes both in the arena, where the learner reads them for its checkpoints and
     learning-rate schedule, so every part of a run agrees on them.
 
-    ``stop_when`` (a single node's run) is called with every report; once it returns True the
-    budget counts as reached: the run stops as it would at its budget."""
+    ``stop_when`` (a single node's run) is called with every report once it is written; once it
+    returns True the budget counts as reached: the run stops as it would at its budget."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
@@ -304,7 +304,6 @@ class Reporter:
                 if math.isfinite(value):
                     self.member_objectives[k] = value
         self.history.append(record)
-        self.stop_asked = self.stop_asked or (self.stop_when is not None and bool(self.stop_when(record)))
         if self.path and self.metrics_ok:
             self._append(record)
         if self.tb:
@@ -317,6 +316,7 @@ class Reporter:
             if "eval_video" in record and self.path is not None:
                 self.wandb.log_video(self.path.parent / record["eval_video"], steps)
         self.console.status(self.status_line(record))
+        self.stop_asked = self.stop_asked or (self.stop_when is not None and bool(self.stop_when(record)))
         return record
 
     def _append(self, record: dict) -> None:
