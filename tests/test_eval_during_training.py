@@ -26,7 +26,7 @@ from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer
 from tests.test_cli_errors import one_line_error
-from tests.test_reliability import metrics, start_cli, wait_for
+from tests.test_reliability import metrics
 
 COUNTDOWN = {"env.id": "fastrl.envs.toy:make_countdown", "env.kwargs": {"length": 7}, "device": "cpu",
              "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "env.num_threads": 0,
@@ -195,22 +195,24 @@ def _evaluated_after(rows, predicate):
 
 @pytest.mark.slow
 def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
-    # Stopped by Ctrl-C once the replacement has evaluated: a time budget could run out first
-    # on a loaded machine, where a process takes seconds to start.
-    proc = start_cli(tmp_path, "--train-for-env-steps", "1000000000", "--set", "eval.every_s=0.5",
-                     "--set", "eval.episodes=2")
-    try:
-        wait_for(lambda: any("eval_return_mean" in r for r in metrics(tmp_path)), 120, "a first evaluation")
-        (victim,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
-        os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: _evaluated_after(metrics(tmp_path), lambda r: r["evaluator_restarts"] == 1), 120,
-                 "an evaluation by the restarted evaluator")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert metrics(tmp_path)[-1]["evaluator_restarts"] == 1
+    cfg = build_config("cartpole-appo", {**COUNTDOWN, "report_every_s": 0.5, "eval.every_s": 0.5,
+                                         "train_for_env_steps": 0, "train_for_seconds": 240.0})
+    victims = []
+
+    def kill_then_stop_after_the_replacement_evaluated(report):
+        """The evaluator is killed at the first report with an evaluation; the run stops once a
+        report after its restart brings one (the budget is a safety net: on a loaded machine a
+        process takes seconds to start)."""
+        if not victims and "eval_return_mean" in report:
+            (victim,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
+            os.kill(victim, signal.SIGKILL)
+            victims.append(victim)
+        return _evaluated_after(metrics(tmp_path), lambda r: r["evaluator_restarts"] == 1)
+
+    result = train(cfg, run_dir=tmp_path, quiet=True, stop_when=kill_then_stop_after_the_replacement_evaluated)
+    (victim,) = victims
+    assert _evaluated_after(result.reports, lambda r: r["evaluator_restarts"] == 1)
+    assert result.final["evaluator_restarts"] == 1 and metrics(tmp_path)[-1]["evaluator_restarts"] == 1
     (replacement,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
     assert replacement != victim
     [notice] = _notices(tmp_path, "fastrl-evaluator")
