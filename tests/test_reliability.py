@@ -67,16 +67,20 @@ def alive(pids):
 
 
 def test_killed_rollout_worker_is_restarted_and_the_run_finishes(tmp_path):
-    proc = start_cli(tmp_path, "--train-for-env-steps", "1500000")
-    try:
-        wait_for(lambda: any(r["learner_updates"] > 5 for r in metrics(tmp_path)), 90, "training to start")
-        victim = json.loads((tmp_path / "processes.json").read_text())["rollout"][0]
-        os.kill(victim, signal.SIGKILL)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+    cfg = build_config("cartpole-appo", {"device": "cpu", "report_every_s": 0.5, "train_for_env_steps": 1_500_000})
+    victims = []
+
+    def kill_a_worker_once_training(report):
+        """Called with every report (stop_when); the run itself goes on to its budget."""
+        if not victims and report["learner_updates"] > 5:
+            victims.append(json.loads((tmp_path / "processes.json").read_text())["rollout"][0])
+            os.kill(victims[0], signal.SIGKILL)
+        return False
+
+    result = train(cfg, run_dir=tmp_path, quiet=True, stop_when=kill_a_worker_once_training)
+    (victim,) = victims
     final = metrics(tmp_path)[-1]
+    assert result.final["env_steps"] == final["env_steps"]
     assert final["worker_restarts"] >= 1
     assert final["env_steps"] >= 1_500_000
     assert victim not in json.loads((tmp_path / "processes.json").read_text())["rollout"]
