@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 
+import gymnasium
 import numpy as np
 import pytest
 
@@ -93,15 +94,52 @@ def test_timeout_ends_an_episode_truncated_not_terminated():
     # basic.cfg's episode_timeout is 300 tics; standing still never kills the monster.
     env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {}, frame_skip=4, resize=[72, 128])()
     try:
-        env.reset(seed=0)
+        obs, _ = env.reset(seed=0)
         steps, terminated, truncated = 0, False, False
         while not (terminated or truncated):
-            _, _, terminated, truncated, _ = env.step(0)
+            previous = obs
+            obs, _, terminated, truncated, _ = env.step(0)
             steps += 1
         assert truncated and not terminated
         assert steps == 300 // 4
+        # The truncated step bootstraps from its final observation: the last rendered screen,
+        # not the wrapper's all-zero stand-in (the engine has no state past the end).
+        assert obs["screen"].any()
+        np.testing.assert_array_equal(obs["screen"], previous["screen"])
+        np.testing.assert_array_equal(obs["gamevariables"], previous["gamevariables"])
     finally:
         env.close()
+
+
+class EndsInZeros(gymnasium.Env):
+    """ViZDoom's wrapper in miniature: zeros as the observation of an episode's last step."""
+
+    observation_space = gymnasium.spaces.Box(0.0, 10.0, (1,))
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, length: int, terminate: bool) -> None:
+        self.length, self.terminate, self.t = length, terminate, 0
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return np.array([1.0]), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t == self.length
+        obs = np.zeros(1) if end else np.array([self.t + 1.0])
+        return obs, -1.0, end, end and not self.terminate, {}
+
+
+@pytest.mark.parametrize("terminate", [False, True])
+def test_an_episode_ends_on_its_last_rendered_observation(terminate):
+    env = vizdoom_backend.EpisodeEnds(EndsInZeros(length=3, terminate=terminate))
+    for _ in range(2):  # a second episode starts from its own reset
+        obs, _ = env.reset()
+        assert obs[0] == 1.0
+        seen = [env.step(0) for _ in range(3)]
+        assert [s[0][0] for s in seen] == [2.0, 3.0, 3.0]
+        assert [(s[2], s[3]) for s in seen][-1] == ((True, False) if terminate else (False, True))
 
 
 @needs_vizdoom

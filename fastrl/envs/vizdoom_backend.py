@@ -21,7 +21,11 @@ Two of the [env] image keys are cheaper in the engine than in Python:
 
 A scenario's episode timeout (``episode_timeout`` in its .cfg) ends an episode truncated, not
 terminated: the wrapper sets both flags there, and the value would then be cut off at a step the
-agent cannot tell from any other.
+agent cannot tell from any other. A truncated step bootstraps from the value of its final
+observation, and ViZDoom has no state to show at an episode's end (its wrapper returns zeros): an
+all-black screen the value head never trains on, whose arbitrary value every timeout then fed
+back into the targets (vizdoom-basic did not learn with it). The final observation is the last
+screen the engine rendered instead (`EpisodeEnds`).
 """
 
 from __future__ import annotations
@@ -86,15 +90,29 @@ def vizdoom_env_fn(env_id: str, env_kwargs: dict[str, Any], frame_skip: int,
         kwargs.setdefault("screen_resolution", engine_resolution(*resize))
 
     def make() -> gymnasium.Env:
-        return TimeoutIsTruncation(gymnasium.make(env_id, **kwargs))
+        return EpisodeEnds(gymnasium.make(env_id, **kwargs))
 
     return make
 
 
-class TimeoutIsTruncation(gymnasium.Wrapper):
+class EpisodeEnds(gymnasium.Wrapper):
     """An episode the scenario's timeout ends is truncated only (the wrapper also flags it
-    terminated)."""
+    terminated), and an episode's final observation is its last rendered one (the wrapper
+    returns zeros there: the engine keeps no state past the end)."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        self._last_obs = None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self._last_obs = obs
+        return obs, info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            obs = self._last_obs
+        else:
+            self._last_obs = obs
         return obs, reward, terminated and not truncated, truncated, info
