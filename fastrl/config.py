@@ -168,7 +168,8 @@ class EnvConfig:
 class ModelConfig:
     """The network: its encoder, an optional recurrent core, and the heads the algorithm needs."""
 
-    kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "impala_resnet")),
+    kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple",
+                                             "impala_resnet")),
                     help="the encoder; auto: an MLP for vectors, a small CNN for images")
     hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH,
                                   help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")

@@ -284,17 +284,21 @@ def test_images_in_hwc_and_chw_give_the_same_features(hwc, chw):
 
 
 def test_model_kind_picks_the_atari_encoder_and_refuses_small_images():
-    """nature_cnn and mnih2013_cnn (the CPU Atari profile's) on an 84x84x4 stack: the published
-    layer shapes (Mnih et al. 2015 and 2013); images under 36 px get a one-line error."""
+    """nature_cnn, mnih2013_cnn (the CPU Atari profile's) and convnet_simple (Sample Factory's
+    ViZDoom encoder) on an 84x84x4 stack: the published layer shapes (Mnih et al. 2015 and 2013,
+    Sample Factory 2's convnet_simple), ELU in the last; images under 36 px get a one-line error."""
     box = spaces.Box(0, 255, (4, 84, 84), np.uint8)
     shapes = {}
-    for kind in ("nature_cnn", "mnih2013_cnn"):
+    for kind in ("nature_cnn", "mnih2013_cnn", "convnet_simple"):
         model = ActorCritic(box, spaces.Discrete(6), ModelConfig(kind=kind))
         shapes[kind] = [tuple(m.weight.shape) for m in model.encoder.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
         params, value = model(torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8))
         assert params.shape == (3, 6) and value.shape == (3,)
     assert shapes["nature_cnn"] == [(32, 4, 8, 8), (64, 32, 4, 4), (64, 64, 3, 3), (512, 3136)]
     assert shapes["mnih2013_cnn"] == [(16, 4, 8, 8), (32, 16, 4, 4), (256, 2592)]
+    assert shapes["convnet_simple"] == [(32, 4, 8, 8), (64, 32, 4, 4), (128, 64, 3, 3), (512, 2048)]
+    activations = {type(m) for m in ActorCritic(box, spaces.Discrete(6), ModelConfig(kind="convnet_simple")).encoder.modules()}
+    assert torch.nn.ELU in activations and torch.nn.ReLU not in activations
     with pytest.raises(ValueError, match="model.kind=mnih2013_cnn needs images of at least 36 px"):
         image_encoder((4, 20, 20), "mnih2013_cnn")
     with pytest.raises(ValueError, match="'model.kind' must be one of"):
