@@ -421,6 +421,27 @@ def test_only_a_recurrent_policy_solves_the_memory_task(core, solves, tmp_path):
         assert solved is None and abs(returns[-1][2]) < 0.3
 
 
+@pytest.mark.slow
+def test_a_cue_twenty_steps_before_the_choice_is_learned_across_slot_boundaries(tmp_path):
+    """The longer horizon of MiniGrid's Memory tasks: MemoryEnv(length=20) pays for naming a cue
+    shown 20 steps earlier. Its 21-row episodes start anywhere in the 32-step slots, so most cross
+    a slot boundary: the state a slot starts from (the actor's) carries the cue into the next
+    slot, and learning to store it needs cue and choice in one unroll of learner.rollout steps.
+    (With learner.rollout=8, where no unroll holds both, the same run stays at 0 for 4M env steps:
+    docs/recurrent.md.)"""
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_memory", "env.kwargs": {"length": 20}, "env.num_workers": 1,
+        "env.envs_per_worker": 64, "env.num_splits": 2, "env.num_threads": 0, "model.hidden_sizes": [32],
+        "model.core": "lstm", "model.core_size": 32, "learner.rollout": 32, "learner.batch_size": 2048,
+        "learner.lr": 3e-3, "learner.entropy_coef": 0.01, "learner.reward_scale": 1.0, "slots_per_env": 2,
+        "train_for_env_steps": 3_000_000, "device": "cpu", "report_every_s": 1.0, "checkpoint_every_s": 1000.0})
+    result = train(cfg, run_dir=tmp_path, quiet=True,
+                   stop_when=lambda report: (report["episode_return_mean"] or 0.0) > 0.9)
+    assert result.final["episode_return_mean"] > 0.9, [r["episode_return_mean"] for r in result.reports]
+    greedy = evaluate_run(tmp_path, episodes=40, deterministic=True)
+    assert greedy["episode_return_mean"] > 0.9
+
+
 @pytest.mark.parametrize("kind, use_kernel", [("lstm", True), ("lstm", False), ("gru", False)])
 @pytest.mark.parametrize("layers", [1, 2])
 def test_the_layer_by_layer_unroll_matches_torch_cells_step_by_step_with_gradients(kind, use_kernel, layers):
