@@ -24,8 +24,8 @@ terminated: the wrapper sets both flags there, and the value would then be cut o
 agent cannot tell from any other. A truncated step bootstraps from the value of its final
 observation, and ViZDoom has no state to show at an episode's end (its wrapper returns zeros): an
 all-black screen the value head never trains on, whose arbitrary value every timeout then fed
-back into the targets (vizdoom-basic did not learn with it). The final observation is the last
-screen the engine rendered instead (`EpisodeEnds`).
+back into the targets (one of three reasons vizdoom-basic did not learn: docs/results.md). The
+final observation is the last screen the engine rendered instead (`EpisodeEnds`).
 """
 
 from __future__ import annotations
