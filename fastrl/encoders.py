@@ -1,7 +1,8 @@
 """Encoders: observations (already scaled to float) -> a feature vector per step.
 
-MLP for vectors and matrices, Nature CNN (images from ~36 px), the smaller 2013 DQN CNN and
-IMPALA-ResNet (on request), a small CNN for small images (7 to 35 px: grid worlds), images in CHW or HWC; :class:`LeafEncoder`
+MLP for vectors and matrices, Nature CNN (images from ~36 px), the smaller 2013 DQN CNN, Sample
+Factory's ``convnet_simple`` (ViZDoom) and IMPALA-ResNet (on request), a small CNN for small
+images (7 to 35 px: grid worlds), images in CHW or HWC; :class:`LeafEncoder`
 combines one encoder per leaf of a Dict / Tuple observation (see :mod:`fastrl.spaces`). Also the
 input scaling and the running observation normalizer, which travel with the model's weights.
 """

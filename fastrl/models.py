@@ -113,7 +113,7 @@ class ActorCritic(nn.Module):
         kind = cfg.kind
         if kind == "auto":
             kind = "image" if is_image(space) else "mlp"
-        if kind in ("nature_cnn", "mnih2013_cnn", "convnet_simple", "impala_resnet", "image"):
+        if kind != "mlp":
             if len(shape) != 3:
                 raise ValueError(f"model.kind={cfg.kind} needs image observations (CHW or HWC), got shape {shape}; "
                                  f"use model.kind=mlp")

@@ -105,17 +105,3 @@ def test_a_report_that_stop_when_accepts_counts_as_the_budget_reached():
     assert reporter.budget_reached()
     reporter.report()  # the final report: the stop stands, and is not asked again
     assert reporter.budget_reached() and seen == [10, 20]
-
-
-def test_stop_when_is_refused_for_a_run_of_several_ranks_before_anything_is_written(tmp_path, monkeypatch):
-    import pytest
-
-    from fastrl import runner
-    from fastrl.config import build_config
-    from fastrl.distributed import DistInfo
-
-    monkeypatch.setattr(runner, "check_request", lambda cfg, run_dir, resume: DistInfo(rank=0, world_size=2))
-    with pytest.raises(runner.RunError, match="stop_when stops a single node's run: with several ranks, end the "
-                                              "run by its budget"):
-        runner.train(build_config("cartpole-appo"), run_dir=tmp_path / "run", stop_when=lambda record: True)
-    assert not (tmp_path / "run").exists()

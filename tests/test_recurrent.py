@@ -437,7 +437,9 @@ def test_a_cue_twenty_steps_before_the_choice_is_learned_across_slot_boundaries(
         "train_for_env_steps": 3_000_000, "device": "cpu", "report_every_s": 1.0, "checkpoint_every_s": 1000.0})
     result = train(cfg, run_dir=tmp_path, quiet=True,
                    stop_when=lambda report: (report["episode_return_mean"] or 0.0) > 0.9)
-    assert result.final["episode_return_mean"] > 0.9, [r["episode_return_mean"] for r in result.reports]
+    # The stop itself is the claim: the final report covers only the few episodes after it.
+    returns = [r["episode_return_mean"] for r in result.reports]
+    assert any((r or 0.0) > 0.9 for r in returns) and result.final["env_steps"] < 3_000_000, returns
     greedy = evaluate_run(tmp_path, episodes=40, deterministic=True)
     assert greedy["episode_return_mean"] > 0.9
 

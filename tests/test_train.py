@@ -259,3 +259,14 @@ def test_atari_apex_runs_on_stacked_frames(tmp_path):
     assert last["learner/replay_size"] == min(4_000, last["learner/trained_env_steps"])
     assert list_checkpoints(tmp_path)
     assert_all_exited(tmp_path)
+
+
+def test_stop_when_is_refused_for_a_run_of_several_ranks_before_anything_is_written(tmp_path, monkeypatch):
+    from fastrl import runner
+    from fastrl.distributed import DistInfo
+
+    monkeypatch.setattr(runner, "check_request", lambda cfg, run_dir, resume: DistInfo(rank=0, world_size=2))
+    with pytest.raises(runner.RunError, match="stop_when stops a single node's run: with several ranks, end the "
+                                              "run by its budget"):
+        runner.train(build_config("cartpole-appo"), run_dir=tmp_path / "run", stop_when=lambda record: True)
+    assert not (tmp_path / "run").exists()

@@ -23,9 +23,9 @@ A scenario's episode timeout (``episode_timeout`` in its .cfg) ends an episode t
 terminated: the wrapper sets both flags there, and the value would then be cut off at a step the
 agent cannot tell from any other. A truncated step bootstraps from the value of its final
 observation, and ViZDoom has no state to show at an episode's end (its wrapper returns zeros): an
-all-black screen the value head never trains on, whose arbitrary value every timeout then fed
-back into the targets (one of three reasons vizdoom-basic did not learn: docs/results.md). The
-final observation is the last screen the engine rendered instead (`EpisodeEnds`).
+all-black screen the value head never trains on, whose arbitrary value would enter the targets at
+every timeout. The final observation is therefore the last screen the engine rendered
+(`EpisodeEnds`).
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ def vizdoom_env_fn(env_id: str, env_kwargs: dict[str, Any], frame_skip: int,
 
 class EpisodeEnds(gymnasium.Wrapper):
     """An episode the scenario's timeout ends is truncated only (the wrapper also flags it
-    terminated), and an episode's final observation is its last rendered one (the wrapper
-    returns zeros there: the engine keeps no state past the end)."""
+    terminated), and the final observation of an episode the engine ended is its last rendered
+    one (the wrapper returns zeros there: the engine keeps no state past the end). A TimeLimit
+    inside (``env.kwargs.max_episode_steps``) truncates on a real observation, which stays."""
 
     def __init__(self, env: gymnasium.Env) -> None:
         super().__init__(env)
@@ -111,7 +112,7 @@ class EpisodeEnds(gymnasium.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if terminated or truncated:
+        if terminated:  # the engine's episode is over (its timeout too): the wrapper returns zeros
             obs = self._last_obs
         else:
             self._last_obs = obs
