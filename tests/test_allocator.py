@@ -13,7 +13,8 @@ from fastrl.allocator import GLIBC_VARIABLES
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 
-# Prints whether fresh 1 MiB and 8 MiB mallocs land in the [heap] mapping, and whether freeing 8 MiB at
+# Prints whether fresh 1 MiB and 64 MiB mallocs land in the [heap] mapping (64 MiB is above the largest
+# threshold glibc allows: only mapping nothing keeps it), and whether freeing 64 MiB at
 # the heap's top shrinks that mapping (a trim), after calling retain_freed_memory() or not.
 PROBE = textwrap.dedent("""
     import ctypes, sys
@@ -32,8 +33,8 @@ PROBE = textwrap.dedent("""
     block = libc.malloc(1 << 20)
     lo, hi = heap()
     in_heap = lo <= block < hi
-    big = libc.malloc(8 << 20)
-    ctypes.memset(big, 1, 8 << 20)
+    big = libc.malloc(64 << 20)
+    ctypes.memset(big, 1, 64 << 20)
     lo, top = heap()
     big_in_heap = lo <= big < top
     libc.free(big)

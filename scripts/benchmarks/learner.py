@@ -39,6 +39,7 @@ from fastrl.encoders import scale_obs
 from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
+from fastrl.spaces import ObsLayout
 
 from .options import add_layout, add_rounds, add_set, load_layout, overrides
 
@@ -47,11 +48,14 @@ def random_batch(cfg, spec, seed: int) -> Trajectories:
     T, B = cfg.learner.rollout, cfg.trajectories_per_batch
     g = torch.Generator().manual_seed(seed)
     space = spec.observation_space
-    shape = (T + 1, B, *space.shape)
-    if space.dtype.kind == "u":
-        obs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    layout = ObsLayout(space)
+    if layout.packed:  # a Dict / Tuple observation: random values of each leaf, packed into rows
+        space.seed(seed)
+        obs = torch.from_numpy(layout.sample((T + 1) * B)).reshape(T + 1, B, *layout.storage_shape)
+    elif space.dtype.kind == "u":
+        obs = torch.randint(0, 256, (T + 1, B, *space.shape), dtype=torch.uint8, generator=g)
     else:
-        obs = torch.randn(shape, generator=g)
+        obs = torch.randn((T + 1, B, *space.shape), generator=g)
     n = spec.action_space.n
     return Trajectories(obs=obs, actions=torch.randint(0, n, (T, B), generator=g),
                         behaviour_logp=torch.full((T, B), -float(torch.log(torch.tensor(float(n))))),
