@@ -12,6 +12,7 @@ import torch
 from fastrl.config import ConfigError, build_config
 from fastrl.recurrent import RecurrentCore
 from fastrl.envs import probe_env
+from fastrl.envs.toy import MemoryEnv
 from fastrl.policy_eval import evaluate_run
 from fastrl.inference import InferenceBatcher, request_cursors
 from fastrl.learner.batch import Trajectories, gather_trajectories
@@ -391,6 +392,27 @@ def test_config_refuses_what_a_core_cannot_do(profile, overrides, named):
 
 
 # Learning
+
+
+@pytest.mark.parametrize("policy, expected", [("cue and side", 1.0), ("cue alone", 0.0), ("side alone", 0.0)])
+def test_memory_env_with_sides_pays_only_for_combining_the_cue_with_the_side(policy, expected):
+    """MemoryEnv(sides=True), MiniGrid Memory's split: the decision step shows the side where the
+    cue's match lies, and neither the cue alone nor the side alone beats a guess."""
+    env = MemoryEnv(length=4, sides=True)
+    returns = []
+    for seed in range(400):
+        obs, _ = env.reset(seed=seed)
+        cue = obs[0]
+        for _ in range(3):
+            obs, reward, terminated, _, _ = env.step(0)
+            assert reward == 0.0 and not terminated
+        side = obs[0]
+        assert obs[1] == 1.0 and side in (-1.0, 1.0)
+        named = {"cue and side": cue * side, "cue alone": cue, "side alone": side}[policy]
+        _, reward, terminated, _, _ = env.step(int(named > 0))
+        assert terminated
+        returns.append(reward)
+    assert np.mean(returns) == pytest.approx(expected, abs=0.15)
 
 
 @pytest.mark.slow

@@ -112,38 +112,49 @@ class MemoryEnv(gymnasium.Env):
     (the observation at t = length - 1) counts: reward +1 if it names the cue (0 for -1, 1 for +1),
     else -1, and the episode terminates. A feed-forward policy sees no cue there: its expected
     return is 0; a policy that remembers the cue gets 1.
+
+    ``sides=True`` is MiniGrid Memory's split: the decision step's first entry shows a side, +1 or
+    -1 at random, where the cue's match lies, and the right action is 1 where the side equals the
+    cue, else 0. Then neither the cue alone nor the side alone says anything: the policy must
+    combine what it remembers with what it sees (an exclusive or).
     """
 
-    def __init__(self, length: int = 8) -> None:
+    def __init__(self, length: int = 8, sides: bool = False) -> None:
         if length < 2:
             raise ValueError(f"MemoryEnv needs length >= 2, got {length}")
         self.length = length
+        self.sides = sides
         self.observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
         self.action_space = spaces.Discrete(2)
         self._t = 0
         self._cue = 1
+        self._side = 1
 
     def _obs(self) -> np.ndarray:
-        cue = float(self._cue) if self._t == 0 else 0.0
-        return np.array([cue, float(self._t == self.length - 1), self._t / self.length], dtype=np.float32)
+        decision = self._t == self.length - 1
+        first = float(self._cue) if self._t == 0 else float(self._side) if self.sides and decision else 0.0
+        return np.array([first, float(decision), self._t / self.length], dtype=np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
         super().reset(seed=seed)
         self._t = 0
         self._cue = 1 if self.np_random.random() < 0.5 else -1
+        if self.sides:
+            self._side = 1 if self.np_random.random() < 0.5 else -1
         return self._obs(), {}
 
     def step(self, action: int) -> tuple:
         if self._t == self.length - 1:
-            reward = 1.0 if int(action) == (1 if self._cue > 0 else 0) else -1.0
+            named = self._cue * self._side if self.sides else self._cue
+            reward = 1.0 if int(action) == (1 if named > 0 else 0) else -1.0
             self._t += 1
             return self._obs(), reward, True, False, {}
         self._t += 1
         return self._obs(), 0.0, False, False, {}
 
 
-def make_memory(length: int = 8) -> MemoryEnv:
-    return MemoryEnv(length)
+def make_memory(length: int = 8, sides: bool = False) -> MemoryEnv:
+    return MemoryEnv(length, sides)
 
 
 # ---------------------------------------------------------------------------------------------
