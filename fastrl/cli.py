@@ -243,7 +243,7 @@ def sweep_parser() -> argparse.ArgumentParser:
                         "then compared at equal training time")
     p.add_argument("--objective", default="episode_return_mean", metavar="KEY",
                    help="the metrics.jsonl key scored (default episode_return_mean; eval_return_mean with --set "
-                        "eval.every_s=...): a trial's value is its last report's")
+                        "eval.every_s=...): a trial's value is its mean over the last tenth of the budget")
     p.add_argument("--direction", choices=("maximize", "minimize"), default="maximize",
                    help="maximize (default) or minimize the objective")
     p.add_argument("--study", default="sweep", metavar="NAME",

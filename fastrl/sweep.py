@@ -51,6 +51,7 @@ BEST_PROFILE = "best.toml"
 STUDY_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a folder of the sweep directory
 DEFINITION_ATTR = "fastrl_sweep"  # the study's user attribute holding what defines it
 PRUNE_RUNGS = 20
+TAIL_FRACTION = 0.1  # a trial's value: its curve's mean over the last tenth of its budget
 POLL_S = 0.5  # how often a trial's metrics.jsonl is read
 HEARTBEAT_S = 10  # Optuna's heartbeat of a running trial
 HEARTBEAT_GRACE_S = 60  # a trial without a heartbeat for this long was cut off (a storage shared between hosts)
@@ -374,11 +375,12 @@ class Sweep:
         if proc.returncode != 0:
             return self._failed(trial, f"fastrl-train exited with {proc.returncode}: {proc.last_line()} (see "
                                        f"{run_dir / OUTPUT_FILE})")
-        if curve.last is None:
+        value = curve.tail_mean(spec.axis[1] * TAIL_FRACTION)
+        if value is None:
             return self._failed(trial, f"{run_dir / 'metrics.jsonl'} has no finite {spec.objective}: raise the "
                                        f"budget, or pick an objective the run reports")
-        self._tell(trial, curve.last)
-        return self._finished(trial, f"complete: {spec.objective} {curve.last:.4g}")
+        self._tell(trial, value)
+        return self._finished(trial, f"complete: {spec.objective} {value:.4g}")
 
     def _tell(self, trial, value=None, state=None) -> None:
         """Study.tell, raising UpdateFinishedTrialError (as the storage does for a report) for a

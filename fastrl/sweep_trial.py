@@ -157,6 +157,23 @@ class ObjectiveCurve:
     def last(self) -> float | None:
         return self.points[-1][1] if self.points else None
 
+    def tail_mean(self, span: float) -> float | None:
+        """The curve's mean over its last ``span`` on the x axis, each report weighted by the x it
+        covers since the report before it (a report's figures describe that stretch). The report
+        a run writes as it stops can follow the one before by a few steps and hold two episodes;
+        weighted so, it counts for those few steps, not as the trial's value. A curve of one
+        report (or none that covers any x) is its last value."""
+        if not self.points:
+            return None
+        start = self.points[-1][0] - span
+        total = weight = 0.0
+        for (before, _), (x, value) in zip(self.points, self.points[1:]):
+            covered = x - max(before, start)
+            if covered > 0:
+                total += covered * value
+                weight += covered
+        return total / weight if weight > 0 else self.last
+
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -223,7 +223,7 @@ def test_three_failed_trials_in_a_row_stop_the_sweep_in_one_line(tmp_path, capsy
     assert [t.state for t in study_trials(tmp_path)] == [optuna.trial.TrialState.FAIL] * 3
 
 
-def test_the_curve_is_read_as_written_and_reported_at_the_same_steps_in_every_trial(tmp_path):
+def test_the_curve_is_read_as_written(tmp_path):
     path = tmp_path / "metrics.jsonl"
     curve = ObjectiveCurve(path, "eval_return_mean", "eval_at_env_steps")
     assert curve.read() == [] and curve.last is None
@@ -235,6 +235,24 @@ def test_the_curve_is_read_as_written_and_reported_at_the_same_steps_in_every_tr
     with open(path, "a") as f:
         f.write('00, "eval_return_mean": 5.0, "eval_at_env_steps": 3500}\n')
     assert curve.read() == [(3500.0, 5.0)] and curve.last == 5.0
+    assert curve.tail_mean(1000) == 5.0  # the points 2,000 apart: the last covers the whole span
+
+
+def test_a_trial_s_value_weights_each_report_by_the_steps_it_covers():
+    # The report a run writes as it stops, 32 env steps after the one before, with two episodes.
+    curve = ObjectiveCurve("unused", "episode_return_mean", "env_steps")
+    curve.points = [(5_800_000.0, 0.40), (6_000_000.0, 0.50), (6_300_000.0, 0.48), (6_300_032.0, 0.0)]
+    expected = (200_000 * 0.50 + 300_000 * 0.48 + 32 * 0.0) / 500_032
+    assert curve.tail_mean(500_032) == pytest.approx(expected)
+    assert curve.tail_mean(1_000_000) == pytest.approx(expected)  # the first report covers no known stretch
+    assert curve.tail_mean(100_000) == pytest.approx((99_968 * 0.48) / 100_000)
+    assert ObjectiveCurve("unused", "k", "env_steps").tail_mean(10) is None
+    single = ObjectiveCurve("unused", "k", "env_steps")
+    single.points = [(100.0, 3.0)]
+    assert single.tail_mean(10) == 3.0
+
+
+def test_rungs_are_the_same_steps_in_every_trial():
     rungs = Rungs(10_000, PRUNE_RUNGS)
     assert rungs.steps == list(range(500, 10_001, 500))
     assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 2.0), (1000, 2.0), (1500, 2.0)]
