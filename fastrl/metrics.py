@@ -123,15 +123,21 @@ class Reporter:
     learning-rate schedule, so every part of a run agrees on them.
 
     ``stop_when`` (a single node's run) is called with every report once it is written; once it
-    returns True the budget counts as reached: the run stops as it would at its budget."""
+    returns True the budget counts as reached: the run stops as it would at its budget.
+
+    A report that follows the one before by less than half of ``report_every_s`` (the one a run
+    writes as it stops, most often) averages the episodes of both: on its own it could hold two
+    episodes, and a sweep's value, a benchmark's final figure and the last status line read it."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
                  aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
                  policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False,
                  info_keys: tuple[str, ...] = (), info_due_env_steps: int = 0,
-                 objective: str = "episode_return_mean", stop_when=None):
+                 objective: str = "episode_return_mean", stop_when=None, report_every_s: float = 0.0):
         self.arena = arena
+        self.short_report_s = report_every_s / 2
+        self.previous_episodes: tuple[np.ndarray, ...] | None = None  # the last report's own episodes
         self.policy_names = tuple(policy_names)
         # A population's members report as member/<k>/..., other policies as policy/<name>/...
         self.members = members
@@ -259,13 +265,21 @@ class Reporter:
         now = time.time()
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
+        short = now - self.last_time < self.short_report_s
         self.last_time, self.last_steps = now, steps
-        returns, lengths, actors, opponents, info = self.recent_episodes()
-        by_policy = self.policy_episodes(returns, lengths, actors, info)
-        # A self-play snapshot's episodes are the opponent's: the run's figures are its policies'.
+        fresh = self.recent_episodes()
+        returns, lengths, actors, opponents, info = fresh
+        # The league counts each game once: only this report's own games.
         ours = actors < len(self.policy_names)
         league = self.league.record(opponents[ours & (opponents >= 0)], returns[ours & (opponents >= 0)]) \
             if self.league is not None else {}
+        if short and self.previous_episodes is not None:
+            returns, lengths, actors, opponents, info = (np.concatenate(pair) for pair in
+                                                         zip(self.previous_episodes, fresh))
+        self.previous_episodes = fresh
+        by_policy = self.policy_episodes(returns, lengths, actors, info)
+        # A self-play snapshot's episodes are the opponent's: the run's figures are its policies'.
+        ours = actors < len(self.policy_names)
         returns, lengths = returns[ours], lengths[ours]
         local = np.array([steps, rate, returns.sum(), len(returns), lengths.sum(), float(time_up),
                           *np.concatenate(info_totals(info[ours]))])

@@ -71,7 +71,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
                             *plan.clocks, policy_names=plan.policies.names, members=bool(plan.policies.members),
                             info_keys=cfg.info_keys, info_due_env_steps=info_due_env_steps(cfg),
                             objective=cfg.pbt.objective, league=plan.league_record(arena, dist_info.is_main),
-                            stop_when=plan.stop_when)
+                            stop_when=plan.stop_when, report_every_s=cfg.report_every_s)
         _supervise_until_done(plan, supervisor, reporter, eval_results, watch)
         clean = True
     except _Interrupted as exc:

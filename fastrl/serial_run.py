@@ -61,7 +61,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                         plan.launched_at, None, *plan.clocks, policy_names=policies.names,
                         members=bool(policies.members), info_keys=cfg.info_keys,
                         info_due_env_steps=info_due_env_steps(cfg), objective=cfg.pbt.objective,
-                        league=plan.league_record(arena), stop_when=plan.stop_when)
+                        league=plan.league_record(arena), stop_when=plan.stop_when,
+                        report_every_s=cfg.report_every_s)
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None

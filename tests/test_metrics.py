@@ -1,5 +1,7 @@
 """Timing columns: each process's named columns of ``arena.timings`` and the metrics.jsonl keys
 they are reported as (fastrl.profiler reads those keys)."""
+import time
+
 import numpy as np
 
 from fastrl.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
@@ -105,3 +107,32 @@ def test_a_report_that_stop_when_accepts_counts_as_the_budget_reached():
     assert reporter.budget_reached()
     reporter.report()  # the final report: the stop stands, and is not asked again
     assert reporter.budget_reached() and seen == [10, 20]
+
+
+def test_a_report_soon_after_the_last_averages_the_episodes_of_both():
+    """The report a run writes as it stops can follow the one before by a moment and hold a couple
+    of episodes: on their own they would be the run's last figure (a sweep's value, a benchmark's
+    final). A report that follows by less than half the interval averages both reports' episodes."""
+    from fastrl.metrics import Reporter
+
+    arena = small_arena(num_workers=1)
+
+    def finish(*returns: float) -> None:
+        for value in returns:
+            index = arena.episode_count[0] % arena.episode_return.shape[1]
+            arena.episode_return[0, index], arena.episode_length[0, index] = value, 10
+            arena.episode_actor[0, index], arena.episode_opponent[0, index] = 0, -1
+            arena.episode_count[0] += 1
+
+    reporter = Reporter(arena, None, frame_skip=1, target_env_steps=0, target_seconds=0.0, report_every_s=10.0)
+
+    def report_after(seconds: float) -> float:
+        reporter.last_time = time.time() - seconds
+        return reporter.report()["episode_return_mean"]
+
+    finish(1.0, 1.0, 1.0, 1.0)
+    assert report_after(10.0) == 1.0
+    finish(0.0)
+    assert report_after(0.5) == 0.8  # the stop report: four episodes before and its own
+    finish(0.0, 0.0)
+    assert report_after(10.0) == 0.0  # a full interval: its own episodes only
