@@ -385,7 +385,7 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
         # Distinct seeds for every env of every worker of every rank (envpool keeps them mod 2^31).
         seed=(cfg.seed * 1_000_003 + (rank * 4096 + worker_id) * ecfg.envs_per_worker) % 2**31, backend=ecfg.backend,
         async_mode=ecfg.async_mode, num_threads=ecfg.num_threads, thread_affinity=ecfg.thread_affinity,
-        env_kwargs=ecfg.kwargs, preprocessing=ImageOptions.from_config(ecfg))
+        env_kwargs=ecfg.kwargs, preprocessing=ImageOptions.from_config(ecfg), actions=ecfg.actions)
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,

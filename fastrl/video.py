@@ -161,6 +161,13 @@ def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: 
 def open_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.ndarray]]:
     """One env of ``cfg.env`` (a VecEnv of num_envs = batch_size = 1, or one game's agent rows) and
     a function that renders its current frame."""
+    from .envs import with_action_subset
+
+    env, render = _open_backend_rendered_env(cfg, seed)
+    return with_action_subset(env, cfg.env.id, cfg.env.actions), render
+
+
+def _open_backend_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable[[], np.ndarray]]:
     env_id = cfg.env.id
     backend = resolve_backend(env_id, cfg.env.backend)
     kwargs = {**cfg.env.kwargs, "render_mode": "rgb_array"}

@@ -23,13 +23,14 @@ import contextlib
 import difflib
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium
 
 from fastrl.envs import atari, vizdoom_backend
+from fastrl.envs.action_subset import ActionSubset, action_subset_error
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.gym_backend import GymnasiumSplits
 from fastrl.envs.image_preprocessing import ImageOptions, check_applies, preprocessed
@@ -62,7 +63,8 @@ def probe_env(cfg) -> EnvSpec:
     elif vector is not None:
         num_envs = batch_size = vector.game_rows(**cfg.env.kwargs)
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
-                       env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env))
+                       env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env),
+                        actions=cfg.env.actions)
     try:
         return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
     finally:
@@ -89,7 +91,8 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             num_envs, batch_size = episode_layout(cfg.env.id, cfg.env.kwargs, num_envs)
     return make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=seed, backend=cfg.env.backend,
-                        env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env))
+                        env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env),
+                        actions=cfg.env.actions)
 
 
 def envpool_player_count(env_id: str, backend: str, env_kwargs: dict[str, Any]) -> int:
@@ -114,6 +117,7 @@ def make_vec_env(
     thread_affinity: bool = False,
     env_kwargs: dict[str, Any] | None = None,
     preprocessing: ImageOptions | None = None,
+    actions: Sequence[int] = (),
 ) -> VecEnv:
     """Make one group of `num_envs` envs, returned `batch_size` at a time by `recv()`.
 
@@ -134,6 +138,7 @@ def make_vec_env(
             too (atari.py).
         preprocessing: action repeat and image preprocessing of gymnasium and factory envs
             (image_preprocessing.py); refused in one line for the other backends.
+        actions: the Discrete env's actions the policy chooses among (action_subset.py); () = all.
     """
     if batch_size < 1 or num_envs < 1 or num_envs % batch_size:
         raise ValueError(
@@ -163,7 +168,18 @@ def make_vec_env(
             env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs, preprocessing)
             env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
     _check_spaces(env, env_id)
-    return env
+    return with_action_subset(env, env_id, actions)
+
+
+def with_action_subset(env: VecEnv, env_id: str, actions: Sequence[int]) -> VecEnv:
+    """``env`` choosing among ``actions`` only (``env.actions``); ``env`` itself for ()."""
+    if not actions:
+        return env
+    error = action_subset_error(env.action_space, actions, ObsLayout(env.observation_space).mask is not None)
+    if error:
+        env.close()
+        raise ValueError(f"{env_id!r}: {error}")
+    return ActionSubset(env, actions)
 
 
 @contextlib.contextmanager
