@@ -106,6 +106,7 @@ SECONDS_OR_OFF = Range(0, 10**9)
 LAYER_WIDTH = Range(1, 65536)
 # The smallest side the image encoders read, and below which [C, H, W] with W <= 4 would look channels-last.
 IMAGE_SIDE = Range(7, 65536)
+ANY_ACTION = Range(-2**31, 2**31 - 1)  # a Discrete space's values: the env's space bounds them further
 RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
 
@@ -148,7 +149,7 @@ class EnvConfig:
     info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
                                         "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
                                         "and factory envs")
-    actions: list[int] = key([], help="the Discrete env's actions the policy chooses among, as the env numbers them "
+    actions: list[int] = key([], allowed=ANY_ACTION, help="the Discrete env's actions the policy chooses among, as the env numbers them "
                                       "(a minimal action set); [] = all of them")
     # Image preprocessing of gymnasium and factory envs (fastrl.envs.image_preprocessing); envpool's
     # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
