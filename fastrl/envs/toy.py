@@ -132,7 +132,11 @@ class MemoryEnv(gymnasium.Env):
 
     def _obs(self) -> np.ndarray:
         decision = self._t == self.length - 1
-        first = float(self._cue) if self._t == 0 else float(self._side) if self.sides and decision else 0.0
+        first = 0.0
+        if self._t == 0:
+            first = float(self._cue)
+        elif self.sides and decision:
+            first = float(self._side)
         return np.array([first, float(decision), self._t / self.length], dtype=np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
