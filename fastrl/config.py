@@ -149,8 +149,9 @@ class EnvConfig:
     info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
                                         "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
                                         "and factory envs")
-    actions: list[int] = key([], allowed=ANY_ACTION, help="the Discrete env's actions the policy chooses among, as the env numbers them "
-                                      "(a minimal action set); [] = all of them")
+    actions: list[int] = key([], allowed=ANY_ACTION,
+                             help="the Discrete env's actions the policy chooses among, as the env numbers them "
+                                  "(a minimal action set); [] = all of them")
     # Image preprocessing of gymnasium and factory envs (fastrl.envs.image_preprocessing); envpool's
     # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
     frame_skip: int = key(1, allowed=AT_LEAST_1,
@@ -1011,8 +1012,8 @@ def flat_config(config: dict) -> dict:
 # Config keys a checkpoint's weights depend on: a resumed or evaluated run must keep them.
 WEIGHTS_KEY_SECTIONS = ("model",)
 INIT_ONLY_KEYS = ("model.core_memory_steps",)  # how new weights start: a resume or an evaluation may differ
-WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.actions", "env.frame_skip", "env.resize", "env.grayscale", "env.frame_stack",
-                "env.image_keys", "learner.algo")
+WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.actions", "env.frame_skip", "env.resize", "env.grayscale",
+                "env.frame_stack", "env.image_keys", "learner.algo")
 
 
 def weights_mismatch(saved: dict, cfg: Config, unread: tuple[str, ...] = ()) -> str:

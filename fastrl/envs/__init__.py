@@ -64,7 +64,7 @@ def probe_env(cfg) -> EnvSpec:
         num_envs = batch_size = vector.game_rows(**cfg.env.kwargs)
     env = make_vec_env(cfg.env.id, num_envs=num_envs, batch_size=batch_size, seed=cfg.seed, backend=cfg.env.backend,
                        env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env),
-                        actions=cfg.env.actions)
+                       actions=cfg.env.actions)
     try:
         return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
     finally:

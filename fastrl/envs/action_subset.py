@@ -20,7 +20,8 @@ from fastrl.envs.base import VecEnv
 def action_subset_error(space: gymnasium.Space, actions: Sequence[int], has_mask: bool) -> str:
     """Why ``actions`` cannot select from ``space`` (one line naming the fix), or ""."""
     if not isinstance(space, gymnasium.spaces.Discrete):
-        return f"env.actions picks among a Discrete space's actions, but the action space is {space}: set env.actions = []"
+        return (f"env.actions picks among a Discrete space's actions, but the action space is {space}: "
+                f"set env.actions = []")
     start, n = int(space.start), int(space.n)
     outside = [a for a in actions if not start <= a < start + n]
     if outside:
@@ -29,7 +30,8 @@ def action_subset_error(space: gymnasium.Space, actions: Sequence[int], has_mask
     if len(set(actions)) != len(actions):
         return f"env.actions {list(actions)} names an action twice: list each once"
     if has_mask:
-        return "env.actions cannot be combined with the env's own action_mask (it masks all of its actions): set env.actions = []"
+        return ("env.actions cannot be combined with the env's own action_mask (it masks all of its actions): "
+                "set env.actions = []")
     return ""
 
 
