@@ -871,12 +871,19 @@ def _validate_core(cfg: Config) -> None:
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
 
 
+# An opponent plays the game's own actions, which env.actions would renumber.
+OPPONENT_ACTIONS = ("{option} plays the game's own actions, and env.actions narrows the policy's to some of "
+                    "them: set env.actions = [] to play against an opponent")
+
+
 def _validate_eval_opponents(cfg: Config) -> None:
     """eval.opponents' form; whether each can play the run's env is preflight's check."""
     opponents = cfg.eval.opponents
     if opponents and not cfg.eval.every_s:
         raise ConfigError("eval.opponents are played in the evaluations during training: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")
+    if opponents and cfg.env.actions:
+        raise ConfigError(OPPONENT_ACTIONS.format(option="eval.opponents"))
     if len(opponents) > MAX_EVAL_OPPONENTS:
         raise ConfigError(f"eval.opponents lists {len(opponents)} opponents and an evaluation plays at most "
                           f"{MAX_EVAL_OPPONENTS}: drop some (fastrl-eval --opponent plays any one after training)")

@@ -8,7 +8,7 @@ import torch
 
 from .checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_path, load_checkpoint,
                          load_latest_checkpoint, load_model_state)
-from .config import Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
+from .config import OPPONENT_ACTIONS, Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
 from .envs import make_episode_env, probe_env
 from .envs.pettingzoo_games import Games
 from .models import action_head, build_model, keys_it_ignores
@@ -156,6 +156,8 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
     Raises ConfigError for an env without several agents, OpponentError (one line) for an
     opponent that cannot be found or made, or plays an illegal action.
     """
+    if cfg.env.actions:
+        raise ConfigError(OPPONENT_ACTIONS.format(option="--opponent"))
     found = find_opponent(opponent)
     name = opponent_name(opponent)
     if env is None:

@@ -54,3 +54,20 @@ def test_a_bad_subset_is_refused_in_one_line(actions, says):
 def test_a_subset_of_a_space_that_is_not_discrete_is_refused():
     with pytest.raises(ValueError, match=r"Discrete space's actions.*set env.actions = \[\]"):
         make_vec_env("Pendulum-v1", num_envs=2, batch_size=2, seed=0, actions=[0])
+
+
+def test_a_pettingzoo_game_is_evaluated_with_the_actions_it_trains_with():
+    cfg = build_config(overrides={"env.id": "pettingzoo:tests.pettingzoo_envs", "env.actions": [2, 0]})
+    with make_episode_env(cfg, 2, seed=0) as env:
+        assert env.action_space.n == 2 and len(env.agents) > 1
+
+
+def test_an_opponent_is_refused_beside_a_subset_of_actions():
+    from fastrl.config import ConfigError
+    from fastrl.policy_eval import evaluate_against
+
+    settings = {"env.id": "pettingzoo:tests.pettingzoo_envs", "env.actions": [0, 1], "eval.every_s": 10.0}
+    with pytest.raises(ConfigError, match=r"^eval.opponents plays the game's own actions.*set env.actions = \[\]"):
+        build_config(overrides={**settings, "eval.opponents": ["random"]})
+    with pytest.raises(ConfigError, match=r"^--opponent plays the game's own actions"):
+        evaluate_against(build_config(overrides=settings), None, "random", episodes=1)

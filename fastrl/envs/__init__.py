@@ -78,7 +78,8 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
         from fastrl.envs.pettingzoo_backend import open_games
 
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
-            return open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs)
+            return with_action_subset(open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs), cfg.env.id,
+                                      cfg.env.actions)
     vector = vector_env_class(cfg.env.id, cfg.env.backend)
     batch_size = num_envs
     if vector is not None:

@@ -69,7 +69,7 @@ class ActionSubset(VecEnv):
         self.env.close()
 
     def __getattr__(self, name: str):
-        # A backend's own extras (render_game of envpool's and PettingZoo's groups, used by videos).
+        # A backend's own extras: a PettingZoo group's agents' observations, a renderer.
         if name == "env":
             raise AttributeError(name)
         return getattr(self.env, name)
