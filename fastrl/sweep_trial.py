@@ -159,10 +159,9 @@ class ObjectiveCurve:
 
     def tail_mean(self, span: float) -> float | None:
         """The curve's mean over its last ``span`` on the x axis, each report weighted by the x it
-        covers since the report before it (a report's figures describe that stretch). The report
-        a run writes as it stops can follow the one before by a few steps and hold two episodes;
-        weighted so, it counts for those few steps, not as the trial's value. A curve of one
-        report (or none that covers any x) is its last value."""
+        covers since the report before it (a report's figures describe that stretch), so that
+        one late swing of a noisy curve does not decide a trial. A curve of one report (or none
+        that covers any x) is its last value."""
         if not self.points:
             return None
         start = self.points[-1][0] - span

@@ -239,7 +239,7 @@ def test_the_curve_is_read_as_written(tmp_path):
 
 
 def test_a_trial_s_value_weights_each_report_by_the_steps_it_covers():
-    # The report a run writes as it stops, 32 env steps after the one before, with two episodes.
+    # The last report comes 32 env steps after the one before (a run's stop): it counts for 32.
     curve = ObjectiveCurve("unused", "episode_return_mean", "env_steps")
     curve.points = [(5_800_000.0, 0.40), (6_000_000.0, 0.50), (6_300_000.0, 0.48), (6_300_032.0, 0.0)]
     expected = (200_000 * 0.50 + 300_000 * 0.48 + 32 * 0.0) / 500_032
