@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes (exclusive temporary file, fsync, rename) and safe loading with fallback.
+"""Checkpoints: atomic, durable writes (fastrl.run_dir.write_file_atomic) and safe loading with fallback.
 
 A checkpoint is ``RUN_DIR/checkpoints/ckpt_<env_steps:012d>.pt``: learner state (model,
 optimizer, version, updates), counters, RNG states and the config it was trained with, all as
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .console import write_best_effort
-from .run_dir import make_dir
+from .run_dir import make_dir, write_file_atomic
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -82,30 +81,13 @@ def save_checkpoint(run_dir: Path, state: dict, env_steps: int, keep: int) -> Pa
 
 
 def write_checkpoint_file(path: Path, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically and durably (a reader sees the old file or the new one)."""
-    directory = path.parent
-    tmp = None
+    """Write ``state`` to ``path`` atomically and durably (fastrl.run_dir.write_file_atomic)."""
     try:
-        make_dir(directory)  # never through a link: pruning would delete in its target
-        # mkstemp creates the file exclusively (O_EXCL, no symlink followed) under a fresh name.
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
+        make_dir(path.parent)  # never through a link: pruning would delete in its target
+        write_file_atomic(path, lambda f: torch.save(state, f))
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}; free space (or fix the "
                               f"directory), then continue the run with --resume") from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:

@@ -22,8 +22,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing import reduction
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -297,17 +299,34 @@ def make_dir(path: Path) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part.
-    A symbolic link at ``path`` is replaced, not written through (the temporary file is made with
-    O_EXCL | O_NOFOLLOW)."""
+    """Write ``text`` to ``path`` as :func:`write_file_atomic` does."""
+    write_file_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_file_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``write(f)`` (``f`` a binary file) so that readers see the old file or
+    the new one, never a part, and a crash once it returned keeps the new one: the file is fsynced
+    before the rename and its directory after it (the rename lives in the directory). A symbolic
+    link at ``path`` is replaced, not written through (the temporary file ``.NAME.*.tmp`` is made
+    with O_EXCL | O_NOFOLLOW); on an error it is removed."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and removals done in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from fastrl.checkpoint import list_checkpoints
+from fastrl.checkpoint import list_checkpoints, write_checkpoint_file
 from fastrl.cli import train_main
 from fastrl.config import build_config, load_run_config
 from fastrl.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
@@ -120,6 +121,21 @@ def test_write_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     path.write_text("old")
     write_atomic(path, "new")
     assert path.read_text() == "new" and os.listdir(tmp_path) == ["config.toml"]
+
+
+@pytest.mark.parametrize("writer", ["write_atomic", "write_checkpoint_file"])
+def test_atomic_writes_fsync_the_file_then_rename_then_fsync_the_folder(tmp_path, monkeypatch, writer):
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", stat.S_ISDIR(os.fstat(fd).st_mode))),
+                                                 fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda *args: (events.append(("replace",)), replace(*args)))
+    if writer == "write_atomic":
+        write_atomic(tmp_path / "config.toml", "new")
+    else:
+        write_checkpoint_file(tmp_path / "ckpt_000000000001.pt", {"counters": {"env_steps": 1}})
+    # Without the folder's fsync a crash after the rename can bring back the old file, or none.
+    assert events == [("fsync", False), ("replace",), ("fsync", True)]
 
 
 @pytest.mark.slow
