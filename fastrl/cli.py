@@ -63,7 +63,8 @@ def train_parser() -> argparse.ArgumentParser:
                         "before the resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --run-dir (its config, metrics, logs and checkpoints are deleted)")
+                   help="replace the run in --run-dir (every file fastrl wrote there is deleted: config, metrics, "
+                        "logs, checkpoints, league/, pbt/, videos)")
     p.add_argument("--seed", type=int)
     p.add_argument("--serial", action="store_true", help="run everything in one process (debugging)")
     p.add_argument("--quiet", action="store_true", help="no status line")

@@ -1,9 +1,10 @@
 """The run directory: which files make it hold a run, and the rules for starting in one.
 
-A run writes ``config.toml``, ``metrics.jsonl``, ``train.log``, ``processes*.json``, ``tb/`` and
-``checkpoints/`` into its directory. Starting a second run over them would mix two runs'
-metrics and let the pruning of old checkpoints (by step number) delete the new run's own, so a
-directory that holds a run is refused unless the user says ``--resume`` or ``--overwrite``.
+A run writes ``config.toml``, ``metrics.jsonl``, ``train.log``, ``processes*.json``, ``tb/``,
+``checkpoints/`` and, as configured, ``league/``, ``pbt/``, ``videos/`` and ``wandb/`` into its
+directory. Starting a second run over them would mix two runs' metrics and let the pruning of old
+checkpoints (by step number) delete the new run's own, so a directory that holds a run is refused
+unless the user says ``--resume`` or ``--overwrite`` (which removes every one of them).
 
 The rules:
 
@@ -31,10 +32,13 @@ import psutil
 
 # The record of the elastic torchrun job that owns the run (fastrl.elastic).
 ELASTIC_RECORD = "elastic.json"
-# What fastrl writes into a run directory; --overwrite removes these and nothing else.
+# What fastrl writes into a run directory; --overwrite removes these and nothing else. league/
+# (fastrl.league) and pbt/ (fastrl.pbt) go too: a new run must not play the old run's snapshots
+# or go on with its lineage.
 RUN_FILES = ("config.toml", "metrics.jsonl", "train.log", "train.log.1", ELASTIC_RECORD)
-RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
-RUN_FILE_PATTERNS = ("processes*.json",)
+RUN_DIRS = ("checkpoints", "tb", "wandb", "videos", "league", "pbt")
+# With the temporary files of a write_atomic that a kill cut short.
+RUN_FILE_PATTERNS = ("processes*.json", *(f".{name}.*.tmp" for name in (*RUN_FILES, "processes*.json")))
 # Any of these means an earlier run lives here. Not processes.rankN.json: the other ranks of a
 # distributed run write theirs without waiting for rank 0, which checks the directory.
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints", "processes.json")

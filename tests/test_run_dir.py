@@ -49,12 +49,36 @@ def test_a_directory_that_holds_a_run_is_refused_before_the_env_is_even_made(fin
 
 
 def test_overwrite_removes_only_what_fastrl_wrote(tmp_path):
-    for name in ("config.toml", "metrics.jsonl", "train.log", "processes.json", "notes.txt"):
+    for name in ("config.toml", "metrics.jsonl", "train.log", "train.log.1", "elastic.json", "processes.json",
+                 "processes.rank1.json", ".config.toml.k2j4.tmp", ".processes.json.x1.tmp", "notes.txt",
+                 ".notes.txt.tmp"):
         (tmp_path / name).write_text("old")
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "ckpt_000000000001.pt").write_text("old")
+    for folder, name in (("checkpoints", "ckpt_000000000001.pt"), ("league", "snapshot-000000000004.pt"),
+                         ("league", "record.json"), ("pbt", "lineage.jsonl"), ("pbt", "history.jsonl"),
+                         ("tb", "events.out.tfevents.1"), ("videos", "eval-000000004096.mp4"),
+                         ("wandb", "run_id"), ("mine", "notes.txt")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / name).write_text("old")
     prepare_run_dir(tmp_path, resume=False, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    # Nothing of the old run survives into the new one: a new self-play run would play the old
+    # league's snapshots, a new population go on with the old lineage.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.txt.tmp", "mine", "notes.txt"]
+
+
+@pytest.mark.parametrize("name", ["league", "pbt"])
+def test_overwrite_refuses_a_linked_league_or_pbt_folder_and_deletes_nothing(tmp_path, name):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "record.json").write_text("someone else's")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text("old")
+    (run_dir / name).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RunDirError, match=f"'{run_dir / name}' is a symbolic link to '{outside}'"):
+        check_run_dir(run_dir, resume=False, overwrite=True)
+    with pytest.raises(RunDirError, match="is a symbolic link"):
+        prepare_run_dir(run_dir, resume=False, overwrite=True)
+    assert (outside / "record.json").read_text() == "someone else's" and (run_dir / "config.toml").exists()
 
 
 @pytest.mark.parametrize("resume,overwrite,setup,match", [
