@@ -15,6 +15,7 @@ from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkp
 from .config import Config, ConfigError, to_toml, validate, weights_mismatch
 from .distributed import DistInfo, InterfaceError, route_collectives_to_master
 from .envs import EnvSpec, probe_env
+from .envs.pettingzoo_backend import require_pettingzoo
 from .eval_during_training import check_eval_opponents
 from .learner.policies import checkpoint_policies
 from .main_guard import unguarded_main_call
@@ -39,6 +40,7 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
         require_video_extra()
     if cfg.selfplay.enabled:
         require_rating_library()
+    require_pettingzoo(cfg.env.id)
     dist_info = DistInfo.from_env()
     if dist_info.enabled and (run_dir is None or cfg.serial):
         raise RunError("a torchrun launch needs --run-dir DIR (the same on every rank) and no serial mode")

@@ -103,14 +103,27 @@ def default_run_dir(profile: str, root: Path = Path("runs")) -> Path:
 
 def remove_unused_run_dir(run_dir: Path) -> None:
     """Remove a run directory made for a run that could not start, if it holds nothing but its
-    lock file: anything else may be what the user wants."""
+    lock file and no other start holds that lock: anything else may be what the user wants. The
+    caller has released its own lock."""
     run_dir = Path(run_dir)
     try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another start took the directory meanwhile
+        except OSError:
+            pass  # no flock on this file system: no start can hold the directory either
         if {path.name for path in run_dir.iterdir()} <= {LOCK_FILE}:
-            (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            (run_dir / LOCK_FILE).unlink()
             run_dir.rmdir()
     except OSError:
         pass
+    finally:
+        os.close(fd)
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool, check_existing: bool = True) -> RunDirLock | None:

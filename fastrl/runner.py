@@ -21,6 +21,7 @@ from .elastic import ElasticAttempt, current_attempt
 from .learner.precision import learner_precision
 from .parallel_run import run_parallel
 from .preflight import arena_layout, check_request, lock_run_dir, plan_run, resolve_device
+from .run_dir import remove_unused_run_dir
 from .run_plan import RunError, RunPlan, RunResult
 from .serial_run import run_serial
 
@@ -47,9 +48,19 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     attempt = current_attempt(cfg.dist_timeout_s) if dist_info.enabled else None
     if attempt is not None:
         resume, overwrite = attempt.settle(run_dir, resume, overwrite, dist_info)
-    lock = lock_run_dir(run_dir, resume, overwrite, dist_info)
+    # A refused start leaves no run directory behind: one this call makes goes again on a refusal.
+    made_dir = run_dir if run_dir is not None and dist_info.is_main and not run_dir.exists() else None
+    lock = None
     try:
+        lock = lock_run_dir(run_dir, resume, overwrite, dist_info)
         plan = plan_run(cfg, run_dir, resume, overwrite, model, launched_at, dist_info, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        if made_dir is not None:
+            remove_unused_run_dir(made_dir)
+        raise
+    try:
         if attempt is not None and dist_info.is_main:
             plan = dataclasses.replace(plan, restart_metrics=_claim(attempt, plan))
         return _run(dataclasses.replace(plan, stop_when=stop_when), quiet)

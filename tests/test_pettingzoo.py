@@ -4,12 +4,13 @@ import collections
 import contextlib
 import io
 import json
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from fastrl.cli import eval_main
+from fastrl.cli import eval_main, train_main
 from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
 from fastrl.envs.pettingzoo_backend import PettingZooSplits
@@ -173,6 +174,21 @@ def test_bad_env_ids_and_kwargs_are_one_line(env_id, kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         probe_env(cfg)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("run_dir_given", [True, False])
+def test_without_pettingzoo_fastrl_train_names_the_extra_and_leaves_no_run_dir(tmp_path, monkeypatch, run_dir_given):
+    for name in ("pettingzoo", "pettingzoo.utils", "pettingzoo.utils.env"):
+        monkeypatch.setitem(sys.modules, name, None)  # import pettingzoo... raises ImportError
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    argv = ["--env", "pettingzoo:pettingzoo.classic.tic_tac_toe_v3", "--set", "device=cpu"]
+    with contextlib.redirect_stderr(err):
+        code = train_main(argv + (["--run-dir", str(tmp_path / "new" / "run")] if run_dir_given else []))
+    assert code == 2
+    assert err.getvalue() == ("fastrl-train: error: --env pettingzoo:pettingzoo.classic.tic_tac_toe_v3 needs "
+                              "PettingZoo, which is not installed: pip install 'fastrl[multiagent]'\n")
+    assert not (tmp_path / "new" / "run").exists() and not list(tmp_path.glob("runs/*"))
 
 
 def test_a_split_must_hold_whole_games():

@@ -97,6 +97,17 @@ def test_run_dir_mistakes_are_one_line_errors(tmp_path, resume, overwrite, setup
     assert "\n" not in str(info.value)
 
 
+def test_a_refused_start_removes_the_run_dir_it_made_and_never_one_that_was_there(tmp_path):
+    cfg = tiny_config(serial=True)
+    cfg.env.id = "NoSuchEnv-v0"  # refused once the directory is made and locked, by the env probe
+    made, there = tmp_path / "made" / "run", tmp_path / "there"
+    there.mkdir()
+    for run_dir in (made, there):
+        with pytest.raises(Exception, match="NoSuchEnv-v0"):
+            train(cfg, run_dir=run_dir, quiet=True)
+    assert not made.exists() and there.is_dir()
+
+
 def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):  # tests run as root, where chmod cannot take write access away
         raise PermissionError(13, "Permission denied")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from fastrl.config import ConfigError
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
 from fastrl.envs.pettingzoo_games import Games
 from fastrl.envs.pettingzoo_turns import TurnBasedGames
@@ -49,11 +50,24 @@ def is_pettingzoo_id(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
 
 
+def require_pettingzoo(env_id: str) -> None:
+    """ConfigError naming the extra when ``env_id`` is PettingZoo's and PettingZoo is missing:
+    checked before a run starts (and before its run directory is made)."""
+    if not is_pettingzoo_id(env_id):
+        return
+    try:
+        import pettingzoo.utils.env  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--env {env_id} needs PettingZoo, which is not installed: pip install "
+                          f"'fastrl[multiagent]'") from None
+
+
 def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Callable[[], Any], bool]:
     """A zero-argument constructor of one game of ``env_id`` ("pettingzoo:MODULE"), and whether the
     game is turn-based: MODULE's ``parallel_env(**env_kwargs)``, else its ``env(**env_kwargs)`` (an
     AECEnv, fastrl/envs/pettingzoo_turns.py). Raises ValueError (one line) for a module that cannot
     be imported, has neither, or makes no env of PettingZoo's kind."""
+    require_pettingzoo(env_id)
     from pettingzoo.utils.env import AECEnv, ParallelEnv  # the [multiagent] extra: imported only when used
 
     module_name = env_id[len(PREFIX):]
