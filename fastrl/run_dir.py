@@ -203,6 +203,12 @@ class RunDirLock:
                 if time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue
+            except OSError as exc:  # ENOLCK, EOPNOTSUPP, ENOSYS: a file system without flock
+                os.close(fd)
+                raise RunDirError(f"cannot lock run directory '{run_dir}' ({exc.strerror}): its file system "
+                                  f"({file_system(path)}) does not support flock, which keeps two runs out of one "
+                                  f"directory; pass a --run-dir on a local disk, or mount it with locking on (NFS: "
+                                  f"lockd running; Lustre: -o flock)") from None
             os.close(fd)
             raise RunDirError(f"run directory '{run_dir}' is in use by {lock_holder(path)}; stop it first, or pass "
                               f"another --run-dir") from None
@@ -228,6 +234,17 @@ def _adopt_lock(path: Path, dup) -> RunDirLock:
     fd = dup.detach()
     os.set_inheritable(fd, False)  # the child's own children do not get it
     return RunDirLock(path, fd)
+
+
+def file_system(path: Path) -> str:
+    """The file system ``path`` is on, in words: its type and mount point ("nfs4 at /shared")."""
+    target = os.path.realpath(path)
+    mounts = [p for p in psutil.disk_partitions(all=True)
+              if target == p.mountpoint or target.startswith(p.mountpoint.rstrip("/") + "/")]
+    if not mounts:
+        return "of unknown type"
+    mount = max(mounts, key=lambda p: len(p.mountpoint))
+    return f"{mount.fstype} at {mount.mountpoint}"
 
 
 def lock_holder(path: Path) -> str:

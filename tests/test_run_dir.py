@@ -1,5 +1,7 @@
 """Run directories: a run is never started over another, resumes are checked before anything is written."""
 import contextlib
+import errno
+import fcntl
 import io
 import json
 import multiprocessing as mp
@@ -95,6 +97,26 @@ def test_run_dir_mistakes_are_one_line_errors(tmp_path, resume, overwrite, setup
     with pytest.raises(RunDirError, match=match) as info:
         check_run_dir(run_dir, resume, overwrite)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS])
+def test_a_file_system_without_flock_is_one_line_naming_it_and_leaves_no_run_dir(tmp_path, monkeypatch, capsys,
+                                                                                 code):
+    def no_flock(fd, operation):  # NFS without lockd, Lustre mounted without -o flock
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with pytest.raises(RunDirError) as info:
+        check_run_dir(tmp_path, resume=False, overwrite=False)
+    message = str(info.value)
+    assert "\n" not in message and "does not support flock" in message and "--run-dir on a local disk" in message
+    assert re.search(r"its file system \(\S+ at /\S*\)", message), message
+
+    run_dir = tmp_path / "new" / "run"
+    assert train_main(["--profile", "cartpole-appo", "--run-dir", str(run_dir), "--set", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fastrl-train: error: cannot lock run directory '{run_dir}'")
+    assert not run_dir.exists()
 
 
 def test_a_refused_start_removes_the_run_dir_it_made_and_never_one_that_was_there(tmp_path):
