@@ -131,6 +131,18 @@ def connect_store(world_size: int, host: bool, timeout_s: float) -> dist.TCPStor
                          wait_for_workers=False)
 
 
+def tell_other_ranks(info: DistInfo, name: str, value: str, timeout_s: float) -> None:
+    """Rank 0: ``value`` under ``name`` in torchrun's store, for this attempt's other ranks
+    (:func:`hear_from_rank_0`). Only with the agent's store: a hand launch has none yet."""
+    connect_store(info.world_size, False, timeout_s).set(attempt_prefix(name), value)
+
+
+def hear_from_rank_0(info: DistInfo, name: str, timeout_s: float) -> str:
+    """What rank 0 put under ``name`` for this attempt (:func:`tell_other_ranks`), waiting up to
+    ``timeout_s`` for it; RuntimeError (torch's DistError) when it never does."""
+    return connect_store(info.world_size, False, timeout_s).get(attempt_prefix(name)).decode()
+
+
 def uses_agent_store() -> bool:
     """Whether torchrun's agent hosts the store (it does with its static and c10d rendezvous). That
     store outlives the attempts of an elastic job, so a dead attempt's keys are still there (see

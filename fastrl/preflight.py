@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import (CheckpointError, CheckpointMismatch, load_latest_checkpoint, load_model_state,
-                         remove_partial_checkpoints, set_aside_newer_checkpoints)
+from .checkpoint import (CheckpointError, CheckpointMismatch, checkpoint_dir, load_checkpoint, load_latest_checkpoint,
+                         load_model_state, remove_partial_checkpoints, set_aside_newer_checkpoints)
 from .config import Config, ConfigError, to_toml, validate, weights_mismatch
-from .distributed import DistInfo, InterfaceError, route_collectives_to_master
+from .distributed import (DistInfo, InterfaceError, hear_from_rank_0, route_collectives_to_master, tell_other_ranks,
+                          uses_agent_store)
 from .envs import EnvSpec, probe_env
 from .envs.pettingzoo_backend import require_pettingzoo
 from .eval_during_training import check_eval_opponents
@@ -49,6 +50,9 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
                        "it yet: run it without torchrun")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
+    if dist_info.enabled and resume and not uses_agent_store():
+        raise RunError("a --resume with several ranks needs torchrun's store, through which rank 0 tells the other "
+                       "ranks which checkpoint it resumes: launch it with torchrun (static or c10d rendezvous)")
     if dist_info.enabled:
         try:
             dist_info = dataclasses.replace(dist_info, pinned_sockets=route_collectives_to_master())
@@ -89,7 +93,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
                         shared=not cfg.serial, model_bytes=state_bytes(shape),
                         learner_on_cpu=torch.device(device).type == "cpu")
         template = shape if model is not None else build_template(cfg, spec)
-        resume_state = load_resume_state(run_dir, cfg, template, policies.names) if resume else None
+        resume_state = load_resume_state(run_dir, cfg, template, policies.names, dist_info) if resume else None
         config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:
             prepare_run_dir(run_dir, resume, overwrite)
@@ -183,9 +187,15 @@ def arena_layout(cfg: Config, spec: EnvSpec, num_weights: int, state_size: int =
         num_snapshots=cfg.selfplay.max_snapshots if cfg.selfplay.enabled else 0, num_info_keys=len(cfg.info_keys))
 
 
-def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, policies: tuple[str, ...]) -> dict:
+def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, policies: tuple[str, ...],
+                      dist_info: DistInfo = DistInfo()) -> dict:
     """The newest checkpoint of ``run_dir`` that fits ``cfg``, ``template`` (checked on a copy) and
-    the run's ``policies`` (their names, fastrl.policy_map)."""
+    the run's ``policies`` (their names, fastrl.policy_map).
+
+    Only rank 0 chooses it and cleans the checkpoints (partial saves removed, newer unusable ones
+    set aside), under the run directory's lock; it tells the other ranks its choice through
+    torchrun's store and they load that file. Left to choose for themselves on a shared file
+    system, ranks would rename and delete the same files and could resume different checkpoints."""
     probe = copy.deepcopy(template)
 
     def check(state: dict) -> None:
@@ -199,7 +209,45 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, pol
                                      f"policies.names and policies.mapping, or start a new run with another --run-dir")
         load_model_state(probe, state)
 
+    if not dist_info.is_main:
+        return load_chosen_checkpoint(run_dir, check, dist_info, cfg.dist_timeout_s)
     remove_partial_checkpoints(run_dir)
-    path, state = load_latest_checkpoint(run_dir, check=check)
+    try:
+        path, state = load_latest_checkpoint(run_dir, check=check)
+    except CheckpointError:
+        if dist_info.enabled:
+            _tell_resumed(dist_info, "", cfg.dist_timeout_s)  # so that they stop now, not after dist_timeout_s
+        raise
     set_aside_newer_checkpoints(run_dir, path)
+    if dist_info.enabled:
+        _tell_resumed(dist_info, path.name, cfg.dist_timeout_s)
+    return state
+
+
+RESUME_KEY = "resume_checkpoint"  # in torchrun's store: the checkpoint rank 0 resumes ("" for none)
+
+
+def _tell_resumed(dist_info: DistInfo, name: str, timeout_s: float) -> None:
+    try:
+        tell_other_ranks(dist_info, RESUME_KEY, name, timeout_s)
+    except RuntimeError as exc:  # DistNetworkError: the store's host is gone
+        raise RunError(f"--resume: cannot tell the other ranks which checkpoint to resume through torchrun's store "
+                       f"({str(exc).splitlines()[0][:200]})") from None
+
+
+def load_chosen_checkpoint(run_dir: Path, check, dist_info: DistInfo, timeout_s: float) -> dict:
+    """A rank other than 0: the checkpoint rank 0 chose, checked with ``check``; nothing renamed or removed."""
+    try:
+        name = hear_from_rank_0(dist_info, RESUME_KEY, timeout_s)
+    except RuntimeError:  # DistStoreError: rank 0 never said (it failed before choosing, or is not there)
+        raise RunError(f"--resume: rank 0 did not say within dist_timeout_s ({timeout_s:g} s) which checkpoint to "
+                       f"resume; see rank 0's error") from None
+    if not name:
+        raise RunError("--resume: rank 0 found no checkpoint to resume; see rank 0's error")
+    path = checkpoint_dir(run_dir) / name
+    if not path.is_file():
+        raise RunError(f"--resume: rank 0 resumes {name}, which rank {dist_info.rank} does not find in "
+                       f"'{checkpoint_dir(run_dir)}': put --run-dir on a file system that every rank shares")
+    state = load_checkpoint(path)
+    check(state)
     return state
