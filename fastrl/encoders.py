@@ -145,7 +145,7 @@ def scale_obs(obs: torch.Tensor, scale: float, dtype: torch.dtype = torch.float3
 
     ``channels_last``: a 4-D image batch comes out NHWC in memory (the same values), for conv
     weights kept channels-last: converted in the scaling's own pass, where oneDNN would otherwise
-    reorder the input for the first convolution, forward and backward. Measured here on a Pong
+    reorder the input for the first convolution, forward and backward. On a Pong
     minibatch (264 x 4 x 84 x 84, Nature CNN's first convolution, one thread): scaling plus that
     convolution's forward and backward 184 ms against 309 ms NCHW."""
     if channels_last and obs.dim() == 4 and not obs.is_contiguous(memory_format=torch.channels_last):
