@@ -5,15 +5,13 @@ glibc serves an allocation above its mmap threshold (128 KiB at start, raised on
 the heap back once more than the trim threshold lies free there. Then a batch can page-fault its
 activations and gradients in again. For a CartPole learner step (``[4224, 64]`` activations, 1 MiB
 each), whether glibc settles into that depends on the order of allocations: without this
-setting a call can page-fault hundreds of times and take half as long again as with it
-(``python scripts/bench.py learner --profile cartpole-appo [--set retain_freed_memory=false]``;
-figures in docs/results.md).
+setting a call can page-fault hundreds of times.
 
 :func:`retain_freed_memory` serves every allocation from the heap (no block gets a mapping of its
 own) and never trims it, so a process's resident memory stays at its peak instead of following
 each batch down and back up. Blocks above 32 MiB matter most: glibc would map each afresh per use
 whatever its threshold, and a ViZDoom learner batch (528 frames of 72x128x3, ``convnet_simple``)
-allocates several: mapping none of them made its train() 1.31x faster (docs/results.md, Heap).
+allocates several: mapping none of them makes its train() 1.31x faster (see docs/results.md#heap).
 """
 from __future__ import annotations
 
@@ -52,6 +50,6 @@ def retain_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    # The threshold too, though no block is mapped now: glibc stops raising it on the fly once set.
+    # The threshold too, though M_MMAP_MAX 0 maps no block: glibc stops raising it on the fly once set.
     return (bool(mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD)) and bool(mallopt(M_MMAP_MAX, 0))
             and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)))

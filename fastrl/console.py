@@ -1,10 +1,10 @@
 """Console output that can never stop a run, and its copy in ``RUN_DIR/train.log``.
 
 Long runs outlive their terminals: ``fastrl-train ... | head``, a ``tee`` whose reader went away,
-an ssh session that closed. Writing to such a stream raises (EPIPE, EBADF, EIO); a run that let
-that escape once stopped reporting metrics and ignored its budget. So every console write here is
-best-effort: the first failure points the stream at /dev/null (so that the interpreter's own
-flush at exit cannot fail either) and the run goes on quietly, its status lines still going to
+an ssh session that closed. Writing to such a stream raises (EPIPE, EBADF, EIO); let escape, the
+error ends the run's metrics reports and budget checks while training goes on. So every console
+write here is best-effort: the first failure points the stream at /dev/null (so that the
+interpreter's own flush at exit cannot fail either) and the run goes on quietly, its lines going to
 ``train.log`` for ``tail -f``. A reader that stays but stops reading (``| less``, a paused
 terminal, a stalled ssh session) fills the pipe: a line the console cannot take at once is dropped
 rather than waited for, so that the run never blocks on it.

@@ -145,15 +145,15 @@ def scale_obs(obs: torch.Tensor, scale: float, dtype: torch.dtype = torch.float3
 
     ``channels_last``: a 4-D image batch comes out NHWC in memory (the same values), for conv
     weights kept channels-last: converted in the scaling's own pass, where oneDNN would otherwise
-    reorder the input for the first convolution, forward and backward. Measured here on a Pong
+    reorder the input for the first convolution, forward and backward. On a Pong
     minibatch (264 x 4 x 84 x 84, Nature CNN's first convolution, one thread): scaling plus that
     convolution's forward and backward 184 ms against 309 ms NCHW."""
     if channels_last and obs.dim() == 4 and not obs.is_contiguous(memory_format=torch.channels_last):
         out = torch.empty(obs.shape, dtype=dtype, device=obs.device, memory_format=torch.channels_last)
         return torch.mul(obs, scale, out=out) if scale != 1.0 else out.copy_(obs)
     if scale != 1.0 and not obs.is_floating_point():
-        # One pass: uint8 * float promotes to the default float dtype and computes in it, as the
-        # cast then the scaling would (the same numbers; a Pong batch's 15M pixels took two passes).
+        # One pass: uint8 * float promotes to the default float dtype and computes in it, giving
+        # the numbers a cast then a scaling would give in two passes (a Pong batch: 15M pixels).
         x = obs * scale
         return x if x.dtype == dtype else x.to(dtype)
     x = obs.to(dtype)
@@ -314,7 +314,7 @@ class LeafEncoder(nn.Module):
             else:
                 width += int(np.prod(leaf.shape, dtype=np.int64))
         if self.images and image_trunk == "relu":
-            # As a Box image's CNN features reach the heads: a small tanh MLP after them learned an
+            # As a Box image's CNN features reach the heads: a small tanh MLP after them learns an
             # image cue far slower (docs/images.md).
             image_features = sum(encoder.out_features for encoder in self.images.values())
             self.trunk = MLPEncoder(width, [image_features], "relu")

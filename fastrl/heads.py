@@ -80,7 +80,7 @@ class CategoricalHead(ActionHead):
         if not kernels_take(params) or params.ndim != 2:
             actions = self.sample(params)
             return actions, self.log_prob(params, actions)
-        # One compiled pass instead of ~10 torch ops: measured 42 -> 28 us for [640, 2] here.
+        # One compiled pass instead of ~10 torch ops: 28 against 42 us for [640, 2].
         actions, logp = sample_categorical(params.detach().numpy(), torch.rand(params.shape[0]).numpy())
         return torch.from_numpy(actions), torch.from_numpy(logp)
 

@@ -249,9 +249,9 @@ def pad_rows(index: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([index, np.full(rows - len(index), index[0], index.dtype)])
 
 
-# The two index kernels below replace five 2-D numpy gathers/scatters per batch. Measured here
-# for 3 requests of 256 envs: 24 -> 11 us alone, and ~80 us of a ~340 us batch inside a running
-# `fastrl-profile --profile cartpole-appo` (cache misses on rows the workers just wrote) before.
+# The two index kernels below replace five 2-D numpy gathers/scatters per batch: for 3 requests
+# of 256 envs, 11 us against 24 us alone, and more in a run, where the rows the workers just
+# wrote miss the cache (docs/results.md#per-batch-costs).
 @numba.njit(cache=True, nogil=True)
 def request_cursors(request_envs, env_slot, env_t, slot_length, workers, requests):
     """Cursors of the envs of requests ``(workers[i], requests[i])``, in request order, and the

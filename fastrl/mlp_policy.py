@@ -7,11 +7,10 @@ backward).
 
 Why: on batches this small the torch forward pass is mostly per-op dispatch (~5 us an op,
 a dozen ops), not arithmetic. One thread of numpy's OpenBLAS and one of torch's MKL multiply the
-batcher's shapes equally fast here ([768, 64] x [64, 64]: 69 against 71 us); the "half speed"
-once read off these hosts came from numpy using every core, which the batcher must not (each
-child caps numpy's BLAS at one thread). Measured in one process, one thread, CartPole's policy
-(4 -> 64 -> 64 -> 2, ReLU): infer() of 3 requests of 256 rows 250 -> 139 us. The learner's
-pass over a CartPole batch: see :class:`NumpyMLPActorCritic`.
+batcher's shapes equally fast, so the gain is the dispatch saved: infer() of 3 requests of 256
+rows of CartPole's policy (4 -> 64 -> 64 -> 2, ReLU) took 139 us against 250 us in torch, one
+process and one thread (see docs/results.md#cartpole-throughput). numpy must not use every core
+in the batcher, so each child caps its BLAS at one thread.
 
 One source of truth: this path reads the model's parameters in place (numpy views of the
 tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
@@ -100,9 +99,8 @@ class NumpyMLPActorCritic:
 
     Why: a CartPole learner batch (4,224 rows, 4 -> 32 -> 32 -> 2 + 1) is ~20 torch ops each way,
     mostly dispatch and autograd bookkeeping; BLAS does the products at the same speed either way.
-    Measured in one process, one thread: train() of that batch took 2.5 ms with the
-    compiled head and loss alone and 1.8 ms with this path too; all torch ops, 2.5-3.2 ms
-    (python scripts/bench.py learner --profile cartpole-appo --compare torch-ops)."""
+    This path brings train() of that batch to 1.8 ms against 2.5 ms with torch ops, one thread
+    (see docs/results.md#cartpole-throughput)."""
 
     @staticmethod
     def supports(model: nn.Module, observation_dtype) -> bool:

@@ -30,19 +30,14 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     Thread pools are sized where they are made: torch.set_num_threads in the batcher and the
     learner, env.num_threads for envpool; the numba kernels are serial. numpy's BLAS (the
     batcher's MLP path, fastrl.mlp_policy) gets one thread here: OpenBLAS otherwise starts one per
-    core and its idle threads spin on the cores the envs step on (measured: sampling 0.77x).
+    core and its idle threads spin on the cores the envs step on (sampling ran at 0.77x).
 
     ``niceness`` is added to every thread's (config key ``actor_niceness`` for the rollout workers
     and the batcher): set here, before the envs and the model are made, so that the threads they
     start inherit it. Why: where a CPU learner bounds training, sharing the cores evenly with the
-    envs and the batcher stretches its forward-backward. Pong in the pong-cpu layout (2 vCPUs,
-    ``bench.py compare --layout pong-cpu --base actor_niceness=0 --set actor_niceness=10``): 1.23x
-    training env steps/s. Pinning the learner to one core and the
-    actors to the other instead gave less (a trainer's processes reniced or pinned from outside,
-    one 110 s run each: 1,287 niced, 1,165 pinned, 983 with neither), as the actors then cannot
-    use a core the learner leaves idle. Where the actors' round trips bound training it costs:
-    atari-appo-cpu 0.75, 0.79, 0.98 and cartpole-appo 0.84, 0.98, 0.98 by the same command, so
-    the default is 0 and atari-appo sets it."""
+    envs and the batcher stretches its forward-backward; niced actors gave Pong on a CPU 1.23x
+    the training env steps/s. Where the actors' round trips bound training it costs, so the
+    default is 0 and atari-appo sets it (see docs/results.md#actor-priority)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A handler, not SIG_IGN: an ignored signal stays ignored across exec, so the processes a child
     # starts (ViZDoom engines, a factory env's subprocesses) could not be terminated.
@@ -88,7 +83,7 @@ class ReadablePipes:
     """A fixed set of pipe ends, watched through one ``select.poll`` object registered once.
 
     multiprocessing's ``wait()`` and ``Connection.poll()`` build, fill and close a selector on
-    every call: 4.5 and 3.4 us here against 1.0 us for ``ready()`` on two ends, and the rollout
+    every call: 4.5 and 3.4 us against 1.0 us for ``ready()`` on two ends, and the rollout
     workers and the batcher ask several times per batch. A multiprocessing pipe end does not
     buffer what it has read, so its descriptor is readable exactly when a message (or the other
     end's close) is waiting."""

@@ -10,11 +10,9 @@ one episode into the next.
 The unroll runs layer by layer (layer ``i`` at step ``t`` needs only layer ``i - 1`` at ``t`` and
 itself at ``t - 1``): each layer's input projection is one matmul over all ``T`` steps, and the loop
 keeps only the ``h @ W_hh`` step. Steps are taken with ``unbind`` rather than indexing, whose
-backward zero-fills a whole ``[T, B, F]`` gradient per step. Measured on a training batch of
-cartpole-appo (CPU, one thread, T = 32, B = 128, 64 units, forward + backward): the profile of the
-former per-step ``LSTMCell`` loop spent 28 % of its time in those zero fills. Cutting each column
-at its episode starts and running the pieces as one packed sequence through ``nn.LSTM`` measured
-2x slower than the per-step loop (packing adds copies).
+backward zero-fills a whole ``[T, B, F]`` gradient per step. The unroll stays a loop: running
+each column's episode pieces as one packed sequence through ``nn.LSTM`` is 2x slower on a CPU,
+as packing adds copies (see docs/results.md#recurrent).
 
 On the CPU, an LSTM layer's recurrence over more than one step runs in a numba kernel
 (:mod:`fastrl.kernels.lstm`, one call forward and one backward) instead of ~30 torch ops per step
@@ -26,8 +24,8 @@ Gate biases start from chrono initialization (Tallec and Ollivier, "Can recurren
 warp time?", 2018): each unit's forget gate (LSTM; the input gate the opposite) or update gate
 (GRU) bias is ``log u``, ``u ~ U(1, memory_steps - 1)``, so units keep a memory for 1 to
 ``memory_steps`` steps. With zero biases every gate starts at 0.5 and a cue's trace halves each
-step: LSTM APPO then never learned a cue 24 steps back on the memory toy env (3M env steps, with a
-forget bias of 1 too), and learned it in under 0.5M with biases near 3.
+step: LSTM APPO then does not learn a cue 24 steps back on the memory toy env in 3M env steps,
+and learns it in under 0.5M with biases near 3 (see docs/results.md#recurrent).
 """
 from __future__ import annotations
 
@@ -83,8 +81,8 @@ class RecurrentCore(nn.Module):
         B = state.shape[0]
         keep = (~episode_start.bool()).to(x.dtype)  # [T, B]
         layer_states = state.view(B, self.layers, self.parts, self.size).unbind(1)
-        # One step (the batcher's) measured ~10% faster in torch ops (508 vs 556 us per 256-env
-        # batch, whole policy): the kernel's gain is over many steps, its fixed cost is per call.
+        # One step (the batcher's) runs ~10% faster in torch ops: the kernel's gain is over many
+        # steps, its fixed cost is per call.
         if self.use_kernel and x.shape[0] > 1 and x.device.type == "cpu" and x.dtype == torch.float32:
             unroll = _lstm_unroll_kernel
         else:

@@ -6,17 +6,10 @@ screen) and knows nothing of streams, stacking or priorities (see :mod:`fastrl.r
 ``write(slots, frames)`` stores ``frames[k]`` at ``slots[k]`` (slots distinct); ``read(slots, out)``
 copies the frames of ``slots`` (repeats allowed) into ``out[k]``.
 
-Codec choice, measured on this 2-vCPU machine (84x84 uint8 frames, one frame per blob, bytes and
-microseconds per frame, Python call overhead included):
-
-  codec               Pong    Breakout   SpaceInvaders  MsPacman   decompress   compress
-  lz4 (block)         237 B   431 B      1478 B         1850 B     1.5-3.3 us   3.5-8 us
-  zstd level 1        160 B   311 B      1018 B         1216 B     3.8-11 us    8-22 us
-  blosc2 lz4 / zstd   299 B / 200 B ...                            60-260 us (per-call setup)
-
-lz4 decompresses 2-3x faster than zstd (sampling touches 5 frames per transition, adding one),
-and its block functions release the GIL, so a thread pool decompresses a batch in parallel;
-zstd would save ~30% more memory at 2-3x the sampling CPU. Frames are compressed one by one so
+Why LZ4: it decompresses 2-3x faster than zstd level 1, and sampling touches 5 frames per
+transition. Its block functions release the GIL, so a thread pool decompresses a batch in
+parallel. zstd would save ~30% more memory at 2-3x the sampling CPU (the codecs compared in
+docs/results.md#replay). Frames are compressed one by one so
 that any frame decompresses alone (stacks are rebuilt from single frames at sample time).
 """
 from __future__ import annotations
@@ -53,8 +46,8 @@ class ArrayFrameStore:
     space returns when the store is closed or the process dies), for capacities beyond RAM: the
     page cache keeps what fits, the rest is read from disk at sample time. Reads of many frames
     are split over ``threads`` threads (the copy kernel releases the GIL): copying is bound by
-    memory bandwidth, which one core of this machine does not saturate (measured 1.5x on an
-    idle 2-vCPU VM, no gain under load).
+    memory bandwidth, which one core does not saturate (1.5x on two idle cores, no gain under
+    load).
     """
 
     def __init__(self, capacity: int, frame_shape: tuple, dtype, threads: int = 1,
@@ -145,7 +138,7 @@ class LZ4FrameStore:
 class _ThreadSplit:
     """Runs ``work(slots[part], rows[part])`` on up to ``threads`` contiguous parts at once, each
     of at least MIN_PART_BYTES of frames; smaller jobs run inline (a round trip through the pool
-    costs ~60 us here, and several times that under load)."""
+    costs ~60 us, and several times that under load)."""
 
     MIN_PART_BYTES = 1 << 19
 
@@ -172,7 +165,7 @@ class _ThreadSplit:
 def _word_rows(array: np.ndarray, rows: int) -> np.ndarray:
     """``array`` as ``[rows, words]`` of the widest unsigned integer that divides a row, without
     copying when its rows are contiguous: the copy kernel then moves 8 bytes per load/store
-    (measured 3x faster than np.take on 84x84 uint8 rows)."""
+    (3x faster than np.take on 84x84 uint8 rows)."""
     data = array.reshape(rows, -1)
     if data.shape[1] and data.strides[1] != data.itemsize:
         data = np.ascontiguousarray(data)

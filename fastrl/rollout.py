@@ -117,9 +117,8 @@ class RolloutWorker:
         flat_obs = obs.reshape(len(ids), -1)
         if self.info_keys:
             self.record_episode_info(ids, terminated, truncated)
-        # One compiled pass instead of ~15 numpy scatters: they took 93 us of worker CPU per batch
-        # of 256 CartPole envs here (recv and send take ~50 us each); the copy share of a worker's
-        # wall time fell from 12.9% to 4.8% (fastrl-profile --profile cartpole-appo).
+        # One compiled pass instead of ~15 numpy scatters, which take 93 us of worker CPU per batch
+        # of 256 CartPole envs (recv and send take ~50 us each; docs/results.md#per-batch-costs).
         num_full = _record_steps(
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
             self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
@@ -162,7 +161,7 @@ class RolloutWorker:
     def act(self, request: int) -> None:
         ids = self.request_envs[request]
         actions = np.empty((len(ids), *self.action_shape), self.slot_actions.dtype)
-        # Compiled: the two-level fancy gather cost ~12 us of a 256-env CartPole batch here.
+        # Compiled: the two-level fancy gather costs ~12 us of a 256-env CartPole batch.
         _gather_actions(ids, self.env_slot, self.env_t, self.slot_actions, actions.reshape(len(ids), -1))
         self.env.send(actions, ids)
         self.batches_in_env += 1
@@ -316,8 +315,8 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
             raise
         timings[WorkerTiming.INFERENCE] += time.perf_counter() - start
         worker.act(request)
-        # The batcher's pipes no longer wake this loop to look: once per batch is cheap (a
-        # shared-memory read and getppid).
+        # No pipe wakes this loop to look: once per batch is cheap (a shared-memory read and
+        # getppid).
         check_alive(control, parent_pid)
 
 

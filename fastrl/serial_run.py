@@ -26,7 +26,7 @@ def run_serial(plan: RunPlan, console: Console) -> RunResult:
     """Run ``plan`` in this process until its budget is spent; the final checkpoint and report are
     written on the way out."""
     threads = torch.get_num_threads()
-    # As the learner process does: torch's default (every core) measured 2-5x slower here.
+    # As the learner process does: torch's default (every core) runs 2-5x slower.
     torch.set_num_threads(plan.cfg.learner.torch_threads)
     try:
         with threadpool_limits(1, user_api="blas"):  # as every child process (configure_child)

@@ -71,7 +71,7 @@ def categorical_log_prob_entropy(logits, actions):
     ``logp = log p_a`` and ``entropy = -sum_j p_j log p_j``. A logit of float32's lowest value (a
     masked choice) has ``p = 0`` and adds nothing.
 
-    Why it is laid out this way (measured on [4096, 2] float32 here): the work runs on the
+    Why it is laid out this way (timed on [4096, 2] float32): the work runs on the
     transposed ``[A, N]`` so that every compiled loop runs along N, which the compiler
     vectorizes (a loop over a row's 2 logits does not: 10-16 us a pass against ~2 us), and the
     exponentials and logarithms are numpy's vectorized ones (0.5 ns a float32 against 2.3 ns in
@@ -148,7 +148,7 @@ def _normalize(log_probs, probs, totals, log_totals, actions):
     inverse_totals = 1.0 / totals
     for a in range(A):
         # Row views and scalar temporaries: written in place through the 2-D arrays, the loop
-        # ran 4x slower (the compiler could not rule out that they overlap).
+        # runs 4x slower (the compiler cannot rule out that they overlap).
         log_p_row, p_row = log_probs[a], probs[a]
         for n in range(N):
             log_p = log_p_row[n] - log_totals[n]

@@ -52,7 +52,7 @@ def vtrace_scan(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.
     The recursion ``vs_t - V(x_t) = delta_t + discount_t c_t (vs_{t+1} - V(x_{t+1}))`` runs as a
     reverse loop of ``T`` fused multiply-adds on ``[B]`` rows; everything else is vectorized over
     ``[T, B]``. No value is read back, so an accelerator runs it without waiting. On the CPU the
-    numba kernel is faster: 65 against 620 us at T = 32, B = 128 on one thread here, copies included.
+    numba kernel is faster: 65 against 620 us at T = 32, B = 128 on one thread, copies included.
 
     Returns:
         ``(vs, pg_advantages)``, ``[T, B]`` tensors on the device and dtype of ``rewards``.
@@ -154,8 +154,7 @@ class CategoricalLogProbEntropy(torch.autograd.Function):
     [N]) -> (logp [N], entropy [N])``, gradients for ``logits``. CPU float32 / float64 only.
 
     One compiled pass each way replaces torch's ``log_softmax`` + ``gather`` + the entropy's
-    ``exp`` / ``mul`` / ``sum`` and their backward ops: torch's ``log_softmax`` over a last
-    dimension of 2 took ~100 us forward and ~60 backward on a CartPole batch ([4224, 2]) here.
+    ``exp`` / ``mul`` / ``sum`` and their backward ops, mostly dispatch on a last dimension of 2.
     Forward and backward of both, [4096, 2] float32, one thread: 206 us against 328 us by torch
     ops."""
 

@@ -230,7 +230,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     module_name, _, attr = env_id.partition(":")
     if attr.isidentifier() and module_name:
         # "module:callable" is checked first: loading the registries imports every envpool
-        # family (3-5 s per process on a loaded 2-core machine). Not importable that way, the
+        # family (3-5 s per process under load). Not importable that way, the
         # id may still be gymnasium's "module:Env" form.
         try:
             _import_factory(env_id)

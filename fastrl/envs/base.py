@@ -13,7 +13,7 @@ batch B step while the actions of batch A are computed (double buffering).
 
 Autoreset is NEXT_STEP, as in gymnasium 1.x and envpool: the step after a done returns the
 reset observation with reward 0 and terminated = truncated = False, and the action sent for
-that step is ignored. The learner must never train on that transition (see DESIGN.md).
+that step is ignored. The learner must never train on that transition (docs/architecture.md).
 """
 
 from __future__ import annotations

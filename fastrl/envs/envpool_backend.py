@@ -57,7 +57,7 @@ def make_envpool_vec_env(
             batch_size=pool_batch,
             seed=pool_seed % 2**31,  # envpool takes an int32 seed
             num_threads=num_threads,
-            # Pinning helps Atari and hurts CartPole on this VM (DESIGN.md): a setting.
+            # Pinning helps Atari and hurts CartPole (docs/results.md#per-batch-costs): a setting.
             thread_affinity_offset=0 if thread_affinity else -1,
             **env_kwargs,
         )

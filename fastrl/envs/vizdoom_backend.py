@@ -12,12 +12,11 @@ Two of the [env] image keys are cheaper in the engine than in Python:
   env.resize = [H, W]   the engine renders at the smallest ``ScreenResolution`` of at least H x W
                         (`engine_resolution`: RES_160X120 for [72, 128], Sample Factory's doom
                         setting), which the preprocessing then resizes to H x W. Rendering costs
-                        about in proportion to its pixels: 160x120 stepped ~2.7x as fast as the
-                        scenarios' own 320x240.
+                        about in proportion to its pixels.
   env.frame_skip = k    the wrapper's ``frame_skip``: the engine advances k tics per action and
                         renders only the last (``make_action(action, k)``), rewards summed, never
                         past the episode's end; ~2.9x as many frames/s as repeating the action
-                        one rendered tic at a time.
+                        one rendered tic at a time (see docs/results.md#images).
 
 A scenario's episode timeout (``episode_timeout`` in its .cfg) ends an episode truncated, not
 terminated: the wrapper sets both flags there, and the value would then be cut off at a step the

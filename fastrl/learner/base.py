@@ -46,9 +46,8 @@ def unroll(model: nn.Module, obs: torch.Tensor, state: torch.Tensor, episode_sta
 
 def make_adam(model: nn.Module, lr: float, eps: float) -> torch.optim.Adam:
     """Adam, fused where torch has the kernel (CUDA; the CPU since torch 2.4): one kernel for
-    every parameter and no read of the step count on the host. On the CPU it cut a CartPole
-    step's optimizer time from 0.40 to 0.17 ms against foreach (one process, quiet machine);
-    same maths (tests/test_learner.py)."""
+    every parameter and no read of the step count on the host. On the CPU a CartPole step's
+    optimizer time is 0.17 ms against 0.40 ms with foreach; same maths (tests/test_learner.py)."""
     try:
         return torch.optim.Adam(model.parameters(), lr=lr, eps=eps, fused=True)
     except RuntimeError:  # torch < 2.4 on the CPU
@@ -85,8 +84,8 @@ class BaseLearner:
             torch.backends.cudnn.benchmark = True
         self.model = model.to(self.device)
         if any(isinstance(m, nn.Conv2d) for m in self.model.modules()):
-            # NHWC weights put oneDNN (CPU) and cuDNN on their channels-last kernels: measured on a
-            # Pong batch (Nature CNN, 528 frames, one thread here) 633 vs 733 ms per train().
+            # NHWC weights put oneDNN (CPU) and cuDNN on their channels-last kernels: a Pong batch's
+            # train() (Nature CNN, 528 frames, one thread) takes 633 against 733 ms NCHW.
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
         self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device)

@@ -5,9 +5,8 @@ AVX512_BF16 or AMX-BF16: oneDNN's bf16 convolutions and matmuls run at up to twi
 rate there) and float32 everywhere else: on GPUs, which a user tunes knowingly, on CPUs that
 would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float32. Only x86
 Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
-set bfloat16 there by hand. Measured on a Zen 4 EPYC (AVX512_BF16): the Pong learner alone
-(Nature CNN, batch 512) 340-350 -> 206-210 ms per ``train()`` (``python scripts/bench.py
-learner --layout pong-cpu --set learner.precision=bfloat16``).
+set bfloat16 there by hand. On a CPU with AVX512_BF16 a Pong learner's ``train()`` takes 0.6 of
+its float32 time (see docs/results.md#bf16-or-float32-on-a-cpu).
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 def learner_precision(setting: str, algo: str, device: torch.device, flags: set[str] | None = None) -> str:
     """``setting`` (``learner.precision``) resolved for a learner of ``algo`` on ``device``:
-    "float32" or "bfloat16"; ``flags`` the CPU's (default: this machine's)."""
+    "float32" or "bfloat16"; ``flags`` the CPU's (default: read from the running CPU)."""
     if setting != "auto":
         return setting
     if algo in Q_LEARNERS or device.type != "cpu":

@@ -18,8 +18,8 @@ from .sampling import ProcessSampler, cores_used, cpu_count, hardware
 
 DEFAULT_SECONDS = 10.0
 # From the train() call until env steps flow and the first update is done (probe env, spawn 4+
-# processes, import torch, build envs): 5-8 s on an idle 2-vCPU VM, 10-12 s while other jobs load
-# it. A run stops once its window is measured, and at the latest after this allowance + warm-up +
+# processes, import torch, build envs): 5-8 s on two idle cores, 10-12 s while other jobs load
+# them. A run stops once its window is measured, and at the latest after this allowance + warm-up +
 # the measured seconds; later runs use what was measured.
 STARTUP_ESTIMATE_S = 12.0
 

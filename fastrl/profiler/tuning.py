@@ -15,7 +15,7 @@ from .sampling import cpu_count
 DEFAULT_TRIAL_SECONDS = 4.0
 DEFAULT_BUDGET_S = 300.0
 # A run's time beyond its train_for_seconds (probing the env, spawning, stopping the processes
-# and the final checkpoint): 3-6 s here. Autotune's estimate until it has measured its own.
+# and the final checkpoint): 3-6 s on two cores. Autotune's estimate until it has measured its own.
 OVERHEAD_ESTIMATE_S = 5.0
 MIN_GAIN = 0.03  # autotune keeps a setting only if it beats the best so far by this (noise)
 
