@@ -122,22 +122,23 @@ class SelfPlaySeats:
         self.draw_weights = arena.league_weights
         self.rng = np.random.default_rng(seed)
         games = num_envs // num_agents
-        self.row_episode = np.zeros(num_envs, np.int64)  # episodes each row has started
-        self.game_episode = np.zeros(games, np.int64)  # the episode of the game's last draw
+        self.game_episode = np.zeros(games, np.int64)  # the game's resets at its last draw
         self.game_seat = np.zeros(games, np.int64)
         self.game_actor = np.zeros(games, np.int64)  # the weight set of the other seats
         self.game_opponent = np.full(games, -1, np.int64)  # that snapshot's version, -1 none
 
-    def start_rows(self, rows: np.ndarray, row_actor: np.ndarray, row_trained: np.ndarray,
-                   row_opponent: np.ndarray) -> None:
-        """Rows ``rows`` start an episode: set who acts for each, whether it trains and against
-        whom (the per-row arrays of fastrl.rollout's _record_steps)."""
+    def start_rows(self, rows: np.ndarray, episodes_begun: np.ndarray, row_actor: np.ndarray,
+                   row_trained: np.ndarray, row_opponent: np.ndarray) -> None:
+        """Rows ``rows`` are in their game's episode ``episodes_begun[game]`` (the env's resets of
+        each game, VecEnv.episodes_begun): set who acts for each, whether it trains and against
+        whom (the per-row arrays of fastrl.rollout's _record_steps). A game's seats are drawn once
+        per reset, by the game's own count: a seat that missed a game (it ended before the seat's
+        first turn) counts no episode of its own, and must not put its game out of step."""
         n = self.num_agents
         for r in rows.tolist():
             g = r // n
-            self.row_episode[r] += 1
-            if self.row_episode[r] > self.game_episode[g]:
-                self.game_episode[g] = self.row_episode[r]
+            if episodes_begun[g] > self.game_episode[g]:
+                self.game_episode[g] = episodes_begun[g]
                 self._draw(g)
             if r % n == self.game_seat[g]:
                 row_actor[r], row_trained[r], row_opponent[r] = 0, 1, self.game_opponent[g]

@@ -99,6 +99,69 @@ def test_snapshot_rows_are_never_trained_on_and_every_game_has_one_policy_seat(m
     assert set(opponent[actor == 0].tolist()) == {20, 30} and set(opponent[actor > 0].tolist()) == {-1}
 
 
+def test_every_fold_game_has_one_policy_seat_against_its_drawn_snapshot_and_counts_for_both_seats():
+    # The fold game, the first mover drawn per game. The policy calls; snapshot 20 folds (a game
+    # over before the policy's first turn when it moves first) and snapshot 30 calls.
+    cfg = build_config("cartpole-appo", {
+        "env.id": COUNT_GAME, "env.kwargs": {"game": "fold"}, "env.num_workers": 1, "env.envs_per_worker": 8,
+        "env.num_splits": 4, "learner.rollout": 4, "learner.batch_size": 16, "slots_per_env": 4,
+        "model.hidden_sizes": [16], "selfplay.enabled": True, "selfplay.max_snapshots": 2,
+        "selfplay.latest_prob": 0.5, "inference.in_workers": False, "device": "cpu"})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+    arena = selfplay_arena(cfg, num_state_values(model))
+    WeightBuffer(arena, 0).publish(forced_policy_weights(model, 1), POLICY_VERSION)
+    league = League(arena, 1, cfg.selfplay, None)
+    league.after_update(20, forced_policy_weights(model, 0))
+    league.after_update(30, forced_policy_weights(model, 1))
+    arena.league_weights[:] = 1.0
+    batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"))
+    E, n = cfg.env.envs_per_worker, 2
+    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
+                                 np.zeros(E, np.int16), drop_untrained=True)
+    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), 0))
+    worker.start()
+    played = {}  # (game, episode) -> {seat: (actor, trained, opponent)} at each seat's episode end
+    for _ in range(150):
+        ready = []
+        while worker.can_recv():
+            request = worker.recv_batch()
+            ready.append(request)
+            ids = arena.request_envs[0][request]
+            ended = ids[(arena.env_final[0][ids] == 1) & (arena.env_start[0][ids] == 0)]
+            for row in [*ended.tolist(), *worker.env.last_unplayed[0].tolist()]:
+                game = row // n
+                seats = played.setdefault((game, int(worker.env.episodes_begun[game])), {})
+                assert row % n not in seats  # one episode per seat and game
+                seats[row % n] = (int(worker.row_actor[row]), int(worker.row_trained[row]),
+                                  int(worker.row_opponent[row]))
+        batcher.refresh_weights()
+        batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
+        for request in ready:
+            worker.act(request)
+        while (batch := full.next_batch()) is not None:
+            full.release(batch[1])
+    worker.env.close()
+    finished = [seats for seats in played.values() if len(seats) == n]
+    assert len(finished) >= len(played) - E // n and len(finished) > 100  # at most the last game of each open
+    for seats in finished:
+        policy = [s for s, (actor, trained, _) in seats.items() if actor == 0]
+        assert len(policy) == 1 and seats[policy[0]][1] == 1  # exactly one seat the policy's, trained
+        (snapshot, untrained, none), = [tags for s, tags in seats.items() if s != policy[0]]
+        assert snapshot > 0 and untrained == 0 and none == -1
+        assert arena.weight_version[snapshot] == seats[policy[0]][2]  # the snapshot recorded is the one that played
+    # Every finished game is an episode of both seats: a fold before the policy's first turn is its win.
+    count = int(arena.episode_count[0])
+    actor, opponent = arena.episode_actor[0, :count], arena.episode_opponent[0, :count]
+    returns, lengths = arena.episode_return[0, :count], arena.episode_length[0, :count]
+    assert count == sum(len(seats) for seats in played.values())
+    assert (actor == 0).sum() == sum(any(a == 0 for a, *_ in seats.values()) for seats in played.values())
+    folded = (actor == 0) & (lengths == 0)
+    assert folded.any() and (returns[folded] == 1.0).all() and set(opponent[folded].tolist()) == {20}
+
+
 def read_snapshot(path) -> np.ndarray:
     return torch.load(path, weights_only=True)["weights"].numpy()
 
@@ -206,8 +269,8 @@ def test_the_draw_picks_the_newest_with_latest_prob_and_older_ones_by_pfsp_weigh
     rows = np.arange(games * n)
     actor, trained, opponent = np.zeros(games * n, np.int16), np.ones(games * n, np.uint8), np.zeros(games * n)
     drawn_seats, drawn = [], []
-    for _ in range(20):
-        seats.start_rows(rows, actor, trained, opponent)
+    for episode in range(1, 21):
+        seats.start_rows(rows, np.full(games, episode), actor, trained, opponent)
         by_game = actor.reshape(games, n)
         np.testing.assert_array_equal((by_game == 0).sum(axis=1), 1)
         np.testing.assert_array_equal(trained, actor == 0)
