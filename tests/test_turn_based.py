@@ -42,7 +42,9 @@ def reference_reports(seat, seats, target, max_turns, games):
         own = [m for m in range(length) if m % seats == seat]
         reports.append((own[0], 0.0, False, False))  # the reset step: nothing received before its first turn
         reports += [(m, received(prev, m), False, False) for prev, m in zip(own, own[1:])]
-        reports.append((length, received(own[-1], length), won, not won))
+        # Cut short, a seat not to move bootstraps from its last turn: the value its trajectory trains.
+        final_turn = length if won or length % seats == seat else own[-1]
+        reports.append((final_turn, received(own[-1], length), won, not won))
     return reports
 
 

@@ -76,6 +76,7 @@ class EnvpoolTurns(TurnGroups):
         # Each game's latest state as the pool returned it; a seat's observation and the mask are
         # read when its row is returned (at its turn, or its final step from the last state).
         self._seat_obs = np.zeros((games, players, *observation_space.shape), dtype=observation_space.dtype)
+        self._turn_obs = np.zeros_like(self._seat_obs)  # each seat's observation at its last turn
         self._seat_rewards = np.zeros((games, players), dtype=np.float64)
         self.episodes_begun = np.zeros(games, dtype=np.int64)
         self._mask = np.ones((games, int(action_space.n)), dtype=bool)
@@ -143,7 +144,13 @@ class EnvpoolTurns(TurnGroups):
         rows[:] = np.where(final, finals, games * ledger.seats + self._to_move[window])
         self._steps_next[window] = ~final | finished
         self._resetting[window] = final & finished
-        return {"observation": self._seat_obs[games, rows - games * ledger.seats], "action_mask": self._mask[window]}
+        seats = rows - games * ledger.seats
+        obs = self._seat_obs[games, seats]
+        self._turn_obs[games[~final], seats[~final]] = obs[~final]
+        # A truncated seat that is not to move bootstraps from its last turn (fastrl/envs/turns.py).
+        waiting = final & self._truncated[window] & (seats != self._to_move[window])
+        obs[waiting] = self._turn_obs[games[waiting], seats[waiting]]
+        return {"observation": obs, "action_mask": self._mask[window]}
 
     def render_game(self, g: int = 0) -> np.ndarray:
         """Game g's frame (made with ``render_mode="rgb_array"``: uint8 [H, W, 3])."""

@@ -16,6 +16,12 @@ it: ``last_unplayed`` reports that episode (its return: every reward of the game
 ``recv()`` whose batch holds the game's first final step, so that every game counts once for
 every seat in it.
 
+Truncation. A seat's value is trained at its own turns only, and the state a game is cut in is a
+turn of the seat to move and of no other. So a truncated seat's final step bootstraps from one
+of its own turns: the seat to move from the state the game was cut in, every other seat from its
+last turn's observation (a value its trajectory trains, one turn stale, rather than the value of
+a state its value head never sees: the opponent to move).
+
 Batches. A game has one agent to move, so a batch takes one row from each of the ``batch_size``
 games of a group: the row of the agent to move, or a row whose final step is due (one a batch per
 game, in seat order, before the game resets). The row ids of a batch vary with whose turn it is, as
