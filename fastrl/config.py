@@ -374,6 +374,9 @@ class SelfPlayConfig:
     pfsp_power: float = key(2.0, allowed=NON_NEGATIVE,
                             help="PFSP weights each older snapshot (1 - win rate against it) ** pfsp_power "
                                  "(0: uniform)")
+    pfsp_window: int = key(100, allowed=AT_LEAST_1,
+                           help="PFSP's win rate against a snapshot counts the policy's latest games against "
+                                "it, at most this many (a policy that improves leaves its early losses behind)")
 
 
 # What pbt.objective may name besides "info/<key>", an env info number (INFO_PREFIX + the key).

@@ -5,14 +5,17 @@ Three parts, one per process that holds them:
 - League (learner): every ``selfplay.snapshot_every`` updates the policy's weights become a
   snapshot, published in a weight set of the arena (after the policies' sets) and written to
   ``RUN_DIR/league/snapshot-<version>.pt``, so that ``--resume`` finds the league again. At most
-  ``selfplay.max_snapshots`` are kept; the oldest goes first.
+  ``selfplay.max_snapshots`` are kept; the oldest goes first. Before a run starts,
+  ``prepare_league`` leaves it only what it may restore (see there).
 - SelfPlaySeats (rollout worker): when a game starts, draws its opponent (the newest snapshot
   with probability ``selfplay.latest_prob``, otherwise an older one by the weights the runner
   publishes) and the seat the policy plays (uniformly); the other seats' rows are acted by the
   snapshot and never trained on.
 - LeagueRecord (runner): the policy's results against each snapshot, from the episodes the
   workers record, rated with openskill (a maintained rating library) and turned into the PFSP
-  weights ``(1 - win rate) ** selfplay.pfsp_power``; kept in ``RUN_DIR/league/record.json``.
+  weights ``(1 - win rate) ** selfplay.pfsp_power``, the win rate over the latest
+  ``selfplay.pfsp_window`` games against that snapshot; kept in ``RUN_DIR/league/record.json``.
+  A snapshot is a copy of the policy: it enters the ratings at the policy's rating.
 
 A game's result, for the policy's seat: its episode return > 0 a win, 0 a draw, < 0 a loss (the
 classic zero-sum games' convention).
@@ -22,17 +25,19 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import write_checkpoint_file
+from .checkpoint import CheckpointError, warn, write_checkpoint_file
 from .config import ConfigError, SelfPlayConfig
 from .run_dir import make_dir, write_atomic
 from .shm import Arena, WeightBuffer
 
 SNAPSHOT_FILE = re.compile(r"snapshot-(\d+)\.pt")
+SET_ASIDE = ".bad"  # a league file a run must not restore, renamed, not deleted
 RECORD_FILE = "record.json"
 UNPLAYED_WIN_RATE = 0.5  # a snapshot not played yet: neither favoured nor avoided by PFSP
 
@@ -62,6 +67,61 @@ def saved_snapshots(run_dir: Path | None) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def load_snapshot(path: Path, num_values: int) -> torch.Tensor:
+    """Snapshot ``path``'s flat weights ``[num_values]``; CheckpointError (one line naming the
+    file) for one that is corrupt, not a snapshot, or of another model."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip, a pickle that weights_only refuses, ...
+        raise CheckpointError(f"league snapshot '{path}' is corrupt or truncated, or holds more than tensors "
+                              f"({type(exc).__name__})") from None
+    flat = state.get("weights") if isinstance(state, dict) else None
+    if not isinstance(flat, torch.Tensor) or flat.ndim != 1 or flat.numel() != num_values:
+        raise CheckpointError(f"league snapshot '{path}' holds no weights of this run's model ({num_values} "
+                              f"values)")
+    return flat
+
+
+def prepare_league(run_dir: Path, resumed_version: int | None, num_values: int) -> None:
+    """Leave in ``run_dir``'s league only what the run starting there may restore; call before
+    it starts. Temporary files of snapshots never finished go. A new run (``resumed_version``
+    None) restores nothing: every snapshot and the record are set aside (``*.bad``). A resumed
+    one sets aside the snapshots taken after its checkpoint's weights (version >
+    ``resumed_version``: the run takes them again as it goes on, and their results leave the
+    record) and those that do not load (one warning each, as for checkpoints)."""
+    directory = league_dir(run_dir)
+    if not directory.is_dir():
+        return
+    for tmp in directory.glob(".snapshot-*.tmp"):
+        tmp.unlink(missing_ok=True)
+    record = directory / RECORD_FILE
+    for version, path in saved_snapshots(run_dir):
+        if resumed_version is not None and version <= resumed_version:
+            try:
+                load_snapshot(path, num_values)
+                continue
+            except CheckpointError as exc:
+                warn(f"[fastrl] warning: {exc}: set aside as {path.name}{SET_ASIDE}; the league goes on without it\n")
+        path.replace(path.with_name(path.name + SET_ASIDE))
+    if resumed_version is None and record.exists():
+        record.replace(record.with_name(record.name + SET_ASIDE))
+    elif resumed_version is not None:
+        forget_results_after(record, resumed_version)
+
+
+def forget_results_after(record: Path, version: int) -> None:
+    """Drop the results and ratings of snapshots newer than ``version`` from ``record`` (a record
+    that does not read is LeagueRecord's to start again)."""
+    try:
+        data = json.loads(record.read_text())
+        kept = {key: {v: r for v, r in data.get(key, {}).items() if int(v) <= version} for key in ("results", "recent")}
+        kept["ratings"] = {name: r for name, r in data.get("ratings", {}).items()
+                           if not name.startswith("snapshot-") or int(name.rsplit("-", 1)[1]) <= version}
+    except (OSError, ValueError, AttributeError):
+        return
+    write_atomic(record, json.dumps(kept))
+
+
 class League:
     """The learner's side: snapshots taken, published and saved (``run_dir`` None: not saved,
     a distributed rank other than 0). ``first_set`` is the first snapshot weight set."""
@@ -76,11 +136,7 @@ class League:
     def restore(self, num_values: int) -> None:
         """Publish the newest saved snapshots (a resumed run's league)."""
         for version, path in saved_snapshots(self.run_dir)[-len(self.buffers):]:
-            flat = torch.load(path, map_location="cpu", weights_only=True)["weights"]
-            if flat.numel() != num_values:
-                raise ValueError(f"league snapshot {path} holds {flat.numel()} weights and the model has "
-                                 f"{num_values}: move {league_dir(self.run_dir)} aside to start a new league")
-            self._publish(version, flat.numpy())
+            self._publish(version, load_snapshot(path, num_values).numpy())
 
     def after_update(self, version: int, flat: np.ndarray) -> None:
         """Take a snapshot of the weights ``flat`` of ``version`` when one is due (the first at once)."""
@@ -122,22 +178,23 @@ class SelfPlaySeats:
         self.draw_weights = arena.league_weights
         self.rng = np.random.default_rng(seed)
         games = num_envs // num_agents
-        self.row_episode = np.zeros(num_envs, np.int64)  # episodes each row has started
-        self.game_episode = np.zeros(games, np.int64)  # the episode of the game's last draw
+        self.game_episode = np.zeros(games, np.int64)  # the game's resets at its last draw
         self.game_seat = np.zeros(games, np.int64)
         self.game_actor = np.zeros(games, np.int64)  # the weight set of the other seats
         self.game_opponent = np.full(games, -1, np.int64)  # that snapshot's version, -1 none
 
-    def start_rows(self, rows: np.ndarray, row_actor: np.ndarray, row_trained: np.ndarray,
-                   row_opponent: np.ndarray) -> None:
-        """Rows ``rows`` start an episode: set who acts for each, whether it trains and against
-        whom (the per-row arrays of fastrl.rollout's _record_steps)."""
+    def start_rows(self, rows: np.ndarray, episodes_begun: np.ndarray, row_actor: np.ndarray,
+                   row_trained: np.ndarray, row_opponent: np.ndarray) -> None:
+        """Rows ``rows`` are in their game's episode ``episodes_begun[game]`` (the env's resets of
+        each game, VecEnv.episodes_begun): set who acts for each, whether it trains and against
+        whom (the per-row arrays of fastrl.rollout's _record_steps). A game's seats are drawn once
+        per reset, by the game's own count: a seat that missed a game (it ended before the seat's
+        first turn) counts no episode of its own, and must not put its game out of step."""
         n = self.num_agents
         for r in rows.tolist():
             g = r // n
-            self.row_episode[r] += 1
-            if self.row_episode[r] > self.game_episode[g]:
-                self.game_episode[g] = self.row_episode[r]
+            if episodes_begun[g] > self.game_episode[g]:
+                self.game_episode[g] = episodes_begun[g]
                 self._draw(g)
             if r % n == self.game_seat[g]:
                 row_actor[r], row_trained[r], row_opponent[r] = 0, 1, self.game_opponent[g]
@@ -177,6 +234,8 @@ class LeagueRecord:
         self.policy_name = policy_name
         saved = self._load()
         self.results: dict[int, list[int]] = {int(v): list(r) for v, r in saved.get("results", {}).items()}
+        # The latest outcomes (1 win, 0 draw, -1 loss) against each snapshot, which PFSP weighs by.
+        self.recent = {int(v): deque(r, maxlen=settings.pfsp_window) for v, r in saved.get("recent", {}).items()}
         self.ratings = {name: self.model.rating(mu=mu, sigma=sigma, name=name)
                         for name, (mu, sigma) in saved.get("ratings", {}).items()}
         self.draw_weights[:] = 1.0
@@ -191,24 +250,30 @@ class LeagueRecord:
             return {}  # a record cut short: ratings start again, the snapshots are on disk
 
     def rating(self, name: str):
+        """``name``'s rating; a snapshot not rated yet starts at the policy's, which it copies."""
         if name not in self.ratings:
-            self.ratings[name] = self.model.rating(name=name)
+            start = self.ratings.get(self.policy_name) if name != self.policy_name else None
+            self.ratings[name] = self.model.rating(name=name) if start is None else \
+                self.model.rating(mu=start.mu, sigma=start.sigma, name=name)
         return self.ratings[name]
 
     def record(self, opponents: np.ndarray, returns: np.ndarray) -> dict:
         """The policy's games of one report (``opponents`` the snapshot versions, ``returns`` its
         returns): results and ratings updated, draw weights published; the report's league keys."""
         outcomes = np.sign(returns).astype(np.int64)  # 1 win, 0 draw, -1 loss
+        live = [int(v) for v in sorted(self.snapshot_versions[self.snapshot_versions >= 0])]
+        for version in live:  # a snapshot taken since the last report: rated as the policy is now
+            self.rating(f"snapshot-{version}")
         for version, outcome in zip(opponents.tolist(), outcomes.tolist()):
             counts = self.results.setdefault(version, [0, 0, 0])
             counts[1 - outcome] += 1  # [wins, draws, losses]
+            self.recent.setdefault(version, deque(maxlen=self.settings.pfsp_window)).append(outcome)
             ours, theirs = self.rating(self.policy_name), self.rating(f"snapshot-{version}")
             ranks = [1, 1] if outcome == 0 else ([1, 2] if outcome > 0 else [2, 1])
             [[ours], [theirs]] = self.model.rate([[ours], [theirs]], ranks=ranks)
             self.ratings[self.policy_name], self.ratings[f"snapshot-{version}"] = ours, theirs
         self.update_draw_weights()
         games = len(outcomes)
-        live = [int(v) for v in sorted(self.snapshot_versions[self.snapshot_versions >= 0])]
         report = {
             "league/games": games,
             "league/win_rate": float((outcomes > 0).mean()) if games else math.nan,
@@ -222,9 +287,9 @@ class LeagueRecord:
         return report
 
     def win_rate(self, version: int) -> float:
-        wins, draws, losses = self.results.get(version, (0, 0, 0))
-        games = wins + draws + losses
-        return (wins + 0.5 * draws) / games if games else UNPLAYED_WIN_RATE
+        """The policy's win rate over its latest games against ``version``, draws counting half."""
+        recent = self.recent.get(version)
+        return (sum(recent) / len(recent) + 1.0) / 2.0 if recent else UNPLAYED_WIN_RATE
 
     def update_draw_weights(self) -> None:
         """PFSP: each snapshot weighted by how often the policy fails to beat it."""
@@ -241,7 +306,9 @@ class LeagueRecord:
         live = self.snapshot_versions[self.snapshot_versions >= 0]
         oldest = int(live.min()) if len(live) else -1
         self.results = {v: r for v, r in self.results.items() if v >= oldest}
+        self.recent = {v: r for v, r in self.recent.items() if v >= oldest}
         data = {"results": {str(v): r for v, r in self.results.items()},
+                "recent": {str(v): list(r) for v, r in self.recent.items()},
                 "ratings": {name: [r.mu, r.sigma] for name, r in self.ratings.items()
                             if name == self.policy_name or int(name.rsplit("-", 1)[1]) >= oldest}}
         make_dir(self.path.parent)

@@ -103,9 +103,10 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     called every step; an evaluation inside a run raises from it to stop at once. Given ``env`` (a
     VecEnv of ``cfg.env``, closed here) the episodes are played on its envs, all at once, and
     ``after_recv()`` is called after every ``recv()``: fastrl.video grabs its frames there.
-    In a multi-agent env every agent is an env here (its episodes count one by one) and whole
-    games are played: the fewest that hold ``min(episodes, num_envs)`` agents, so ``n`` may
-    exceed ``num_envs`` by less than a game.
+    In a multi-agent env every agent is an env here (its episodes count one by one, a game that
+    ended before its first turn too: VecEnv.last_unplayed) and whole games are played: the
+    fewest that hold ``min(episodes, num_envs)`` agents, so ``n`` may exceed ``num_envs`` by less
+    than a game.
     """
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
@@ -123,10 +124,13 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             obs, ids, done, stepped = steps.next_batch()
             env_steps += int(stepped.sum())
             # A done that ends no step is an agent that left its game before, still reporting it.
-            for i in ids[done & stepped]:
+            ended = ids[done & stepped]
+            unplayed, unplayed_returns = env.last_unplayed
+            for i, episode_return, length in zip([*ended, *unplayed], [*steps.returns[ended], *unplayed_returns],
+                                                 [*steps.lengths[ended], *[0] * len(unplayed)]):
                 if finished[i] < quota[i]:
-                    returns.append(float(steps.returns[i]))
-                    lengths.append(int(steps.lengths[i]))
+                    returns.append(float(episode_return))
+                    lengths.append(int(length))
                     finished[i] += 1
             episode_start = steps.advance(ids, done)
             env.send(act(act.layout.pack(obs, len(ids)), ids, episode_start, done), ids)
@@ -174,16 +178,27 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
         counted = np.zeros(games, dtype=np.int64)
         env.async_reset()
         first_episode = env.episodes_begun.copy()
-        # A game is done once its quota is counted, or has begun the episode past it: an episode
-        # whose model's seat had no turn (a game over before it) has no outcome to count.
-        while ((counted < quota) & (env.episodes_begun - first_episode <= quota)).any():
-            obs, ids, done, stepped = steps.next_batch()
-            game, seat = ids // n, ids % n
+
+        def model_plays(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Whether the model plays each of ``rows`` in its game's episode now, and whether
+            that episode is one of the quota's."""
+            game = rows // n
             episode = env.episodes_begun[game] - first_episode[game] - 1
-            model_seat = seat == (game + episode * games) % n
-            for i in np.flatnonzero(done & stepped & model_seat & (episode < quota[game])):
-                returns[seat[i]].append(float(steps.returns[ids[i]]))
-                counted[game[i]] += 1
+            return rows % n == (game + episode * games) % n, episode < quota[game]
+
+        while (counted < quota).any():
+            obs, ids, done, stepped = steps.next_batch()
+            model_seat, in_quota = model_plays(ids)
+            ended = ids[done & stepped & model_seat & in_quota]
+            # A seat whose game ended before its first turn played it too: its episode counts.
+            unplayed, unplayed_returns = env.last_unplayed
+            unplayed_model, unplayed_in_quota = model_plays(unplayed)
+            kept = unplayed_model & unplayed_in_quota
+            for row, episode_return in zip([*ended, *unplayed[kept]],
+                                           [*steps.returns[ended], *unplayed_returns[kept]]):
+                returns[row % n].append(float(episode_return))
+                counted[row // n] += 1
+            seat = ids % n
             episode_start = steps.advance(ids, done)
             actions = np.zeros((len(ids), *env.action_layout.shape), dtype=env.action_layout.dtype)
             model_rows = model_seat & ~done

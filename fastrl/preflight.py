@@ -27,7 +27,7 @@ from .run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, wr
 from .run_plan import RunError, RunPlan
 from .shm import remove_stale_segments, trajectory_layout
 from .spaces import ActionLayout, ObsLayout
-from .league import require_rating_library
+from .league import prepare_league, require_rating_library
 from .video import require_video_extra
 from .wandb_logger import require_wandb
 
@@ -94,6 +94,8 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
                         learner_on_cpu=torch.device(device).type == "cpu")
         template = shape if model is not None else build_template(cfg, spec)
         resume_state = load_resume_state(run_dir, cfg, template, policies.names, dist_info) if resume else None
+        if cfg.selfplay.enabled and run_dir is not None and dist_info.is_main:
+            prepare_league(run_dir, resume_state["learner"]["version"] if resume else None, num_state_values(shape))
         config_text = to_toml(cfg)
         if run_dir is not None and dist_info.is_main:
             prepare_run_dir(run_dir, resume, overwrite)

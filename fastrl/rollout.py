@@ -124,12 +124,18 @@ class RolloutWorker:
             self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
             self.episode_length, self.slot_obs, *self.slot_arrays, *self.episode_ring, self.steps_counter,
             self.full_rows, self.row_actor, self.row_trained, self.row_opponent, *self.episode_tags)
+        unplayed, unplayed_returns = self.env.last_unplayed
         if self.seats is not None:
             # A row starts an episode on its reset observation (an absent agent's repeated final
-            # step is no start): its game's opponent and seats are drawn then, before it acts.
+            # step is no start): its game's opponent and seats are drawn then, before it acts. A
+            # seat whose game ended before its first turn is tagged as its game was drawn.
             starting = ids[(self.env_start[ids] == 1) & (self.env_final[ids] == 0)]
-            if len(starting):
-                self.seats.start_rows(starting, self.row_actor, self.row_trained, self.row_opponent)
+            tagged = np.concatenate([starting, unplayed])
+            if len(tagged):
+                self.seats.start_rows(tagged, self.env.episodes_begun, self.row_actor, self.row_trained,
+                                      self.row_opponent)
+        if len(unplayed):
+            self.record_unplayed(unplayed, unplayed_returns)
         if num_full == 0:
             return
         arena = self.arena
@@ -143,6 +149,20 @@ class RolloutWorker:
         self.env_slot[full_ids] = new_slots
         arena.slot_env[new_slots] = self.stream_base + full_ids
         arena.slot_fresh[new_slots] = 0
+
+    def record_unplayed(self, rows: np.ndarray, returns: np.ndarray) -> None:
+        """Episodes of no step (VecEnv.last_unplayed: seats whose game ended before their first
+        turn) into the finished-episode ring, tagged with the rows' players; no info numbers."""
+        ring_return, ring_length, ring_count = self.episode_ring
+        ring_actor, ring_opponent = self.episode_tags
+        entries = (ring_count[0] + np.arange(len(rows))) % ring_return.shape[0]
+        ring_return[entries] = returns
+        ring_length[entries] = 0
+        ring_actor[entries] = self.row_actor[rows]
+        ring_opponent[entries] = self.row_opponent[rows]
+        if self.info_keys:
+            self.episode_info[entries] = np.nan
+        ring_count[0] += len(rows)  # last: readers take the entries below the count
 
     def record_episode_info(self, ids: np.ndarray, terminated, truncated) -> None:
         """The env info numbers (Config.info_keys) of the episodes this batch ends, written into the

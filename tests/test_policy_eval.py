@@ -237,3 +237,18 @@ def test_a_single_policy_run_names_its_one_policy(tmp_path, capsys):
     assert evaluate(capsys, run_dir, "--policy", "main", "--episodes", 2)["policy"] == "main"
     one_line_error(capsys, eval_main([str(run_dir), "--policy", "player_1"]), 2, "fastrl-eval",
                    "--policy 'player_1' is not a policy of this run; its policies: main")
+
+
+def test_games_over_before_the_policys_first_turn_count_with_their_outcome():
+    # The fold game, both sides uniform: the first mover folds half the time, a win for the other
+    # seat before its first turn. Each seat wins, draws and loses 1/4, 1/2, 1/4 of its games.
+    cfg, model = untrained(COUNT_GAME, {"game": "fold"})
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # uniform over both actions
+    result = evaluate_against(cfg, model, "random", 400)
+    check_rates(result, ["player_0", "player_1"], 400)
+    assert [seat["episodes"] for seat in result["seats"].values()] == [200, 200]
+    for key, share in [("win_rate", 0.25), ("draw_rate", 0.5), ("loss_rate", 0.25)]:
+        assert abs(result[key] - share) < 4 * np.sqrt(share * (1 - share) / 400), (key, result)
+    assert result["episode_return_mean"] == pytest.approx(result["win_rate"] - result["loss_rate"])

@@ -3,15 +3,17 @@ policy's and the others a snapshot's, whose rows are never trained on; snapshots
 taken, at most max_snapshots are kept, and the league and its record survive --resume; the opponent
 is the newest snapshot with latest_prob, else an older one by PFSP weights."""
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from fastrl.checkpoint import load_latest_checkpoint, write_checkpoint_file
 from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.inference import InferenceBatcher
-from fastrl.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots
+from fastrl.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots, snapshot_path
 from fastrl.metrics import WorkerTiming
 from fastrl.models import build_model, num_state_values
 from fastrl.policy_map import policy_map
@@ -97,6 +99,69 @@ def test_snapshot_rows_are_never_trained_on_and_every_game_has_one_policy_seat(m
     count = int(arena.episode_count[0])
     actor, opponent = arena.episode_actor[0, :count], arena.episode_opponent[0, :count]
     assert set(opponent[actor == 0].tolist()) == {20, 30} and set(opponent[actor > 0].tolist()) == {-1}
+
+
+def test_every_fold_game_has_one_policy_seat_against_its_drawn_snapshot_and_counts_for_both_seats():
+    # The fold game, the first mover drawn per game. The policy calls; snapshot 20 folds (a game
+    # over before the policy's first turn when it moves first) and snapshot 30 calls.
+    cfg = build_config("cartpole-appo", {
+        "env.id": COUNT_GAME, "env.kwargs": {"game": "fold"}, "env.num_workers": 1, "env.envs_per_worker": 8,
+        "env.num_splits": 4, "learner.rollout": 4, "learner.batch_size": 16, "slots_per_env": 4,
+        "model.hidden_sizes": [16], "selfplay.enabled": True, "selfplay.max_snapshots": 2,
+        "selfplay.latest_prob": 0.5, "inference.in_workers": False, "device": "cpu"})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+    arena = selfplay_arena(cfg, num_state_values(model))
+    WeightBuffer(arena, 0).publish(forced_policy_weights(model, 1), POLICY_VERSION)
+    league = League(arena, 1, cfg.selfplay, None)
+    league.after_update(20, forced_policy_weights(model, 0))
+    league.after_update(30, forced_policy_weights(model, 1))
+    arena.league_weights[:] = 1.0
+    batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"))
+    E, n = cfg.env.envs_per_worker, 2
+    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
+                                 np.zeros(E, np.int16), drop_untrained=True)
+    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), 0))
+    worker.start()
+    played = {}  # (game, episode) -> {seat: (actor, trained, opponent)} at each seat's episode end
+    for _ in range(150):
+        ready = []
+        while worker.can_recv():
+            request = worker.recv_batch()
+            ready.append(request)
+            ids = arena.request_envs[0][request]
+            ended = ids[(arena.env_final[0][ids] == 1) & (arena.env_start[0][ids] == 0)]
+            for row in [*ended.tolist(), *worker.env.last_unplayed[0].tolist()]:
+                game = row // n
+                seats = played.setdefault((game, int(worker.env.episodes_begun[game])), {})
+                assert row % n not in seats  # one episode per seat and game
+                seats[row % n] = (int(worker.row_actor[row]), int(worker.row_trained[row]),
+                                  int(worker.row_opponent[row]))
+        batcher.refresh_weights()
+        batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
+        for request in ready:
+            worker.act(request)
+        while (batch := full.next_batch()) is not None:
+            full.release(batch[1])
+    worker.env.close()
+    finished = [seats for seats in played.values() if len(seats) == n]
+    assert len(finished) >= len(played) - E // n and len(finished) > 100  # at most the last game of each open
+    for seats in finished:
+        policy = [s for s, (actor, trained, _) in seats.items() if actor == 0]
+        assert len(policy) == 1 and seats[policy[0]][1] == 1  # exactly one seat the policy's, trained
+        (snapshot, untrained, none), = [tags for s, tags in seats.items() if s != policy[0]]
+        assert snapshot > 0 and untrained == 0 and none == -1
+        assert arena.weight_version[snapshot] == seats[policy[0]][2]  # the snapshot recorded is the one that played
+    # Every finished game is an episode of both seats: a fold before the policy's first turn is its win.
+    count = int(arena.episode_count[0])
+    actor, opponent = arena.episode_actor[0, :count], arena.episode_opponent[0, :count]
+    returns, lengths = arena.episode_return[0, :count], arena.episode_length[0, :count]
+    assert count == sum(len(seats) for seats in played.values())
+    assert (actor == 0).sum() == sum(any(a == 0 for a, *_ in seats.values()) for seats in played.values())
+    folded = (actor == 0) & (lengths == 0)
+    assert folded.any() and (returns[folded] == 1.0).all() and set(opponent[folded].tolist()) == {20}
 
 
 def read_snapshot(path) -> np.ndarray:
@@ -206,8 +271,8 @@ def test_the_draw_picks_the_newest_with_latest_prob_and_older_ones_by_pfsp_weigh
     rows = np.arange(games * n)
     actor, trained, opponent = np.zeros(games * n, np.int16), np.ones(games * n, np.uint8), np.zeros(games * n)
     drawn_seats, drawn = [], []
-    for _ in range(20):
-        seats.start_rows(rows, actor, trained, opponent)
+    for episode in range(1, 21):
+        seats.start_rows(rows, np.full(games, episode), actor, trained, opponent)
         by_game = actor.reshape(games, n)
         np.testing.assert_array_equal((by_game == 0).sum(axis=1), 1)
         np.testing.assert_array_equal(trained, actor == 0)
@@ -328,3 +393,96 @@ def test_selfplay_in_processes_keeps_its_league_and_record_across_resume(tmp_pat
     assert kept and sum(map(sum, after.values())) > sum(sum(before[v]) for v in kept)
     for v in kept:
         assert all(now >= was for now, was in zip(after[v], before[v]))
+
+
+def test_pfsp_counts_the_latest_games_and_a_new_snapshot_starts_at_the_policys_rating(tmp_path):
+    cfg = selfplay_games(**{"selfplay.pfsp_window": 4, "selfplay.pfsp_power": 1.0})
+    arena = selfplay_arena(cfg, 6)
+    arena.weight_version[1:] = [10, -1, -1]
+    record = LeagueRecord(arena, 1, cfg.selfplay, tmp_path, "main")
+    record.record(np.full(10, 10), np.full(10, -1.0))  # ten losses to snapshot 10 ...
+    assert arena.league_weights[0] == pytest.approx(1.0)
+    record.record(np.full(4, 10), np.full(4, 1.0))  # ... then four wins: the latest four count
+    assert record.win_rate(10) == 1.0 and arena.league_weights[0] == pytest.approx(0.0)
+    assert record.results[10] == [4, 0, 10]  # the totals stay in the record
+    policy = record.ratings["main"]
+    arena.weight_version[2] = 20  # a snapshot of the policy taken since: rated as the policy is
+    report = record.record(np.zeros(0, np.int64), np.zeros(0))
+    assert (record.ratings["snapshot-20"].mu, record.ratings["snapshot-20"].sigma) == (policy.mu, policy.sigma)
+    assert report["league/snapshot_ratings"]["20"] == pytest.approx(report["league/rating"])
+    again = LeagueRecord(arena, 1, cfg.selfplay, tmp_path, "main")  # the window is kept on disk
+    assert again.win_rate(10) == 1.0 and list(again.recent[10]) == [1, 1, 1, 1]
+
+
+def league_files(run_dir):
+    return sorted(path.name for path in league_dir(run_dir).iterdir())
+
+
+def test_a_new_run_never_restores_a_league_it_finds(tmp_path, monkeypatch):
+    restored, started = [], []
+    restore, record_init = League.restore, LeagueRecord.__init__
+
+    def restore_seen(league, num_values):
+        restore(league, num_values)
+        restored.append(sorted(v for v in league.versions if v >= 0))
+
+    def record_seen(record, *args, **kwargs):
+        record_init(record, *args, **kwargs)
+        started.append({v: list(r) for v, r in record.results.items()})
+
+    monkeypatch.setattr(League, "restore", restore_seen)
+    monkeypatch.setattr(LeagueRecord, "__init__", record_seen)
+    # An earlier run's league, and no run marker beside it (it was killed before its first checkpoint).
+    cfg = count_game_config(300)
+    spec = probe_env(cfg)
+    size = num_state_values(build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo))
+    for version in (1_000, 2_000):
+        write_checkpoint_file(snapshot_path(tmp_path, version), {"version": version, "weights": torch.zeros(size)})
+    (league_dir(tmp_path) / "record.json").write_text(json.dumps({"results": {"1000": [5, 0, 0]}, "ratings": {}}))
+    train(cfg, run_dir=tmp_path, quiet=True)
+    assert started == [{}] and restored == [[]]
+    names = league_files(tmp_path)
+    assert {"snapshot-000000001000.pt.bad", "snapshot-000000002000.pt.bad", "record.json.bad"} <= set(names)
+    assert all(v < 1_000 for v, _ in saved_snapshots(tmp_path))
+
+
+def test_a_resume_restores_the_league_of_its_checkpoint_and_skips_a_bad_snapshot(tmp_path, monkeypatch, capsys):
+    train(count_game_config(2_500), run_dir=tmp_path, quiet=True)
+    _, state = load_latest_checkpoint(tmp_path)
+    version = state["learner"]["version"]
+    versions = [v for v, _ in saved_snapshots(tmp_path)]
+    assert len(versions) == 3 and versions[-1] <= version
+    # Written after the checkpoint (a kill before the next one): a snapshot, its results, a temporary file.
+    newer = version + 3
+    shutil.copy(snapshot_path(tmp_path, versions[-1]), snapshot_path(tmp_path, newer))
+    record_path = league_dir(tmp_path) / "record.json"
+    record = json.loads(record_path.read_text())
+    record["results"][str(newer)] = [0, 0, 9]
+    record.setdefault("recent", {})[str(newer)] = [-1] * 9
+    record["ratings"][f"snapshot-{newer}"] = [30.0, 1.0]
+    record_path.write_text(json.dumps(record))
+    (league_dir(tmp_path) / f".snapshot-{newer:012d}.x1y2.tmp").write_bytes(b"half")
+    snapshot_path(tmp_path, versions[1]).write_bytes(b"not a snapshot")  # corrupt
+    restored, started = [], []
+    restore, record_init = League.restore, LeagueRecord.__init__
+
+    def restore_seen(league, num_values):
+        restore(league, num_values)
+        restored.append(sorted(v for v in league.versions if v >= 0))
+
+    def record_seen(record, *args, **kwargs):
+        record_init(record, *args, **kwargs)
+        started.append(set(record.results) | set(record.recent))
+
+    monkeypatch.setattr(League, "restore", restore_seen)
+    monkeypatch.setattr(LeagueRecord, "__init__", record_seen)
+    capsys.readouterr()
+    train(count_game_config(3_000, **{"selfplay.snapshot_every": 100_000}), run_dir=tmp_path, resume=True,
+          quiet=True)
+    assert restored == [[versions[0], versions[2]]] and newer not in started[0]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "league snapshot" in line]
+    assert len(warnings) == 1 and snapshot_path(tmp_path, versions[1]).name in warnings[0]
+    names = league_files(tmp_path)
+    assert snapshot_path(tmp_path, newer).name + ".bad" in names and snapshot_path(tmp_path, versions[1]).name + \
+        ".bad" in names
+    assert not [name for name in names if name.endswith(".tmp")]

@@ -42,7 +42,9 @@ def reference_reports(seat, seats, target, max_turns, games):
         own = [m for m in range(length) if m % seats == seat]
         reports.append((own[0], 0.0, False, False))  # the reset step: nothing received before its first turn
         reports += [(m, received(prev, m), False, False) for prev, m in zip(own, own[1:])]
-        reports.append((length, received(own[-1], length), won, not won))
+        # Cut short, a seat not to move bootstraps from its last turn: the value its trajectory trains.
+        final_turn = length if won or length % seats == seat else own[-1]
+        reports.append((final_turn, received(own[-1], length), won, not won))
     return reports
 
 
@@ -87,18 +89,24 @@ def test_a_game_lost_on_the_opponents_move_ends_the_losers_last_turn_with_its_lo
     assert episodes == {(3, round(0.02 + 0.04 + 1.0, 4)), (2, round(0.03 + 0.05 - 1.0, 4))}
 
 
-def test_a_seat_that_never_plays_a_game_has_no_step_in_it():
+def test_a_seat_that_never_plays_a_game_has_no_step_in_it_and_its_episode_is_reported():
     # Three seats and the count reaches 2 on move 1: player_2 never plays, every game.
     env = make_vec_env(COUNT_GAME, num_envs=6, batch_size=2, seed=0, env_kwargs={"seats": 3, "target": 2})
     env.async_reset()
-    seen = []
+    seen, unplayed = [], []
     for _ in range(12):
         obs, rewards, terminated, truncated, ids = env.recv()
         seen += ids.tolist()
+        rows, returns = env.last_unplayed
+        unplayed.append(sorted(zip(rows.tolist(), np.round(returns, 6).tolist())))
         env.send(np.zeros(len(ids), np.int64), ids)
     env.close()
     assert set(seen) == {0, 1, 3, 4}
     assert seen[:8] == [0, 3, 1, 4, 0, 3, 1, 4]  # turns, then each seat's final step, then the next game
+    # Its episode of each game, reported with the game's first final step: every reward it got
+    # (it waited on moves 0 and 1, and player_1 won on move 1).
+    lost = round(0.01 + 0.02 - 1.0, 6)
+    assert unplayed == [[], [], [(2, lost), (5, lost)], []] * 3
 
 
 def test_seats_with_different_spaces_cannot_share_the_policy():

@@ -1,6 +1,6 @@
-"""A tiny turn-based PettingZoo game (AECEnv) for tests/test_turn_based.py, made by id in spawned
-workers too: ``--env pettingzoo:tests.turn_based_envs`` (this module's ``env(**env.kwargs)``; it has
-no ``parallel_env``)."""
+"""Tiny turn-based PettingZoo games (AECEnv) for tests/test_turn_based.py, made by id in spawned
+workers too: ``--env pettingzoo:tests.turn_based_envs`` (this module's ``env(**env.kwargs)``,
+``game="fold"`` for FoldGame; it has no ``parallel_env``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,5 +82,65 @@ class CountGame(AECEnv):
         self._accumulate_rewards()
 
 
-def env(**kwargs) -> CountGame:
-    return CountGame(**kwargs)
+class FoldGame(AECEnv):
+    """Two seats, the first mover drawn at each reset. The first mover folds (action 0: it loses
+    -1, the other seat wins +1) or calls (action 1), and then the other seat's move ends the game
+    in a draw. With both seats random, each wins, draws and loses 1/4, 1/2, 1/4 of its games; a
+    fold ends the game before the other seat's first turn.
+
+    Seat k observes ``[k, turn, first mover, game]`` (game: the seed of its first reset)."""
+
+    metadata = {"name": "fold_game_v0"}
+
+    def __init__(self):
+        super().__init__()
+        self.possible_agents = ["player_0", "player_1"]
+        self._observation_space = spaces.Box(-1e6, 1e6, (4,), np.float32)
+        self._action_space = spaces.Discrete(2)
+        self.game = -1.0
+        self.rng = np.random.default_rng()
+
+    def observation_space(self, agent):
+        return self._observation_space
+
+    def action_space(self, agent):
+        return self._action_space
+
+    def observe(self, agent):
+        return np.array([self.possible_agents.index(agent), self.turn, self.first, self.game], np.float32)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.game = float(seed)
+            self.rng = np.random.default_rng(seed)
+        self.agents = list(self.possible_agents)
+        self.turn = 0
+        self.first = int(self.rng.integers(2))
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {agent: {} for agent in self.agents}
+        self.agent_selection = self.agents[self.first]
+
+    def step(self, action):
+        agent = self.agent_selection
+        if self.terminations[agent]:
+            return self._was_dead_step(action)
+        mover = self.possible_agents.index(agent)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        if self.turn == 0 and int(action) == 0:
+            self.rewards = {a: (-1.0 if k == mover else 1.0) for k, a in enumerate(self.possible_agents)}
+        if self.turn == 1 or int(action) == 0:
+            self.terminations = dict.fromkeys(self.agents, True)
+        self._cumulative_rewards[agent] = 0.0
+        self.turn += 1
+        self.agent_selection = self.possible_agents[1 - mover]
+        self._accumulate_rewards()
+
+
+GAMES = {"count": CountGame, "fold": FoldGame}
+
+
+def env(game: str = "count", **kwargs) -> AECEnv:
+    return GAMES[game](**kwargs)

@@ -53,6 +53,10 @@ class ActionSubset(VecEnv):
         return self.env.last_info
 
     @property
+    def last_unplayed(self):
+        return self.env.last_unplayed
+
+    @property
     def batches_in_flight(self) -> int:
         return self.env.batches_in_flight
 

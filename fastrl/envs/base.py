@@ -32,6 +32,8 @@ from fastrl.spaces import ActionLayout
 # (obs [B, *obs_shape], rewards float32 [B], terminated bool [B], truncated bool [B],
 #  env_ids int32 [B]) with B = batch_size.
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# VecEnv.last_unplayed when no seat left a game unplayed: (rows int64 [0], returns float64 [0]).
+NO_UNPLAYED = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
 
 
 def as_batch(
@@ -76,6 +78,12 @@ class VecEnv(abc.ABC):
         last_info: the info of the rows the last `recv()` returned, in gymnasium's vector form
             (key -> array [batch_size], with an optional bool mask ``_key`` of the rows that have
             the key); empty for a backend that passes no info on (env.info_keys reads it).
+        episodes_begun: a multi-agent env's resets of each game, int64 [num_envs // len(agents)]:
+            after a `recv()`, a row of game g that it returns is in the game's episode
+            `episodes_begun[g] - 1` (self-play draws each game's seats by it).
+        last_unplayed: the episodes the last `recv()` ended without a step: (rows int64 [k],
+            returns float64 [k]) of the seats of a turn-based game that ended before their first
+            turn (fastrl/envs/turns.py); a game counts for every seat in it.
     """
 
     num_envs: int
@@ -85,6 +93,7 @@ class VecEnv(abc.ABC):
     frame_skip: int
     agents: tuple[str, ...] = ()
     last_info: Mapping[str, np.ndarray] = MappingProxyType({})
+    last_unplayed: tuple[np.ndarray, np.ndarray] = NO_UNPLAYED
 
     @abc.abstractmethod
     def async_reset(self) -> None:

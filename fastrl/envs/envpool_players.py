@@ -76,7 +76,9 @@ class EnvpoolTurns(TurnGroups):
         # Each game's latest state as the pool returned it; a seat's observation and the mask are
         # read when its row is returned (at its turn, or its final step from the last state).
         self._seat_obs = np.zeros((games, players, *observation_space.shape), dtype=observation_space.dtype)
+        self._turn_obs = np.zeros_like(self._seat_obs)  # each seat's observation at its last turn
         self._seat_rewards = np.zeros((games, players), dtype=np.float64)
+        self.episodes_begun = np.zeros(games, dtype=np.int64)
         self._mask = np.ones((games, int(action_space.n)), dtype=bool)
         self._to_move = np.zeros(games, dtype=np.int64)
         self._ended = np.zeros(games, dtype=bool)
@@ -130,6 +132,7 @@ class EnvpoolTurns(TurnGroups):
         arrived = games[self._arrived[window]]
         reset = arrived[self._resetting[arrived]]
         ledger.start(reset)
+        self.episodes_begun[reset] += 1
         self._resetting[reset] = False
         ledger.receive(arrived, self._seat_rewards[arrived])
         ended = arrived[self._ended[arrived]]
@@ -141,7 +144,13 @@ class EnvpoolTurns(TurnGroups):
         rows[:] = np.where(final, finals, games * ledger.seats + self._to_move[window])
         self._steps_next[window] = ~final | finished
         self._resetting[window] = final & finished
-        return {"observation": self._seat_obs[games, rows - games * ledger.seats], "action_mask": self._mask[window]}
+        seats = rows - games * ledger.seats
+        obs = self._seat_obs[games, seats]
+        self._turn_obs[games[~final], seats[~final]] = obs[~final]
+        # A truncated seat that is not to move bootstraps from its last turn (fastrl/envs/turns.py).
+        waiting = final & self._truncated[window] & (seats != self._to_move[window])
+        obs[waiting] = self._turn_obs[games[waiting], seats[waiting]]
+        return {"observation": obs, "action_mask": self._mask[window]}
 
     def render_game(self, g: int = 0) -> np.ndarray:
         """Game g's frame (made with ``render_mode="rgb_array"``: uint8 [H, W, 3])."""
@@ -165,15 +174,20 @@ class PlayerRows(VecEnv):
         self.observation_space, self.action_space = games.observation_space, games.action_space
         self.frame_skip = games.frame_skip
         self._seats = np.arange(players, dtype=np.int32)
+        self.episodes_begun = np.zeros(games.num_envs, dtype=np.int64)
+        self._game_over = np.ones(games.num_envs, dtype=bool)  # its next batch is a reset one
 
     def async_reset(self) -> None:
         self._games.async_reset()
+        self._game_over[:] = True
 
     def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         self._games.send(actions, np.asarray(env_ids)[::self._players] // self._players)
 
     def recv(self) -> Batch:
         obs, rewards, terminated, truncated, game_ids = self._games.recv()
+        self.episodes_begun[game_ids[self._game_over[game_ids]]] += 1
+        self._game_over[game_ids] = np.logical_or(terminated, truncated)
         rows = (game_ids[:, None] * self._players + self._seats).reshape(-1)
         return (obs, rewards, np.repeat(terminated, self._players), np.repeat(truncated, self._players), rows)
 

@@ -66,8 +66,11 @@ class TurnBasedGames(Games, TurnGroups):
             row, finished = self.seat_ledger.take_finals(g)
             if row >= 0:
                 row = int(row)
-                if self.agents[row % n] in game.agents:
-                    self._last_obs[row] = game.observe(self.agents[row % n])
+                agent = self.agents[row % n]
+                # A truncated seat that is not to move bootstraps from its last turn (turns.py).
+                waiting = self.seat_ledger.truncated[g, row % n] and agent != game.agent_selection
+                if agent in game.agents and not waiting:
+                    self._last_obs[row] = game.observe(agent)
                 self._needs_reset[g] = finished
                 return row
             agent = game.agent_selection

@@ -554,6 +554,8 @@ class AgreementGames(SplitVecEnv):
         self._lifetime = length - stagger * np.arange(agents)  # [A] steps agent k plays
         self._t = np.zeros((S, G), np.int64)  # steps the game has played
         self._resets = np.ones((S, G), bool)  # the game resets at its next step
+        self.episodes_begun = np.zeros(S * G, np.int64)
+        self._begun = self.episodes_begun.reshape(S, G)  # a view: game g of split s is g + s * G
         self._actions = np.zeros((S, B), np.int64)
         self._obs = np.zeros((S, B, self.OBS_SIZE), np.float32)
         self._rewards = np.zeros((S, B), np.float32)
@@ -584,6 +586,7 @@ class AgreementGames(SplitVecEnv):
         actions = self._actions[split].reshape(G, A)
         t += 1
         t[resets] = 0
+        self._begun[split] += resets
         mean = (actions * playing).sum(axis=1) / np.maximum(playing.sum(axis=1), 1)  # [G]
         np.multiply(1.0 - np.abs(actions - mean[:, None]) / (self.num_actions - 1), playing, out=rewards)
         np.copyto(obs[..., 0], t[:, None], where=playing)

@@ -11,7 +11,16 @@ any agent's move, each agent's row gets one final step from its last turn: the r
 reset observation at its first turn of the next game, NEXT_STEP autoreset as the interface says
 (base.py): reward 0, no flags, the action sent for the final observation ignored. Rewards an agent
 receives before its first turn of a game have no step to land on: that step is the reset step,
-reward 0. A seat whose game ends before its first turn has no step in that game.
+reward 0. A seat whose game ends before its first turn has no step in that game, yet it played
+it: ``last_unplayed`` reports that episode (its return: every reward of the game) in the
+``recv()`` whose batch holds the game's first final step, so that every game counts once for
+every seat in it.
+
+Truncation. A seat's value is trained at its own turns only, and the state a game is cut in is a
+turn of the seat to move and of no other. So a truncated seat's final step bootstraps from one
+of its own turns: the seat to move from the state the game was cut in, every other seat from its
+last turn's observation (a value its trajectory trains, one turn stale, rather than the value of
+a state its value head never sees: the opponent to move).
 
 Batches. A game has one agent to move, so a batch takes one row from each of the ``batch_size``
 games of a group: the row of the agent to move, or a row whose final step is due (one a batch per
@@ -31,7 +40,7 @@ from collections import deque
 
 import numpy as np
 
-from fastrl.envs.base import Batch, VecEnv, as_batch
+from fastrl.envs.base import NO_UNPLAYED, Batch, VecEnv, as_batch
 
 
 def check_turn_groups(env_id: str, num_agents: int, num_envs: int, batch_size: int) -> None:
@@ -58,6 +67,7 @@ class SeatLedger:
         self.truncated = np.zeros(shape, dtype=bool)
         self.in_game = np.zeros(shape, dtype=bool)  # the seat's row was returned since its game's reset
         self.reward_since_turn = np.zeros(shape, dtype=np.float64)
+        self._unplayed: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, returns) not taken yet
 
     def start(self, games) -> None:
         """``games`` were reset: nothing is owed to their seats."""
@@ -83,14 +93,27 @@ class SeatLedger:
         """For each of ``games``: the row of its first seat (seat order) whose final step is due,
         now reported, or -1; and whether every seat's final step is reported (the game resets at
         its next step). A seat that never played the game has no step to end: it counts as
-        reported."""
-        reported = self.reported[games] | (self.done[games] & ~self.in_game[games])
+        reported, its episode kept for ``take_unplayed``."""
+        unplayed = self.done[games] & ~self.in_game[games] & ~self.reported[games]
+        if unplayed.any():
+            rows = np.asarray(games)[..., None] * self.seats + np.arange(self.seats)
+            self._unplayed.append((rows[unplayed], self.reward_since_turn[games][unplayed]))
+        reported = self.reported[games] | unplayed
         due = self.done[games] & ~reported
         has_final = due.any(-1)
         seat = np.argmax(due, axis=-1)
         reported |= has_final[..., None] & (np.arange(self.seats) == seat[..., None])
         self.reported[games] = reported
         return np.where(has_final, np.asarray(games) * self.seats + seat, -1), reported.all(-1)
+
+    def take_unplayed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (int64 ``[k]``) of the seats found since the last call to have left a game
+        before their first turn, and their returns (float64 ``[k]``)."""
+        found, self._unplayed = self._unplayed, []
+        if not found:
+            return NO_UNPLAYED
+        return (np.concatenate([rows for rows, _ in found]).astype(np.int64),
+                np.concatenate([returns for _, returns in found]))
 
     def report(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``rows`` ``[B]`` (one per game) are returned: their rewards since their last turn
@@ -149,6 +172,7 @@ class TurnGroups(VecEnv):
         rows = self._rows[group]
         obs = self._play_group(group, rows)
         rewards, terminated, truncated = self.seat_ledger.report(rows)
+        self.last_unplayed = self.seat_ledger.take_unplayed()
         self._acting[group] = True
         return as_batch(obs, rewards, terminated, truncated, rows.copy())
 
