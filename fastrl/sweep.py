@@ -22,7 +22,7 @@ The rules that let a sweep be killed and run again with the same command:
 - A trial whose run fails (an error, no finite objective) is marked failed and not retried: its
   place goes to a new trial; FAILURES_IN_A_ROW such trials in a row stop the sweep.
 - Each trial reports its objective at PRUNE_RUNGS evenly spaced points of the budget (env steps,
-  or trained seconds with a time budget): a MedianPruner stops a trial whose best value so far is
+  or trained seconds with a time budget), each the last report at or before it: a MedianPruner stops a trial whose best value so far is
   behind the median of the completed trials' at the same point, after a warm-up fraction of the
   budget and once ``--prune-after-trials`` trials completed.
 """

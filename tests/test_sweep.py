@@ -252,12 +252,22 @@ def test_a_trial_s_value_weights_each_report_by_the_steps_it_covers():
     assert single.tail_mean(10) == 3.0
 
 
-def test_rungs_are_the_same_steps_in_every_trial():
+def test_rungs_are_the_same_steps_in_every_trial_each_given_the_last_report_at_or_before_it():
     rungs = Rungs(10_000, PRUNE_RUNGS)
     assert rungs.steps == list(range(500, 10_001, 500))
-    assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 2.0), (1000, 2.0), (1500, 2.0)]
-    assert rungs.passed(1600, 3.0) == [] and rungs.passed(2000, 4.0) == [(2000, 4.0)]
+    assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 1.0), (1000, 1.0), (1500, 1.0)]
+    assert rungs.passed(1700, 3.0) == [] and rungs.passed(2000, 4.0) == [(2000, 4.0)]
+    assert rungs.passed(2600, 5.0) == [(2500, 4.0)]
     assert Rungs(10, PRUNE_RUNGS).steps == list(range(1, 11))  # whole seconds of a short time budget
+
+
+def test_a_late_report_gives_its_value_to_no_earlier_rung():
+    rungs = Rungs(500_000, PRUNE_RUNGS)
+    assert rungs.passed(180_000, 9.0) == []  # 25K..175K: no report at or before them
+    assert rungs.passed(200_000, 7.0) == [(200_000, 7.0)]
+    slow = Rungs(500_000, PRUNE_RUNGS)
+    assert slow.passed(10_000, 1.0) == []
+    assert slow.passed(180_000, 9.0) == [(step, 1.0) for step in range(25_000, 175_001, 25_000)]
 
 
 @pytest.mark.slow
