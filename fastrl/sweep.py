@@ -4,7 +4,8 @@ The sweep directory::
 
     SWEEP_DIR/sweep.db               the Optuna storage (SQLite): studies, trials, params, curves;
                                      optuna-dashboard sqlite:///SWEEP_DIR/sweep.db shows it
-    SWEEP_DIR/<study>/trial-0003/    trial 3's run directory (fastrl-train's; what it printed: trial.log)
+    SWEEP_DIR/<study>/trial-0003/    trial 3's run directory (fastrl-train's; what it printed: trial.log);
+                                     trial-0003-XXXXXXXX where trial-0003 is another study's
     SWEEP_DIR/<study>/best.toml      the best trial's configuration, as a profile fastrl-train takes
     SWEEP_DIR/<study>/.lock          held by the fastrl-sweep working on the study from here
 
@@ -12,6 +13,8 @@ The rules that let a sweep be killed and run again with the same command:
 
 - A study is one sweep: what defines it (profile, env, --set, params, objective, direction,
   budget) is stored with it, and a command that defines another is refused.
+- A trial runs in a folder made for it, never in one that was there: a study made anew over an
+  old sweep directory (its storage deleted) leaves the old trials' folders as they are.
 - A trial is finished when complete or pruned. A new trial is asked for only while finished +
   running trials are fewer than ``--trials``, so the study ends at exactly that many finished.
 - A trial cut off (the sweep killed, even by SIGKILL, or interrupted) is marked failed and queued
@@ -22,9 +25,10 @@ The rules that let a sweep be killed and run again with the same command:
 - A trial whose run fails (an error, no finite objective) is marked failed and not retried: its
   place goes to a new trial; FAILURES_IN_A_ROW such trials in a row stop the sweep.
 - Each trial reports its objective at PRUNE_RUNGS evenly spaced points of the budget (env steps,
-  or trained seconds with a time budget), each the last report at or before it: a MedianPruner stops a trial whose best value so far is
-  behind the median of the completed trials' at the same point, after a warm-up fraction of the
-  budget and once ``--prune-after-trials`` trials completed.
+  or trained seconds with a time budget), each point the last report at or before it: a
+  MedianPruner stops a trial whose best value so far is behind the median of the completed
+  trials' at the same point, after a warm-up fraction of the budget and once
+  ``--prune-after-trials`` trials completed.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -42,7 +47,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, load_profile, parse_override, set_key, to_toml, validate
 from .console import write_best_effort
-from .run_dir import LOCK_FILE, RunDirError, RunDirLock
+from .run_dir import LOCK_FILE, RunDirError, RunDirLock, write_atomic
 from .sweep_space import Param, check_objective, check_params
 from .sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess
 
@@ -324,18 +329,28 @@ class Sweep:
                     trial = self.study.ask(self.distributions)
                     self.study._storage.record_heartbeat(trial._trial_id)
                     trial.set_user_attr("sweep", self.owner)
-                    trial.set_user_attr("run_dir", str(self.run_dir(trial.number)))
+                    trial.set_user_attr("run_dir", str(self.new_run_dir(trial.number)))
                     return trial
             self.stopping.wait(POLL_S)  # every place taken: one may fail and free its place
         return None
 
-    def run_dir(self, number: int) -> Path:
-        return self.spec.study_dir / f"trial-{number:04d}"
+    def new_run_dir(self, number: int) -> Path:
+        """A folder made for trial ``number``: trial-NNNN, or trial-NNNN-XXXXXXXX (a name no
+        other folder has) where trial-NNNN is taken. A study runs each trial number once, so
+        what is there is another study's (one made anew over this directory): it is left alone,
+        and a link there is never followed."""
+        path = self.spec.study_dir / f"trial-{number:04d}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            taken, path = path, Path(tempfile.mkdtemp(prefix=f"{path.name}-", dir=self.spec.study_dir))
+            self.say(f"trial {number}: {taken} is another study's, left as it is: this trial runs in {path}")
+        return path
 
     def _run_trial(self, trial) -> None:
         spec = self.spec
         values = {p.key: p.set_text(trial.params[p.key]) for p in self.params}
-        run_dir = self.run_dir(trial.number)
+        run_dir = Path(trial.user_attrs["run_dir"])
         shown = " ".join(f"{k}={v}" for k, v in values.items())
         retried = self.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
         self.say(f"trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: {shown} -> {run_dir}")
@@ -433,7 +448,8 @@ class Sweep:
 
     def write_best_profile(self, best) -> Path:
         """The base profile's values with every --set and the best trial's params, as a profile
-        TOML (the profile's own budget: the sweep's was for comparing trials)."""
+        TOML (the profile's own budget: the sweep's was for comparing trials), written atomically
+        (a link there is replaced, not written through)."""
         cfg = copy.deepcopy(self.cfg)
         values = {p.key: p.set_text(best.params[p.key]) for p in self.params}
         for key, text in values.items():
@@ -446,7 +462,7 @@ class Sweep:
                   f"# params: {' '.join(f'{k}={v}' for k, v in values.items())}\n")
         path = self.spec.study_dir / BEST_PROFILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + to_toml(cfg), encoding="utf-8")
+        write_atomic(path, header + to_toml(cfg))
         return path
 
 

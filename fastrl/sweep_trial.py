@@ -45,12 +45,14 @@ def _die_with_parent() -> None:
 
 class TrialProcess:
     """``command`` (a fastrl-train command line) run in its own session; its output goes to
-    ``run_dir/trial.log``."""
+    ``run_dir/trial.log``, a new file in a folder made for the trial: FileExistsError where one
+    is there (another run's log, a link), which is never truncated nor written through."""
 
     def __init__(self, command: list[str], run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / OUTPUT_FILE, "wb") as output:
+        fd = os.open(self.run_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+        with os.fdopen(fd, "wb") as output:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)
         self.pgid = self.proc.pid

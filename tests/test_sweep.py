@@ -17,7 +17,7 @@ from fastrl.config import build_config
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace
 from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
 from fastrl.sweep_space import objective_keys, parse_param
-from fastrl.sweep_trial import ObjectiveCurve, Rungs, group_members
+from fastrl.sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
 from tests.test_reliability import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,6 +166,59 @@ def test_a_trial_the_sweep_left_running_is_failed_and_queued_again_with_its_para
     # The queued trial is the next one asked for, with the cut-off trial's params.
     again = study.ask(sweep.distributions)
     assert again.number == 2 and again.params == ours.params
+
+
+def test_a_study_made_anew_never_runs_a_trial_in_an_old_trial_s_folder(tmp_path):
+    spec = spec_of(tmp_path)
+    cfg, params = check_spec(spec)
+    study_dir = tmp_path / "sweep"
+    old = study_dir / "trial-0000"  # the trial 0 of a study whose storage was deleted
+    old.mkdir(parents=True)
+    (old / OUTPUT_FILE).write_text("the old trial's output\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (study_dir / "trial-0001").symlink_to(elsewhere)
+    sweep = Sweep(spec, cfg, params, open_study(spec))
+    dirs = [Path(sweep._next_trial().user_attrs["run_dir"]) for _ in range(3)]
+    assert dirs[0].parent == study_dir and dirs[0].name.startswith("trial-0000-")
+    assert dirs[1].parent == study_dir and dirs[1].name.startswith("trial-0001-") and not dirs[1].is_symlink()
+    assert dirs[2] == study_dir / "trial-0002"
+    assert all(d.is_dir() and not any(d.iterdir()) for d in dirs)
+    assert (old / OUTPUT_FILE).read_text() == "the old trial's output\n" and not any(elsewhere.iterdir())
+
+
+def test_a_trial_s_log_is_a_new_file_never_an_old_one_nor_written_through_a_link(tmp_path):
+    command = [sys.executable, "-c", "print('new')"]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    linked, old = tmp_path / "linked", tmp_path / "old"
+    for run_dir in (linked, old):
+        run_dir.mkdir()
+    (linked / OUTPUT_FILE).symlink_to(victim)
+    (old / OUTPUT_FILE).write_text("old\n")
+    for run_dir in (linked, old):
+        with pytest.raises(FileExistsError):
+            TrialProcess(command, run_dir)
+    assert victim.read_text() == "keep\n" and (old / OUTPUT_FILE).read_text() == "old\n"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    proc = TrialProcess(command, fresh)
+    proc.reap()
+    assert proc.returncode == 0 and (fresh / OUTPUT_FILE).read_text() == "new\n"
+
+
+def test_best_toml_replaces_a_link_and_never_writes_through_it(tmp_path):
+    spec = spec_of(tmp_path)
+    cfg, params = check_spec(spec)
+    study = open_study(spec)
+    study.add_trial(completed({"learner.lr": 1e-3}, 30.0))
+    victim = tmp_path / "victim.toml"
+    victim.write_text("keep\n")
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / BEST_PROFILE).symlink_to(victim)
+    path = Sweep(spec, cfg, params, study).result().best_profile
+    assert victim.read_text() == "keep\n" and not path.is_symlink() and "lr = 0.001" in path.read_text()
+    assert [p.name for p in path.parent.iterdir()] == [BEST_PROFILE]  # no temporary file left
 
 
 def completed(params, value, **kw):
