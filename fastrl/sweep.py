@@ -32,7 +32,6 @@ The rules that let a sweep be killed and run again with the same command:
 """
 from __future__ import annotations
 
-import copy
 import math
 import re
 import signal
@@ -45,10 +44,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config, ConfigError, load_profile, parse_override, set_key, to_toml, validate
+from .config import Config, ConfigError, load_profile, parse_override, to_toml
 from .console import write_best_effort
 from .run_dir import LOCK_FILE, RunDirError, RunDirLock, write_atomic
-from .sweep_space import Param, check_objective, check_params
+from .sweep_space import Param, check_objective, check_params, configured
 from .sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess
 
 STORAGE_FILE = "sweep.db"
@@ -60,6 +59,7 @@ TAIL_FRACTION = 0.1  # a trial's value: its curve's mean over the last tenth of 
 POLL_S = 0.5  # how often a trial's metrics.jsonl is read
 HEARTBEAT_S = 10  # Optuna's heartbeat of a running trial
 HEARTBEAT_GRACE_S = 60  # a trial without a heartbeat for this long was cut off (a storage shared between hosts)
+SQLITE_BUSY_S = 60.0  # how long a write to sweep.db waits for another sweep's on the same file
 FAILURES_IN_A_ROW = 3
 
 
@@ -133,24 +133,14 @@ class SweepSpec:
 
 def base_config(spec: SweepSpec) -> Config:
     """The profile with --env and every --set: what each trial starts from, with its budget."""
-    cfg = load_profile(spec.profile)
-    if spec.env:
-        set_key(cfg, "env.id", spec.env)
-    for text in spec.overrides:
-        set_key(cfg, *parse_override(text))
-    validate(cfg)
-    return cfg
+    env = [("env.id", spec.env)] if spec.env else []
+    return configured(load_profile(spec.profile), [*env, *(parse_override(text) for text in spec.overrides)])
 
 
 def trial_config(cfg: Config, spec: SweepSpec, values: dict[str, str]) -> Config:
     """``cfg`` with a trial's params (``--set`` texts) and the sweep's budget, validated."""
-    cfg = copy.deepcopy(cfg)
-    for key, text in values.items():
-        set_key(cfg, key, text)
-    cfg.train_for_env_steps = spec.budget_env_steps
-    cfg.train_for_seconds = spec.budget_seconds
-    validate(cfg)
-    return cfg
+    return configured(cfg, [*values.items(), ("train_for_env_steps", spec.budget_env_steps),
+                            ("train_for_seconds", spec.budget_seconds)])
 
 
 def check_spec(spec: SweepSpec) -> tuple[Config, list[Param]]:
@@ -194,6 +184,27 @@ def _optuna():
     return optuna
 
 
+def storage_errors(optuna) -> tuple[type[Exception], ...]:
+    """What a storage raises when its database fails (locked, gone, refused): Optuna's wrapper
+    and SQLAlchemy's own errors."""
+    import sqlalchemy.exc
+
+    return optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError
+
+
+def storage_failure(url: str, exc: BaseException) -> str:
+    """The one line for a storage that failed as the sweep worked: the database's own words
+    (Optuna's wrapper blames the data), and what to do."""
+    seen = set()
+    while id(exc) not in seen and (exc.__cause__ or exc.__context__) is not None:
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    fix = ("another program may be writing it, or its file system lacks working POSIX locks (NFS): pass --storage "
+           "with a server database (docs/sweeps.md)" if url.startswith("sqlite") else "check the database server")
+    return f"the storage {url} failed ({first}); {fix}, then run the same command to go on"
+
+
 def open_study(spec: SweepSpec):
     """The study of ``spec`` in its storage, made or continued; ConfigError for a storage that
     cannot be opened or a study that is another sweep."""
@@ -201,7 +212,7 @@ def open_study(spec: SweepSpec):
     url = spec.storage_url
     if spec.storage is None:
         Path(spec.sweep_dir).mkdir(parents=True, exist_ok=True)
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    engine = {"connect_args": {"timeout": SQLITE_BUSY_S}} if url.startswith("sqlite") else {}
     try:
         storage = optuna.storages.RDBStorage(
             url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_GRACE_S,
@@ -450,11 +461,8 @@ class Sweep:
         """The base profile's values with every --set and the best trial's params, as a profile
         TOML (the profile's own budget: the sweep's was for comparing trials), written atomically
         (a link there is replaced, not written through)."""
-        cfg = copy.deepcopy(self.cfg)
         values = {p.key: p.set_text(best.params[p.key]) for p in self.params}
-        for key, text in values.items():
-            set_key(cfg, key, text)
-        validate(cfg)
+        cfg = configured(self.cfg, values.items())
         sets = "".join(f" --set {text}" for text in self.spec.overrides)
         header = (f"# fastrl-sweep study '{self.spec.study}', trial {best.number}: {self.spec.objective} "
                   f"{best.value:.6g} ({self.spec.direction}), in {self.spec.axis[1]:g} {self.spec.axis[0]}\n"
@@ -517,5 +525,7 @@ def run_sweep(spec: SweepSpec) -> SweepResult:
         lock.record_pid()
         sweep = Sweep(spec, cfg, params, open_study(spec))
         return sweep.run()
+    except storage_errors(_optuna()) as exc:
+        raise SweepError(storage_failure(spec.storage_url, exc)) from None
     finally:
         lock.release()

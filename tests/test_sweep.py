@@ -5,6 +5,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,11 @@ import pytest
 from fastrl.cli import resolve_train_config, sweep_main, train_main, train_parser
 from fastrl.config import build_config
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace
+from fastrl import sweep as sweep_module
+from fastrl import sweep_space
+from fastrl.config import ConfigError
 from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
-from fastrl.sweep_space import objective_keys, parse_param
+from fastrl.sweep_space import configured, objective_keys, parse_param
 from fastrl.sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
 from tests.test_reliability import wait_for
 
@@ -105,6 +109,9 @@ def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--study", "a/b"], "--study 'a/b': use letters, digits"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--prune-warmup", "1"], "--prune-warmup is a fraction"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--storage", "nodb://x"], "cannot open the storage nodb://x"),
+    # A value a config check meets with a TypeError (a scalar where a list is read) is refused as any other.
+    (["--set", "pbt.population=2", "--param", "pbt.start=choice:{a=1},{b=2}"],
+     "--param pbt.start=choice:{a=1},{b=2}: "),
 ])
 def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message):
     sweep_dir = tmp_path / "sweep"
@@ -113,6 +120,42 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message)
     assert code == 2 and out == "", (out, err)
     assert len(err.strip().splitlines()) == 1 and err.startswith("fastrl-sweep: error: ") and message in err, err
     assert not list(sweep_dir.glob("*/trial-*"))
+
+
+def test_a_type_error_of_a_config_check_is_one_line(monkeypatch):
+    def validate(cfg):
+        raise TypeError("object of type 'int' has no len()")
+
+    monkeypatch.setattr(sweep_space, "validate", validate)
+    cfg = build_config("cartpole-appo")
+    with pytest.raises(ConfigError, match=r"^a value of a type the config's checks do not take \(object of type "
+                                          r"'int' has no len\(\)\): check the types of the --set and --param values$"):
+        configured(cfg, [("learner.lr", "1e-3")])
+
+
+def test_a_storage_error_while_the_sweep_works_is_one_line(tmp_path, capsys, monkeypatch):
+    # Another program holds sweep.db once the study is open: every read waits SQLITE_BUSY_S, then fails.
+    monkeypatch.setattr(sweep_module, "SQLITE_BUSY_S", 0.1)
+    holders = []
+
+    def open_then_hold(spec):
+        study = open_study(spec)
+        holders.append(sqlite3.connect(tmp_path / "sweep.db", isolation_level=None))
+        holders[-1].execute("BEGIN EXCLUSIVE")
+        return study
+
+    monkeypatch.setattr(sweep_module, "open_study", open_then_hold)
+    try:
+        code = sweep_main(sweep_args(tmp_path, "--trials", "1", "--budget-env-steps", "1000",
+                                     "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    finally:
+        for holder in holders:
+            holder.close()
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"fastrl-sweep: error: the storage sqlite:///{tmp_path.resolve()}/sweep.db failed (database "
+                          f"is locked); another program may be writing it, or its file system lacks working POSIX "
+                          f"locks (NFS): pass --storage with a server database"), err
 
 
 def test_a_budget_of_zero_is_refused_in_one_line(tmp_path, capsys):
