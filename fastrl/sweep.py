@@ -46,7 +46,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, load_profile, parse_override, to_toml
 from .console import write_best_effort
-from .run_dir import LOCK_FILE, RunDirError, RunDirLock, write_atomic
+from .run_dir import LOCK_FILE, RunDirError, RunDirLock, remove_unused_run_dir, write_atomic
 from .sweep_space import Param, check_objective, check_params, configured
 from .sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess
 
@@ -206,12 +206,11 @@ def storage_failure(url: str, exc: BaseException) -> str:
 
 
 def open_study(spec: SweepSpec):
-    """The study of ``spec`` in its storage, made or continued; ConfigError for a storage that
-    cannot be opened or a study that is another sweep."""
+    """The study of ``spec`` in its storage (in the sweep directory, which exists, unless
+    ``--storage``), made or continued; ConfigError for a storage that cannot be opened or a
+    study that is another sweep."""
     optuna = _optuna()
     url = spec.storage_url
-    if spec.storage is None:
-        Path(spec.sweep_dir).mkdir(parents=True, exist_ok=True)
     engine = {"connect_args": {"timeout": SQLITE_BUSY_S}} if url.startswith("sqlite") else {}
     try:
         storage = optuna.storages.RDBStorage(
@@ -510,11 +509,40 @@ def _lock_holder(path: Path) -> str:
         return "another fastrl-sweep"
 
 
+def make_study_dir(spec: SweepSpec) -> list[Path]:
+    """Make SWEEP_DIR/STUDY; the folders it made, outermost first. ConfigError, one line, for a
+    path that cannot be a folder."""
+    study_dir = spec.study_dir
+    for path, what in ((Path(spec.sweep_dir), f"--sweep-dir '{spec.sweep_dir}' is a file: pass a folder (one is made "
+                                              f"if missing)"),
+                       (study_dir, f"'{study_dir}' is a file, where study '{spec.study}' keeps its trials: move it, "
+                                   f"or pass another --study")):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(what)
+    made = [path for path in reversed([study_dir, *study_dir.parents]) if not path.exists()]
+    try:
+        study_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the sweep's folder '{study_dir}' ({exc.strerror}): pass a writable "
+                          f"--sweep-dir") from None
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders make_study_dir made while they hold nothing but the study's lock file:
+    a refused sweep leaves nothing behind."""
+    for path in reversed(made):
+        remove_unused_run_dir(path)
+        if path.exists():
+            return
+
+
 def run_sweep(spec: SweepSpec) -> SweepResult:
     """Check ``spec``, take the study's lock and run it to the end (module docstring)."""
     cfg, params = check_spec(spec)
     spec.params = params
-    spec.study_dir.mkdir(parents=True, exist_ok=True)
+    optuna = _optuna()  # before anything is made: a refused sweep leaves nothing behind
+    made = make_study_dir(spec)
     try:
         lock = RunDirLock.take(spec.study_dir)
     except RunDirError:
@@ -522,10 +550,15 @@ def run_sweep(spec: SweepSpec) -> SweepResult:
                           f"{_lock_holder(spec.study_dir / LOCK_FILE)}: wait for it or stop it, or pass another "
                           f"--study") from None
     try:
-        lock.record_pid()
-        sweep = Sweep(spec, cfg, params, open_study(spec))
-        return sweep.run()
-    except storage_errors(_optuna()) as exc:
+        try:
+            lock.record_pid()
+            study = open_study(spec)
+        except BaseException:
+            lock.release()
+            remove_made(made)
+            raise
+        return Sweep(spec, cfg, params, study).run()
+    except storage_errors(optuna) as exc:
         raise SweepError(storage_failure(spec.storage_url, exc)) from None
     finally:
         lock.release()

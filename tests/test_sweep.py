@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message)
     out, err = capsys.readouterr()
     assert code == 2 and out == "", (out, err)
     assert len(err.strip().splitlines()) == 1 and err.startswith("fastrl-sweep: error: ") and message in err, err
-    assert not list(sweep_dir.glob("*/trial-*"))
+    assert not sweep_dir.exists()  # a refused sweep leaves nothing behind, no lock file either
 
 
 def test_a_type_error_of_a_config_check_is_one_line(monkeypatch):
@@ -131,6 +131,32 @@ def test_a_type_error_of_a_config_check_is_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^a value of a type the config's checks do not take \(object of type "
                                           r"'int' has no len\(\)\): check the types of the --set and --param values$"):
         configured(cfg, [("learner.lr", "1e-3")])
+
+
+@pytest.mark.parametrize("where", ["sweep dir", "study dir"])
+def test_a_sweep_dir_or_study_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
+    sweep_dir = tmp_path / "sweeps"
+    if where == "sweep dir":
+        sweep_dir.write_text("a file\n")
+        expected = f"--sweep-dir '{sweep_dir}' is a file: pass a folder (one is made if missing)"
+    else:
+        sweep_dir.mkdir()
+        (sweep_dir / "sweep").write_text("a file\n")
+        expected = f"'{sweep_dir / 'sweep'}' is a file, where study 'sweep' keeps its trials: move it, or pass " \
+                   f"another --study"
+    code = sweep_main(sweep_args(sweep_dir, "--trials", "1", "--budget-env-steps", "1000",
+                                 "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    assert code == 2 and capsys.readouterr().err == f"fastrl-sweep: error: {expected}\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (["sweeps"] if where == "sweep dir" else ["sweep", "sweeps"])
+
+
+def test_without_optuna_the_sweep_is_refused_and_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    code = sweep_main(sweep_args(tmp_path / "sweeps", "--trials", "1", "--budget-env-steps", "1000",
+                                 "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    assert code == 2 and capsys.readouterr().err == ("fastrl-sweep: error: fastrl-sweep needs optuna: pip install "
+                                                     "'fastrl[sweep]'\n")
+    assert not (tmp_path / "sweeps").exists()
 
 
 def test_a_storage_error_while_the_sweep_works_is_one_line(tmp_path, capsys, monkeypatch):
@@ -172,7 +198,7 @@ def test_a_study_is_continued_only_by_the_sweep_that_started_it(tmp_path, capsys
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert ("study 'sweep' in sqlite:///" in err and "objective: 'episode_return_mean' there, 'episode_length_mean' "
             "here" in err and "pass another --study" in err), err
-    assert not list(tmp_path.glob("sweep/trial-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.db"]  # the study's folder is not left behind
 
 
 def test_a_study_another_sweep_is_running_is_refused(tmp_path, capsys):
