@@ -4,7 +4,8 @@ The sweep directory::
 
     SWEEP_DIR/sweep.db               the Optuna storage (SQLite): studies, trials, params, curves;
                                      optuna-dashboard sqlite:///SWEEP_DIR/sweep.db shows it
-    SWEEP_DIR/<study>/trial-0003/    trial 3's run directory (fastrl-train's; what it printed: trial.log)
+    SWEEP_DIR/<study>/trial-0003/    trial 3's run directory (fastrl-train's; what it printed: trial.log);
+                                     trial-0003-XXXXXXXX where trial-0003 is another study's
     SWEEP_DIR/<study>/best.toml      the best trial's configuration, as a profile fastrl-train takes
     SWEEP_DIR/<study>/.lock          held by the fastrl-sweep working on the study from here
 
@@ -12,6 +13,8 @@ The rules that let a sweep be killed and run again with the same command:
 
 - A study is one sweep: what defines it (profile, env, --set, params, objective, direction,
   budget) is stored with it, and a command that defines another is refused.
+- A trial runs in a folder made for it, never in one that was there: a study made anew over an
+  old sweep directory (its storage deleted) leaves the old trials' folders as they are.
 - A trial is finished when complete or pruned. A new trial is asked for only while finished +
   running trials are fewer than ``--trials``, so the study ends at exactly that many finished.
 - A trial cut off (the sweep killed, even by SIGKILL, or interrupted) is marked failed and queued
@@ -22,28 +25,29 @@ The rules that let a sweep be killed and run again with the same command:
 - A trial whose run fails (an error, no finite objective) is marked failed and not retried: its
   place goes to a new trial; FAILURES_IN_A_ROW such trials in a row stop the sweep.
 - Each trial reports its objective at PRUNE_RUNGS evenly spaced points of the budget (env steps,
-  or trained seconds with a time budget): a MedianPruner stops a trial whose best value so far is
-  behind the median of the completed trials' at the same point, after a warm-up fraction of the
-  budget and once ``--prune-after-trials`` trials completed.
+  or trained seconds with a time budget), each point the last report at or before it: a
+  MedianPruner stops a trial whose best value so far is behind the median of the completed
+  trials' at the same point, after a warm-up fraction of the budget and once
+  ``--prune-after-trials`` trials completed.
 """
 from __future__ import annotations
 
-import copy
 import math
 import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config, ConfigError, load_profile, parse_override, set_key, to_toml, validate
+from .config import Config, ConfigError, load_profile, parse_override, to_toml
 from .console import write_best_effort
-from .run_dir import LOCK_FILE, RunDirError, RunDirLock
-from .sweep_space import Param, check_objective, check_params
+from .run_dir import LOCK_FILE, RunDirError, RunDirLock, remove_unused_run_dir, write_atomic
+from .sweep_space import Param, check_objective, check_params, configured
 from .sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess
 
 STORAGE_FILE = "sweep.db"
@@ -55,6 +59,7 @@ TAIL_FRACTION = 0.1  # a trial's value: its curve's mean over the last tenth of 
 POLL_S = 0.5  # how often a trial's metrics.jsonl is read
 HEARTBEAT_S = 10  # Optuna's heartbeat of a running trial
 HEARTBEAT_GRACE_S = 60  # a trial without a heartbeat for this long was cut off (a storage shared between hosts)
+SQLITE_BUSY_S = 60.0  # how long a write to sweep.db waits for another sweep's on the same file
 FAILURES_IN_A_ROW = 3
 
 
@@ -128,24 +133,14 @@ class SweepSpec:
 
 def base_config(spec: SweepSpec) -> Config:
     """The profile with --env and every --set: what each trial starts from, with its budget."""
-    cfg = load_profile(spec.profile)
-    if spec.env:
-        set_key(cfg, "env.id", spec.env)
-    for text in spec.overrides:
-        set_key(cfg, *parse_override(text))
-    validate(cfg)
-    return cfg
+    env = [("env.id", spec.env)] if spec.env else []
+    return configured(load_profile(spec.profile), [*env, *(parse_override(text) for text in spec.overrides)])
 
 
 def trial_config(cfg: Config, spec: SweepSpec, values: dict[str, str]) -> Config:
     """``cfg`` with a trial's params (``--set`` texts) and the sweep's budget, validated."""
-    cfg = copy.deepcopy(cfg)
-    for key, text in values.items():
-        set_key(cfg, key, text)
-    cfg.train_for_env_steps = spec.budget_env_steps
-    cfg.train_for_seconds = spec.budget_seconds
-    validate(cfg)
-    return cfg
+    return configured(cfg, [*values.items(), ("train_for_env_steps", spec.budget_env_steps),
+                            ("train_for_seconds", spec.budget_seconds)])
 
 
 def check_spec(spec: SweepSpec) -> tuple[Config, list[Param]]:
@@ -189,14 +184,34 @@ def _optuna():
     return optuna
 
 
+def storage_errors(optuna) -> tuple[type[Exception], ...]:
+    """What a storage raises when its database fails (locked, gone, refused): Optuna's wrapper
+    and SQLAlchemy's own errors."""
+    import sqlalchemy.exc
+
+    return optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError
+
+
+def storage_failure(url: str, exc: BaseException) -> str:
+    """The one line for a storage that failed as the sweep worked: the database's own words
+    (Optuna's wrapper blames the data), and what to do."""
+    seen = set()
+    while id(exc) not in seen and (exc.__cause__ or exc.__context__) is not None:
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    fix = ("another program may be writing it, or its file system lacks working POSIX locks (NFS): pass --storage "
+           "with a server database (docs/sweeps.md)" if url.startswith("sqlite") else "check the database server")
+    return f"the storage {url} failed ({first}); {fix}, then run the same command to go on"
+
+
 def open_study(spec: SweepSpec):
-    """The study of ``spec`` in its storage, made or continued; ConfigError for a storage that
-    cannot be opened or a study that is another sweep."""
+    """The study of ``spec`` in its storage (in the sweep directory, which exists, unless
+    ``--storage``), made or continued; ConfigError for a storage that cannot be opened or a
+    study that is another sweep."""
     optuna = _optuna()
     url = spec.storage_url
-    if spec.storage is None:
-        Path(spec.sweep_dir).mkdir(parents=True, exist_ok=True)
-    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    engine = {"connect_args": {"timeout": SQLITE_BUSY_S}} if url.startswith("sqlite") else {}
     try:
         storage = optuna.storages.RDBStorage(
             url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=HEARTBEAT_GRACE_S,
@@ -324,18 +339,28 @@ class Sweep:
                     trial = self.study.ask(self.distributions)
                     self.study._storage.record_heartbeat(trial._trial_id)
                     trial.set_user_attr("sweep", self.owner)
-                    trial.set_user_attr("run_dir", str(self.run_dir(trial.number)))
+                    trial.set_user_attr("run_dir", str(self.new_run_dir(trial.number)))
                     return trial
             self.stopping.wait(POLL_S)  # every place taken: one may fail and free its place
         return None
 
-    def run_dir(self, number: int) -> Path:
-        return self.spec.study_dir / f"trial-{number:04d}"
+    def new_run_dir(self, number: int) -> Path:
+        """A folder made for trial ``number``: trial-NNNN, or trial-NNNN-XXXXXXXX (a name no
+        other folder has) where trial-NNNN is taken. A study runs each trial number once, so
+        what is there is another study's (one made anew over this directory): it is left alone,
+        and a link there is never followed."""
+        path = self.spec.study_dir / f"trial-{number:04d}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            taken, path = path, Path(tempfile.mkdtemp(prefix=f"{path.name}-", dir=self.spec.study_dir))
+            self.say(f"trial {number}: {taken} is another study's, left as it is: this trial runs in {path}")
+        return path
 
     def _run_trial(self, trial) -> None:
         spec = self.spec
         values = {p.key: p.set_text(trial.params[p.key]) for p in self.params}
-        run_dir = self.run_dir(trial.number)
+        run_dir = Path(trial.user_attrs["run_dir"])
         shown = " ".join(f"{k}={v}" for k, v in values.items())
         retried = self.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
         self.say(f"trial {trial.number}{f' (retry of {retried})' if retried is not None else ''}: {shown} -> {run_dir}")
@@ -433,12 +458,10 @@ class Sweep:
 
     def write_best_profile(self, best) -> Path:
         """The base profile's values with every --set and the best trial's params, as a profile
-        TOML (the profile's own budget: the sweep's was for comparing trials)."""
-        cfg = copy.deepcopy(self.cfg)
+        TOML (the profile's own budget: the sweep's was for comparing trials), written atomically
+        (a link there is replaced, not written through)."""
         values = {p.key: p.set_text(best.params[p.key]) for p in self.params}
-        for key, text in values.items():
-            set_key(cfg, key, text)
-        validate(cfg)
+        cfg = configured(self.cfg, values.items())
         sets = "".join(f" --set {text}" for text in self.spec.overrides)
         header = (f"# fastrl-sweep study '{self.spec.study}', trial {best.number}: {self.spec.objective} "
                   f"{best.value:.6g} ({self.spec.direction}), in {self.spec.axis[1]:g} {self.spec.axis[0]}\n"
@@ -446,7 +469,7 @@ class Sweep:
                   f"# params: {' '.join(f'{k}={v}' for k, v in values.items())}\n")
         path = self.spec.study_dir / BEST_PROFILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(header + to_toml(cfg), encoding="utf-8")
+        write_atomic(path, header + to_toml(cfg))
         return path
 
 
@@ -486,11 +509,40 @@ def _lock_holder(path: Path) -> str:
         return "another fastrl-sweep"
 
 
+def make_study_dir(spec: SweepSpec) -> list[Path]:
+    """Make SWEEP_DIR/STUDY; the folders it made, outermost first. ConfigError, one line, for a
+    path that cannot be a folder."""
+    study_dir = spec.study_dir
+    for path, what in ((Path(spec.sweep_dir), f"--sweep-dir '{spec.sweep_dir}' is a file: pass a folder (one is made "
+                                              f"if missing)"),
+                       (study_dir, f"'{study_dir}' is a file, where study '{spec.study}' keeps its trials: move it, "
+                                   f"or pass another --study")):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(what)
+    made = [path for path in reversed([study_dir, *study_dir.parents]) if not path.exists()]
+    try:
+        study_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the sweep's folder '{study_dir}' ({exc.strerror}): pass a writable "
+                          f"--sweep-dir") from None
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders make_study_dir made while they hold nothing but the study's lock file:
+    a refused sweep leaves nothing behind."""
+    for path in reversed(made):
+        remove_unused_run_dir(path)
+        if path.exists():
+            return
+
+
 def run_sweep(spec: SweepSpec) -> SweepResult:
     """Check ``spec``, take the study's lock and run it to the end (module docstring)."""
     cfg, params = check_spec(spec)
     spec.params = params
-    spec.study_dir.mkdir(parents=True, exist_ok=True)
+    optuna = _optuna()  # before anything is made: a refused sweep leaves nothing behind
+    made = make_study_dir(spec)
     try:
         lock = RunDirLock.take(spec.study_dir)
     except RunDirError:
@@ -498,8 +550,15 @@ def run_sweep(spec: SweepSpec) -> SweepResult:
                           f"{_lock_holder(spec.study_dir / LOCK_FILE)}: wait for it or stop it, or pass another "
                           f"--study") from None
     try:
-        lock.record_pid()
-        sweep = Sweep(spec, cfg, params, open_study(spec))
-        return sweep.run()
+        try:
+            lock.record_pid()
+            study = open_study(spec)
+        except BaseException:
+            lock.release()
+            remove_made(made)
+            raise
+        return Sweep(spec, cfg, params, study).run()
+    except storage_errors(optuna) as exc:
+        raise SweepError(storage_failure(spec.storage_url, exc)) from None
     finally:
         lock.release()

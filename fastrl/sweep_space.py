@@ -185,14 +185,27 @@ def check_params(params: list[Param], cfg: Config, overrides: list[str]) -> list
                     raise ConfigError(f"--param {param.spec}: {param.key} must be {key.allowed}, and {end:g} is "
                                       f"not; narrow the range")
         for text in param.endpoints():
-            trial_cfg = copy.deepcopy(cfg)
             try:
-                set_key(trial_cfg, param.key, text)
-                validate(trial_cfg)
+                configured(cfg, [(param.key, text)])
             except ConfigError as exc:
                 raise ConfigError(f"--param {param.spec}: with {param.key}={text}: {exc}") from None
         checked.append(param)
     return checked
+
+
+def configured(cfg: Config, values) -> Config:
+    """A copy of ``cfg`` with ``values`` set, ``(key, value)`` pairs (a value as ``--set`` or TOML
+    gives it), and validated. ConfigError, one line, for a value the config refuses, and for one
+    of a type a check did not expect (its TypeError): a sweep refuses it as it refuses the rest."""
+    cfg = copy.deepcopy(cfg)
+    try:
+        for key, value in values:
+            set_key(cfg, key, value)
+        validate(cfg)
+    except TypeError as exc:
+        raise ConfigError(f"a value of a type the config's checks do not take ({exc}): check the types of the "
+                          f"--set and --param values") from None
+    return cfg
 
 
 def _typed_choices(param: Param, cfg: Config) -> Param:

@@ -45,12 +45,14 @@ def _die_with_parent() -> None:
 
 class TrialProcess:
     """``command`` (a fastrl-train command line) run in its own session; its output goes to
-    ``run_dir/trial.log``."""
+    ``run_dir/trial.log``, a new file in a folder made for the trial: FileExistsError where one
+    is there (another run's log, a link), which is never truncated nor written through."""
 
     def __init__(self, command: list[str], run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / OUTPUT_FILE, "wb") as output:
+        fd = os.open(self.run_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+        with os.fdopen(fd, "wb") as output:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)
         self.pgid = self.proc.pid
@@ -182,17 +184,24 @@ class Rungs:
     """Where a trial's curve is reported to Optuna: ``count`` points evenly over the budget.
 
     Optuna's pruners compare trials at equal steps, and a run's reports land at whatever env
-    steps (or seconds) the report clock gives, so each rung gets the value of the first report at
-    or past it; every trial thus reports at the same steps."""
+    steps (or seconds) the report clock gives, so each rung gets the value of the last report at
+    or before it: what the trial had reached by then, never a value measured later (which would
+    favour the trials that report less often). A rung is reported once a report at or past it
+    shows that no other report comes before it; a rung before the first report gets no value."""
 
     def __init__(self, budget: float, count: int):
         self.steps = sorted({round(budget * k / count) for k in range(1, count + 1)} - {0})
         self.next = 0
+        self.last_value: float | None = None  # the last report's: before every rung not passed yet
 
     def passed(self, x: float, value: float) -> list[tuple[int, float]]:
         """(step, value) of each rung a report at ``x`` passes, not reported before."""
         out = []
         while self.next < len(self.steps) and self.steps[self.next] <= x:
-            out.append((self.steps[self.next], value))
+            step = self.steps[self.next]
+            known = value if step == x else self.last_value
+            if known is not None:
+                out.append((step, known))
             self.next += 1
+        self.last_value = value
         return out

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,12 @@ import pytest
 from fastrl.cli import resolve_train_config, sweep_main, train_main, train_parser
 from fastrl.config import build_config
 from fastrl.shm import SEGMENT_PREFIX, pid_namespace
+from fastrl import sweep as sweep_module
+from fastrl import sweep_space
+from fastrl.config import ConfigError
 from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
-from fastrl.sweep_space import objective_keys, parse_param
-from fastrl.sweep_trial import ObjectiveCurve, Rungs, group_members
+from fastrl.sweep_space import configured, objective_keys, parse_param
+from fastrl.sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
 from tests.test_reliability import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,6 +109,9 @@ def test_each_distribution_becomes_optunas_and_a_value_goes_back_as_set_takes_it
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--study", "a/b"], "--study 'a/b': use letters, digits"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--prune-warmup", "1"], "--prune-warmup is a fraction"),
     (["--param", "learner.lr=loguniform:1e-5:1e-2", "--storage", "nodb://x"], "cannot open the storage nodb://x"),
+    # A value a config check meets with a TypeError (a scalar where a list is read) is refused as any other.
+    (["--set", "pbt.population=2", "--param", "pbt.start=choice:{a=1},{b=2}"],
+     "--param pbt.start=choice:{a=1},{b=2}: "),
 ])
 def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message):
     sweep_dir = tmp_path / "sweep"
@@ -112,7 +119,69 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, capsys, args, message)
     out, err = capsys.readouterr()
     assert code == 2 and out == "", (out, err)
     assert len(err.strip().splitlines()) == 1 and err.startswith("fastrl-sweep: error: ") and message in err, err
-    assert not list(sweep_dir.glob("*/trial-*"))
+    assert not sweep_dir.exists()  # a refused sweep leaves nothing behind, no lock file either
+
+
+def test_a_type_error_of_a_config_check_is_one_line(monkeypatch):
+    def validate(cfg):
+        raise TypeError("object of type 'int' has no len()")
+
+    monkeypatch.setattr(sweep_space, "validate", validate)
+    cfg = build_config("cartpole-appo")
+    with pytest.raises(ConfigError, match=r"^a value of a type the config's checks do not take \(object of type "
+                                          r"'int' has no len\(\)\): check the types of the --set and --param values$"):
+        configured(cfg, [("learner.lr", "1e-3")])
+
+
+@pytest.mark.parametrize("where", ["sweep dir", "study dir"])
+def test_a_sweep_dir_or_study_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
+    sweep_dir = tmp_path / "sweeps"
+    if where == "sweep dir":
+        sweep_dir.write_text("a file\n")
+        expected = f"--sweep-dir '{sweep_dir}' is a file: pass a folder (one is made if missing)"
+    else:
+        sweep_dir.mkdir()
+        (sweep_dir / "sweep").write_text("a file\n")
+        expected = f"'{sweep_dir / 'sweep'}' is a file, where study 'sweep' keeps its trials: move it, or pass " \
+                   f"another --study"
+    code = sweep_main(sweep_args(sweep_dir, "--trials", "1", "--budget-env-steps", "1000",
+                                 "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    assert code == 2 and capsys.readouterr().err == f"fastrl-sweep: error: {expected}\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (["sweeps"] if where == "sweep dir" else ["sweep", "sweeps"])
+
+
+def test_without_optuna_the_sweep_is_refused_and_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    code = sweep_main(sweep_args(tmp_path / "sweeps", "--trials", "1", "--budget-env-steps", "1000",
+                                 "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    assert code == 2 and capsys.readouterr().err == ("fastrl-sweep: error: fastrl-sweep needs optuna: pip install "
+                                                     "'fastrl[sweep]'\n")
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_storage_error_while_the_sweep_works_is_one_line(tmp_path, capsys, monkeypatch):
+    # Another program holds sweep.db once the study is open: every read waits SQLITE_BUSY_S, then fails.
+    monkeypatch.setattr(sweep_module, "SQLITE_BUSY_S", 0.1)
+    holders = []
+
+    def open_then_hold(spec):
+        study = open_study(spec)
+        holders.append(sqlite3.connect(tmp_path / "sweep.db", isolation_level=None))
+        holders[-1].execute("BEGIN EXCLUSIVE")
+        return study
+
+    monkeypatch.setattr(sweep_module, "open_study", open_then_hold)
+    try:
+        code = sweep_main(sweep_args(tmp_path, "--trials", "1", "--budget-env-steps", "1000",
+                                     "--param", "learner.lr=loguniform:1e-5:1e-2"))
+    finally:
+        for holder in holders:
+            holder.close()
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"fastrl-sweep: error: the storage sqlite:///{tmp_path.resolve()}/sweep.db failed (database "
+                          f"is locked); another program may be writing it, or its file system lacks working POSIX "
+                          f"locks (NFS): pass --storage with a server database"), err
 
 
 def test_a_budget_of_zero_is_refused_in_one_line(tmp_path, capsys):
@@ -129,7 +198,7 @@ def test_a_study_is_continued_only_by_the_sweep_that_started_it(tmp_path, capsys
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert ("study 'sweep' in sqlite:///" in err and "objective: 'episode_return_mean' there, 'episode_length_mean' "
             "here" in err and "pass another --study" in err), err
-    assert not list(tmp_path.glob("sweep/trial-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.db"]  # the study's folder is not left behind
 
 
 def test_a_study_another_sweep_is_running_is_refused(tmp_path, capsys):
@@ -166,6 +235,59 @@ def test_a_trial_the_sweep_left_running_is_failed_and_queued_again_with_its_para
     # The queued trial is the next one asked for, with the cut-off trial's params.
     again = study.ask(sweep.distributions)
     assert again.number == 2 and again.params == ours.params
+
+
+def test_a_study_made_anew_never_runs_a_trial_in_an_old_trial_s_folder(tmp_path):
+    spec = spec_of(tmp_path)
+    cfg, params = check_spec(spec)
+    study_dir = tmp_path / "sweep"
+    old = study_dir / "trial-0000"  # the trial 0 of a study whose storage was deleted
+    old.mkdir(parents=True)
+    (old / OUTPUT_FILE).write_text("the old trial's output\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (study_dir / "trial-0001").symlink_to(elsewhere)
+    sweep = Sweep(spec, cfg, params, open_study(spec))
+    dirs = [Path(sweep._next_trial().user_attrs["run_dir"]) for _ in range(3)]
+    assert dirs[0].parent == study_dir and dirs[0].name.startswith("trial-0000-")
+    assert dirs[1].parent == study_dir and dirs[1].name.startswith("trial-0001-") and not dirs[1].is_symlink()
+    assert dirs[2] == study_dir / "trial-0002"
+    assert all(d.is_dir() and not any(d.iterdir()) for d in dirs)
+    assert (old / OUTPUT_FILE).read_text() == "the old trial's output\n" and not any(elsewhere.iterdir())
+
+
+def test_a_trial_s_log_is_a_new_file_never_an_old_one_nor_written_through_a_link(tmp_path):
+    command = [sys.executable, "-c", "print('new')"]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    linked, old = tmp_path / "linked", tmp_path / "old"
+    for run_dir in (linked, old):
+        run_dir.mkdir()
+    (linked / OUTPUT_FILE).symlink_to(victim)
+    (old / OUTPUT_FILE).write_text("old\n")
+    for run_dir in (linked, old):
+        with pytest.raises(FileExistsError):
+            TrialProcess(command, run_dir)
+    assert victim.read_text() == "keep\n" and (old / OUTPUT_FILE).read_text() == "old\n"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    proc = TrialProcess(command, fresh)
+    proc.reap()
+    assert proc.returncode == 0 and (fresh / OUTPUT_FILE).read_text() == "new\n"
+
+
+def test_best_toml_replaces_a_link_and_never_writes_through_it(tmp_path):
+    spec = spec_of(tmp_path)
+    cfg, params = check_spec(spec)
+    study = open_study(spec)
+    study.add_trial(completed({"learner.lr": 1e-3}, 30.0))
+    victim = tmp_path / "victim.toml"
+    victim.write_text("keep\n")
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / BEST_PROFILE).symlink_to(victim)
+    path = Sweep(spec, cfg, params, study).result().best_profile
+    assert victim.read_text() == "keep\n" and not path.is_symlink() and "lr = 0.001" in path.read_text()
+    assert [p.name for p in path.parent.iterdir()] == [BEST_PROFILE]  # no temporary file left
 
 
 def completed(params, value, **kw):
@@ -252,12 +374,22 @@ def test_a_trial_s_value_weights_each_report_by_the_steps_it_covers():
     assert single.tail_mean(10) == 3.0
 
 
-def test_rungs_are_the_same_steps_in_every_trial():
+def test_rungs_are_the_same_steps_in_every_trial_each_given_the_last_report_at_or_before_it():
     rungs = Rungs(10_000, PRUNE_RUNGS)
     assert rungs.steps == list(range(500, 10_001, 500))
-    assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 2.0), (1000, 2.0), (1500, 2.0)]
-    assert rungs.passed(1600, 3.0) == [] and rungs.passed(2000, 4.0) == [(2000, 4.0)]
+    assert rungs.passed(400, 1.0) == [] and rungs.passed(1600, 2.0) == [(500, 1.0), (1000, 1.0), (1500, 1.0)]
+    assert rungs.passed(1700, 3.0) == [] and rungs.passed(2000, 4.0) == [(2000, 4.0)]
+    assert rungs.passed(2600, 5.0) == [(2500, 4.0)]
     assert Rungs(10, PRUNE_RUNGS).steps == list(range(1, 11))  # whole seconds of a short time budget
+
+
+def test_a_late_report_gives_its_value_to_no_earlier_rung():
+    rungs = Rungs(500_000, PRUNE_RUNGS)
+    assert rungs.passed(180_000, 9.0) == []  # 25K..175K: no report at or before them
+    assert rungs.passed(200_000, 7.0) == [(200_000, 7.0)]
+    slow = Rungs(500_000, PRUNE_RUNGS)
+    assert slow.passed(10_000, 1.0) == []
+    assert slow.passed(180_000, 9.0) == [(step, 1.0) for step in range(25_000, 175_001, 25_000)]
 
 
 @pytest.mark.slow
