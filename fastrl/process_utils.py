@@ -35,8 +35,8 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
     ``niceness`` is added to every thread's (config key ``actor_niceness`` for the rollout workers
     and the batcher): set here, before the envs and the model are made, so that the threads they
     start inherit it. Why: where a CPU learner bounds training, sharing the cores evenly with the
-    envs and the batcher stretches its forward-backward. Pong in the pong-cpu layout (2 vCPUs,
-    ``bench.py compare --layout pong-cpu --base actor_niceness=0 --set actor_niceness=10``): 1.23x
+    envs and the batcher stretches its forward-backward. Pong in the pong-cpu setup (2 vCPUs,
+    ``bench.py compare --setup pong-cpu --base actor_niceness=0 --set actor_niceness=10``): 1.23x
     training env steps/s. Pinning the learner to one core and the
     actors to the other instead gave less (a trainer's processes reniced or pinned from outside,
     one 110 s run each: 1,287 niced, 1,165 pinned, 983 with neither), as the actors then cannot

@@ -7,7 +7,7 @@
 Each subcommand prints its table, then its figures as one JSON line; ``--json PATH`` also writes
 them to PATH. A subcommand whose module defines ``failed(report)`` exits with status 1 when it
 says so (``soak``: the training run did not exit cleanly); bad options exit with status 2. The
-options several share (``--set``, ``--rounds``, the layouts in scripts/layouts/) are declared
+options several share (``--set``, ``--rounds``, the setups in benchmarks/setups/) are declared
 once, in benchmarks/options.py. A subcommand's module is imported only when it runs: some pin
 their thread pools before numpy loads, and the batcher's is re-run against an older checkout of
 fastrl, which the others' imports may not match.

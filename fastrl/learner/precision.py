@@ -7,7 +7,7 @@ would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float
 Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
 set bfloat16 there by hand. Measured on a Zen 4 EPYC (AVX512_BF16): the Pong learner alone
 (Nature CNN, batch 512) 340-350 -> 206-210 ms per ``train()`` (``python scripts/bench.py
-learner --layout pong-cpu --set learner.precision=bfloat16``).
+learner --setup pong-cpu --set learner.precision=bfloat16``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ bounds a hung one) that measures, in steady state and on the same process layout
 
   raw env    the rollout workers' env groups stepped with random actions (fastrl.profiler.measure_env)
   training   fastrl's train() on the cartpole-appo profile with ``model.kind=auto`` (the
-             atari-appo profile in scripts/layouts/pong-cpu.toml for Atari ids)
+             atari-appo profile in scripts/benchmarks/setups/pong-cpu.toml for Atari ids)
 
 The layout comes from the env, not from a table: 16 envs on one thread are stepped for a second
 and each worker gets the power of two of envs that steps in about BATCH_SECONDS, within the arena
@@ -40,7 +40,7 @@ from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, legal
                              measure_run_patiently, random_action_table)
 from fastrl.spaces import MASK_KEY, ActionLayout, ObsLayout
 
-from .options import load_layout
+from .options import load_setup
 
 # One representative id per envpool family (envpool.registration.registry.specs[id][0]), each
 # checked to construct here; procgen needs the Qt 5 runtime and is kept to report that. pgx's
@@ -157,7 +157,7 @@ def check_one(env_id: str, seconds: float, startup_s: float) -> dict:
                calibration_fps=steps_per_s)
     overrides = {"device": "cpu", "env.id": env_id, "model.kind": "auto"}
     if row["family"] == "atari":
-        pong = load_layout("pong-cpu")
+        pong = load_setup("pong-cpu")
         cfg = build_config(pong.profile, {**pong.overrides, **overrides})
     else:
         cfg = build_config("cartpole-appo", {**rollout_overrides(steps_per_s, obs_space, env_id), **overrides})
