@@ -58,7 +58,7 @@ class Supervisor:
 
     def write_process_file(self) -> None:
         """processes.json: every pid of the run by role, the runner's too (for the profiler and
-        scripts/soak.py; the directory's lock is what marks it in use, fastrl.run_dir)."""
+        ``scripts/bench.py soak``; the directory's lock is what marks it in use, fastrl.run_dir)."""
         if self.run_dir is not None:
             pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
             write_atomic(self.run_dir / self.process_file, json.dumps({**pids, "runner": [os.getpid()]}))

@@ -5,10 +5,12 @@
     python scripts/bench.py SUBCOMMAND --help
 
 Each subcommand prints its table, then its figures as one JSON line; ``--json PATH`` also writes
-them to PATH. The options several share (``--set``, ``--rounds``, the layouts in scripts/layouts/)
-are declared once, in benchmarks/options.py. A subcommand's module is imported only when it runs:
-some pin their thread pools before numpy loads, and the batcher's is re-run against an older
-checkout of fastrl, which the others' imports may not match.
+them to PATH. A subcommand whose module defines ``failed(report)`` exits with status 1 when it
+says so (``soak``: the training run did not exit cleanly); bad options exit with status 2. The
+options several share (``--set``, ``--rounds``, the setups in benchmarks/setups/) are declared
+once, in benchmarks/options.py. A subcommand's module is imported only when it runs: some pin
+their thread pools before numpy loads, and the batcher's is re-run against an older checkout of
+fastrl, which the others' imports may not match.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ SUBCOMMANDS = {
     "scaling": ("scaling", "one rank against N ranks (torchrun; two nodes over a veth link as root)"),
     "vizdoom": ("vizdoom", "fastrl against Sample Factory on ViZDoom: training frames/s, time to a score"),
     "syncs": ("syncs", "host synchronisations and host <-> device copies per call"),
+    "check-envs": ("check_envs", "every envpool task family trained for a few seconds"),
+    "soak": ("soak", "a long run with a rollout worker SIGKILLed every --kill-every seconds"),
 }
 BENCH = Path(__file__).resolve()
 
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text + "\n")
-    return 0
+    return 1 if getattr(module, "failed", lambda report: False)(report) else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ bench = load_benchmark("agents")
 entry = load_script("bench")
 
 
-def test_every_round_runs_every_grouping_in_the_same_layout_alternating_the_order(monkeypatch, capsys, tmp_path):
+def test_every_round_runs_every_grouping_in_the_same_setup_alternating_the_order(monkeypatch, capsys, tmp_path):
     runs = []
     rates = itertools.cycle([100.0, 90.0, 80.0, 60.0, 95.0, 100.0, 100.0, 85.0, 70.0])  # in the runs' order
 
@@ -60,7 +60,7 @@ def test_env_kwargs_given_reach_every_run_beside_its_agents(monkeypatch):
     (["--agents", "3"], "a split of env.envs_per_worker / env.num_splits = 512 rows must hold whole games"),
     (["--set", "env.envs_per_worker=1028", "--agents", "4"], "(splits of 512 or 516 rows)"),
     (["--set", "learner.lrr=0.001"], "unknown config key 'learner.lrr'"),
-    (["--layout", "pong-cpu", "--profile", "atari-appo"], "--layout names its profile"),
+    (["--setup", "pong-cpu", "--profile", "atari-appo"], "--setup names its profile"),
     (["--seconds", "0.1"], "--seconds must be >= 0.5"),
 ])
 def test_bad_input_stops_with_one_line_before_any_run(argv, message, monkeypatch, capsys):

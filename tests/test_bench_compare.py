@@ -50,8 +50,8 @@ def test_the_baseline_runs_in_its_own_checkout_and_the_median_ratio_is_printed(t
     (["--set", "learner.lrr=0.001"], "unknown config key 'learner.lrr'"),
     (["--set", "learner.lr"], "--set expects section.key=value"),
     (["--set", "learner.lr=0.001", "--base-code", "/nonexistent"], "holds no fastrl package"),
-    (["--set", "learner.lr=0.001", "--layout", "pong"], "unknown layout 'pong': available: cartpole-earlier,"),
-    (["--set", "learner.lr=0.001", "--layout", "pong-cpu", "--profile", "atari-appo"], "--layout names its profile"),
+    (["--set", "learner.lr=0.001", "--setup", "pong"], "unknown setup 'pong': available: cartpole-earlier,"),
+    (["--set", "learner.lr=0.001", "--setup", "pong-cpu", "--profile", "atari-appo"], "--setup names its profile"),
 ])
 def test_bad_input_stops_with_one_line_before_any_run(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: pytest.fail("a run started"))
@@ -60,7 +60,7 @@ def test_bad_input_stops_with_one_line_before_any_run(argv, message, monkeypatch
     assert len(err) == 1 and message in err[0]
 
 
-def test_a_layout_gives_both_runs_its_profile_and_overrides_and_json_writes_the_figures(tmp_path, monkeypatch,
+def test_a_setup_gives_both_runs_its_profile_and_overrides_and_json_writes_the_figures(tmp_path, monkeypatch,
                                                                                         capsys):
     runs = []
 
@@ -72,7 +72,7 @@ def test_a_layout_gives_both_runs_its_profile_and_overrides_and_json_writes_the_
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     figures = tmp_path / "figures" / "compare.json"
-    assert entry.main(["compare", "--layout", "pong-cpu", "--set", "learner.precision=auto", "--rounds", "1",
+    assert entry.main(["compare", "--setup", "pong-cpu", "--set", "learner.precision=auto", "--rounds", "1",
                        "--seconds", "1", "--json", str(figures)]) == 0
     pong = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
             "learner.batch_size": 512}

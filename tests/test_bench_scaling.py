@@ -39,12 +39,3 @@ def test_the_link_is_veth_where_namespaces_can_be_made_and_the_ranks_split_evenl
     with pytest.raises(bench.ScalingError, match="need root; use --link loopback"):
         bench.chosen_link("veth", 2)
 
-
-def test_bench_scaling_is_bench_py_scaling_under_its_own_name():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_scaling.py"
-    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True).stdout
-    assert out.startswith("usage: bench.py scaling") and "--link" in out

@@ -2,13 +2,14 @@
 
     python scripts/bench.py agents                            # 2 and 4 agents per game against 1
     python scripts/bench.py agents --agents 2 4 8 --rounds 5 --sampling
-    python scripts/bench.py agents --layout cartpole-earlier --set env.kwargs='{length = 8}'
+    python scripts/bench.py agents --setup cartpole-earlier --set env.kwargs='{length = 8}'
 
 fastrl's cost per agent row must not depend on how rows are grouped into agents. Every run steps
 fastrl.envs.toy.AgreementGames, whose games are stepped in numpy with no Python per game or
-agent, in one layout (the profile on the CPU, or a layout of scripts/layouts/ with ``--layout``,
-plus ``--set``) with ``env.id`` set to it: only ``env.kwargs.agents`` changes, so every run has the
-same rows per batch, and one agent per game is the single-agent path with the same work per row.
+agent, in one setup (the profile on the CPU, or a setup of scripts/benchmarks/setups/ with
+``--setup``, plus ``--set``) with ``env.id`` set to it: only ``env.kwargs.agents`` changes, so
+every run has the same rows per batch, and one agent per game is the single-agent path with the
+same work per row.
 Each is measured the way fastrl-profile measures training or sampling
 (:func:`fastrl.profiler.measure.measure_run`: steady state after start-up and warm-up), in a
 fresh interpreter. Each round runs every grouping once, ascending on even rounds and descending
@@ -27,7 +28,7 @@ from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, check_durations
 
 from .compare import measure
-from .options import add_layout, add_rounds, add_set, load_layout, overrides
+from .options import add_rounds, add_set, add_setup, load_setup, overrides
 
 GAMES = "fastrl.envs.toy:AgreementGames"
 TARGET_RATIO = 0.8
@@ -37,8 +38,8 @@ def add_arguments(p) -> None:
     p.add_argument("--agents", type=int, nargs="+", default=[2, 4], metavar="A",
                    help="agents per game of the multi-agent runs, each against one agent per game (default 2 4)")
     p.add_argument("--profile", help=f"the profile measured on the CPU (default {DEFAULT_PROFILE})")
-    add_layout(p, "every run in this layout, in place of --profile on the CPU")
-    add_set(p, "overrides of every run, on top of the profile's or the layout's (repeat for several)")
+    add_setup(p, "every run in this setup, in place of --profile on the CPU")
+    add_set(p, "overrides of every run, on top of the profile's or the setup's (repeat for several)")
     add_rounds(p, 3, "rounds, each running every grouping once")
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds of each run")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of steady running before the window")
@@ -52,7 +53,7 @@ ERRORS = (ValueError,)  # ConfigError, ProfileError, and a split that holds no w
 def command_line(args) -> str:
     """The command that repeats this measurement, every option spelled out."""
     parts = ["python", "scripts/bench.py", "agents", "--agents", *map(str, args.agents)]
-    parts += ["--layout", args.layout] if args.layout else ["--profile", args.profile or DEFAULT_PROFILE]
+    parts += ["--setup", args.setup] if args.setup else ["--profile", args.profile or DEFAULT_PROFILE]
     for text in args.set:
         parts += ["--set", text]
     parts += ["--rounds", str(args.rounds), "--seconds", f"{args.seconds:g}", "--warmup", f"{args.warmup:g}"]
@@ -70,13 +71,13 @@ def run_settings(args) -> tuple[str, dict[int, dict]]:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if any(a < 2 for a in args.agents):
         raise ValueError(f"--agents counts the agents of a multi-agent game, each 2 or more: got {args.agents}")
-    if args.layout and args.profile:
-        raise ValueError("--layout names its profile: leave --profile out")
+    if args.setup and args.profile:
+        raise ValueError("--setup names its profile: leave --profile out")
     check_durations(args.seconds, args.warmup)
-    layout = load_layout(args.layout) if args.layout else None
-    profile = layout.profile if layout else args.profile or DEFAULT_PROFILE
-    base = {**(layout.overrides if layout else {"device": "cpu"}), **overrides(args.set), "env.id": GAMES}
-    kwargs = build_config(profile, base).env.kwargs  # --set gives it as text, a layout as a table
+    setup = load_setup(args.setup) if args.setup else None
+    profile = setup.profile if setup else args.profile or DEFAULT_PROFILE
+    base = {**(setup.overrides if setup else {"device": "cpu"}), **overrides(args.set), "env.id": GAMES}
+    kwargs = build_config(profile, base).env.kwargs  # --set gives it as text, a setup as a table
     settings = {}
     for agents in [1, *args.agents]:
         settings[agents] = {**base, "env.kwargs": {**kwargs, "agents": agents}}

@@ -1,14 +1,14 @@
 """Side by side: a profile's steady env steps/s with and without some overrides, alternating.
 
     python scripts/bench.py compare --set retain_freed_memory=false --rounds 3
-    python scripts/bench.py compare --layout pong-cpu --set learner.precision=auto
+    python scripts/bench.py compare --setup pong-cpu --set learner.precision=auto
     python scripts/bench.py compare --profile atari-appo-cpu --set learner.batch_size=256 --sampling
     git worktree add ../fastrl-2d7dbce 2d7dbce   # the code as it was at a commit, as the baseline:
-    python scripts/bench.py compare --layout pong-cpu --base-code ../fastrl-2d7dbce \
+    python scripts/bench.py compare --setup pong-cpu --base-code ../fastrl-2d7dbce \
         --set learner.precision=auto
 
-Each round measures the baseline (the profile on the CPU, or a layout of scripts/layouts/ with
-``--layout``, plus the ``--base`` overrides) and the variant (the same plus ``--set``) the way
+Each round measures the baseline (the profile on the CPU, or a setup of scripts/benchmarks/setups/
+with ``--setup``, plus the ``--base`` overrides) and the variant (the same plus ``--set``) the way
 fastrl-profile measures training or sampling (:func:`fastrl.profiler.measure.measure_run`: steady
 state after start-up and warm-up), each run in a fresh interpreter. ``--base-code DIR`` runs the baseline
 with another checkout of fastrl (DIR first on PYTHONPATH, e.g. a git worktree of an older
@@ -29,7 +29,7 @@ from fastrl.config import DEFAULT_PROFILE, build_config
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, check_durations
 
-from .options import add_layout, add_rounds, add_set, load_layout, overrides
+from .options import add_rounds, add_set, add_setup, load_setup, overrides
 
 # One measurement, in the interpreter of the code measured: it needs no more of that code than
 # build_config and measure_run_patiently, so an older checkout can be the baseline.
@@ -64,10 +64,10 @@ def round_order(r: int) -> tuple[str, str]:
 
 def add_arguments(p) -> None:
     p.add_argument("--profile", help=f"the profile measured on the CPU (default {DEFAULT_PROFILE})")
-    add_layout(p, "both runs in this layout, in place of --profile on the CPU")
+    add_setup(p, "both runs in this setup, in place of --profile on the CPU")
     add_set(p, "the variant's overrides (repeat for several)", required=True)
     p.add_argument("--base", action="append", default=[], metavar="KEY=VALUE",
-                   help="overrides of both runs, on top of the profile's or the layout's")
+                   help="overrides of both runs, on top of the profile's or the setup's")
     p.add_argument("--base-code", type=Path, metavar="DIR",
                    help="run the baseline with the fastrl checkout in DIR (e.g. a git worktree of an older commit)")
     add_rounds(p, 3, "base/variant pairs, alternating which runs first")
@@ -86,13 +86,13 @@ def run(args) -> dict:
     if args.base_code is not None and not (args.base_code / "fastrl" / "__init__.py").is_file():
         raise ValueError(f"--base-code {args.base_code} holds no fastrl package "
                          f"(expected {args.base_code}/fastrl/__init__.py)")
-    if args.layout and args.profile:
-        raise ValueError("--layout names its profile: leave --profile out")
+    if args.setup and args.profile:
+        raise ValueError("--setup names its profile: leave --profile out")
     check_durations(args.seconds, args.warmup)
-    layout = load_layout(args.layout) if args.layout else None
-    profile = layout.profile if layout else args.profile or DEFAULT_PROFILE
+    setup = load_setup(args.setup) if args.setup else None
+    profile = setup.profile if setup else args.profile or DEFAULT_PROFILE
     changes = overrides(args.set)
-    base = {**(layout.overrides if layout else {"device": "cpu"}), **overrides(args.base)}
+    base = {**(setup.overrides if setup else {"device": "cpu"}), **overrides(args.base)}
     build_config(profile, {**base, **changes})  # bad keys or values stop here, before any run
     if args.base_code is None:
         build_config(profile, base)

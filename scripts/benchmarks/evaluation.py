@@ -17,7 +17,7 @@ from fastrl.config import build_config
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
 
-from .options import add_rounds, add_set, load_layout, overrides
+from .options import add_rounds, add_set, load_setup, overrides
 
 
 def training_rate(profile: str, overrides: dict, seconds: float, startup_s: float) -> tuple[float, float]:
@@ -45,7 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, default=40.0, help="measured seconds of each training run")
     p.add_argument("--every", type=float, default=10.0, help="eval.every_s of the runs with evaluation on")
     add_rounds(p, 2, "off/on pairs per profile")
-    p.add_argument("--pong", action="store_true", help="also Pong (atari-appo in the pong-cpu layout)")
+    p.add_argument("--pong", action="store_true", help="also Pong (atari-appo in the pong-cpu setup)")
     p.add_argument("--no-cartpole", action="store_true", help="skip cartpole-appo")
     add_set(p)
 
@@ -56,7 +56,7 @@ def run(args) -> list[dict]:
     if not args.no_cartpole:
         rows.append(compare("cartpole-appo", {"device": "cpu", **settings}, args.every, args.seconds, args.rounds))
     if args.pong:
-        pong = load_layout("pong-cpu")
+        pong = load_setup("pong-cpu")
         rows.append(compare(pong.profile, {**pong.overrides, **settings}, args.every, args.seconds, args.rounds))
     print(f"\nhardware: {hardware()}")
     print(f"training env steps/s, evaluation off vs on (eval.every_s={args.every:g}), {args.seconds:g} s measured")

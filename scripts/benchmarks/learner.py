@@ -1,9 +1,9 @@
 """The learner alone: Learner.train() calls per second on synthetic batches of a profile's shape.
 
-    python scripts/bench.py learner --layout pong-cpu --rounds 4
+    python scripts/bench.py learner --setup pong-cpu --rounds 4
     python scripts/bench.py learner --profile atari-appo-cpu --rounds 4
-    python scripts/bench.py learner --layout pong-cpu --compare nchw-input
-    python scripts/bench.py learner --layout pong-cpu --arithmetic
+    python scripts/bench.py learner --setup pong-cpu --compare nchw-input
+    python scripts/bench.py learner --setup pong-cpu --arithmetic
 
 One process, one torch thread and the learner process's heap settings (``retain_freed_memory``).
 A batch has the profile's ``[T, B]`` shape and the env's observation space, with random
@@ -41,7 +41,7 @@ from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
 from fastrl.spaces import ObsLayout
 
-from .options import add_layout, add_rounds, add_set, load_layout, overrides
+from .options import add_rounds, add_set, add_setup, load_setup, overrides
 
 
 def random_batch(cfg, spec, seed: int) -> Trajectories:
@@ -114,8 +114,8 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, calls: int = 5) -> float:
 
 def add_arguments(p) -> None:
     p.add_argument("--profile", default="atari-appo", help="the profile, on the CPU (default atari-appo)")
-    add_layout(p, "the profile and overrides of this layout, in place of --profile on the CPU")
-    add_set(p, "override on top of the profile's or the layout's")
+    add_setup(p, "the profile and overrides of this setup, in place of --profile on the CPU")
+    add_set(p, "override on top of the profile's or the setup's")
     p.add_argument("--calls", type=int, default=3)
     add_rounds(p, 3, "timings of each variant, alternating")
     p.add_argument("--compare", choices=["nchw-input", "torch-ops"], default=None)
@@ -124,9 +124,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    layout = load_layout(args.layout) if args.layout else None
-    profile = layout.profile if layout else args.profile
-    cfg = build_config(profile, {**(layout.overrides if layout else {"device": "cpu"}), **overrides(args.set)})
+    setup = load_setup(args.setup) if args.setup else None
+    profile = setup.profile if setup else args.profile
+    cfg = build_config(profile, {**(setup.overrides if setup else {"device": "cpu"}), **overrides(args.set)})
     torch.set_num_threads(cfg.learner.torch_threads)
     heap_retained = cfg.retain_freed_memory and retain_freed_memory()
     spec = probe_env(cfg)

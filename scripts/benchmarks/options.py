@@ -1,7 +1,8 @@
 """The options the benchmarks share, each declared once: ``--set`` overrides, ``--rounds``, and
-the layouts, a profile with the overrides a benchmark measures it in (scripts/layouts/NAME.toml).
+the setups. A setup is a profile with the overrides a benchmark measures it in, in
+scripts/benchmarks/setups/NAME.toml.
 
-A layout file names its ``profile`` and holds its overrides as a profile holds values: top-level
+A setup file names its ``profile`` and holds its overrides as a profile holds values: top-level
 keys, and one table per section (``[env]``, ``[learner]``, ...).
 
 fastrl is imported inside the functions that need it: the batcher benchmark declares its options
@@ -13,7 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYOUTS = Path(__file__).resolve().parents[1] / "layouts"
+SETUPS = Path(__file__).resolve().parent / "setups"
 
 
 def add_set(p, help: str = "override for every run (e.g. device=cpu)", required: bool = False) -> None:
@@ -24,9 +25,9 @@ def add_rounds(p, default: int, help: str) -> None:
     p.add_argument("--rounds", type=int, default=default, help=f"{help} (default {default})")
 
 
-def add_layout(p, help: str) -> None:
-    p.add_argument("--layout", metavar="NAME", help=f"{help}: a file of scripts/layouts/ ({', '.join(layout_names())}) "
-                                                   f"or a path to one")
+def add_setup(p, help: str) -> None:
+    p.add_argument("--setup", metavar="NAME", help=f"{help}: a file of scripts/benchmarks/setups/ "
+                                                  f"({', '.join(setup_names())}) or a path to one")
 
 
 def overrides(texts: list[str]) -> dict:
@@ -36,33 +37,33 @@ def overrides(texts: list[str]) -> dict:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Setup:
     profile: str
     overrides: dict  # {"env.num_workers": 2, ...}, as build_config takes them
 
 
-def layout_names() -> list[str]:
-    return sorted(path.stem for path in LAYOUTS.glob("*.toml"))
+def setup_names() -> list[str]:
+    return sorted(path.stem for path in SETUPS.glob("*.toml"))
 
 
-def load_layout(name: str) -> Layout:
-    """scripts/layouts/NAME.toml, or the TOML file at the path ``name``; ConfigError (one line) for
-    a layout that is not there, is not TOML or names no profile."""
+def load_setup(name: str) -> Setup:
+    """scripts/benchmarks/setups/NAME.toml, or the TOML file at the path ``name``; ConfigError (one
+    line) for a setup that is not there, is not TOML or names no profile."""
     from fastrl.config import ConfigError
-    path = Path(name) if name.endswith(".toml") else LAYOUTS / f"{name}.toml"
+    path = Path(name) if name.endswith(".toml") else SETUPS / f"{name}.toml"
     if not path.is_file():
-        raise ConfigError(f"unknown layout '{name}': available: {', '.join(layout_names())}, or a path to a TOML file")
+        raise ConfigError(f"unknown setup '{name}': available: {', '.join(setup_names())}, or a path to a TOML file")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"layout {path} is not valid TOML: {exc}; correct it") from None
+        raise ConfigError(f"setup {path} is not valid TOML: {exc}; correct it") from None
     profile = data.pop("profile", None)
     if not isinstance(profile, str):
-        raise ConfigError(f"layout {path} names no profile: add profile = \"NAME\" at its top")
+        raise ConfigError(f"setup {path} names no profile: add profile = \"NAME\" at its top")
     flat = {}
     for key, value in data.items():
         if isinstance(value, dict):
             flat.update({f"{key}.{name}": setting for name, setting in value.items()})
         else:
             flat[key] = value
-    return Layout(profile, flat)
+    return Setup(profile, flat)

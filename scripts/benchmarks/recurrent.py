@@ -8,7 +8,7 @@ applied to both), each trained for the same ``--seconds`` in this invocation. En
 learner updates/s are steady-state rates: counted from the first report with a learner update to
 the last report, so process start-up is left out.
 
-Time-to-solve: APPO with an LSTM and with a GRU core (scripts/layouts/memory-appo.toml), and
+Time-to-solve: APPO with an LSTM and with a GRU core (scripts/benchmarks/setups/memory-appo.toml), and
 R2D2 (LSTM, memory-r2d2.toml), on MemoryEnv (fastrl.envs.toy: a cue on the first step, to be
 named ``--length`` steps later; feed-forward expected return 0), one run per seed; wall-clock from
 the train() call (start-up included) to the first report with episode_return_mean >= ``--target``
@@ -22,7 +22,7 @@ from fastrl.config import build_config
 from fastrl.profiler import hardware
 from fastrl.runner import train
 
-from .options import add_set, load_layout, overrides
+from .options import add_set, load_setup, overrides
 from .threshold import first_reaching, median_to_threshold
 
 METRIC = "episode_return_mean"
@@ -54,9 +54,9 @@ LEARNERS = ("lstm", "gru", "r2d2")
 
 def time_to_solve(core: str, seed: int, length: int, target: float, max_steps: int, limit_s: float) -> dict:
     """``core`` lstm / gru (APPO) or r2d2 (its LSTM)."""
-    layout = load_layout("memory-r2d2" if core == "r2d2" else "memory-appo")
-    settings = layout.overrides if core == "r2d2" else {**layout.overrides, "model.core": core}
-    reports = run_reports(layout.profile, {**settings, "env.kwargs": {"length": length}, "seed": seed,
+    setup = load_setup("memory-r2d2" if core == "r2d2" else "memory-appo")
+    settings = setup.overrides if core == "r2d2" else {**setup.overrides, "model.core": core}
+    reports = run_reports(setup.profile, {**settings, "env.kwargs": {"length": length}, "seed": seed,
                                            "train_for_env_steps": max_steps, "train_for_seconds": limit_s})
     hit = first_reaching(reports, METRIC, target)
     return {"core": core, "seed": seed, "seconds": hit["wall_time"] if hit else None,

@@ -1,12 +1,12 @@
 """Trainer benchmark: throughput against the raw env limit, and CartPole time-to-solve.
 
     python scripts/bench.py throughput                       # CartPole: FPS figures + 3 seeds to 475
-    python scripts/bench.py throughput --pong --seconds 30   # also Pong (layout pong-cpu) on this CPU
+    python scripts/bench.py throughput --pong --seconds 30   # also Pong (setup pong-cpu) on this CPU
     python scripts/bench.py throughput --dqn                 # also cartpole-dqn: FPS + 3 seeds to 400
 
 Every FPS figure is printed next to the raw env throughput of the same process layout, measured
-in the same invocation (fastrl.profiler); cartpole-appo is measured in its own layout and in
-scripts/layouts/cartpole-earlier.toml. Time-to-solve is wall-clock from the train() call (process
+in the same invocation (fastrl.profiler); cartpole-appo is measured with its own settings and in
+scripts/benchmarks/setups/cartpole-earlier.toml. Time-to-solve is wall-clock from the train() call (process
 start-up included) to the first report with episode_return_mean >= --target (benchmarks.threshold).
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ from fastrl.policy_eval import evaluate_run
 from fastrl.profiler import hardware, profile
 from fastrl.runner import train
 
-from .options import load_layout
+from .options import load_setup
 from .threshold import first_reaching, median_to_threshold
 
 METRIC = "episode_return_mean"
-# The CPU targets of cartpole-appo in its own layout.
+# The CPU targets of cartpole-appo with its own settings.
 TARGETS = {"solve_seconds": 60.0, "train_env_steps_per_s": 100_000, "sample_ratio": 0.6, "train_ratio": 0.35,
            "dqn_solve_seconds": 120.0}
 DQN_TARGET_RETURN = 400.0
@@ -78,21 +78,21 @@ def add_arguments(p) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--target", type=float, default=475.0)
     p.add_argument("--limit", type=float, default=60.0, help="wall-clock budget per seed")
-    p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) in the pong-cpu layout")
+    p.add_argument("--pong", action="store_true", help="also measure atari-appo (Pong) in the pong-cpu setup")
     p.add_argument("--dqn", action="store_true", help="also measure cartpole-dqn: throughput and seeds to 400")
     p.add_argument("--dqn-limit", type=float, default=180.0, help="wall-clock budget per cartpole-dqn seed")
 
 
-def layout_config(name: str):
-    layout = load_layout(name)
-    return build_config(layout.profile, layout.overrides)
+def setup_config(name: str):
+    setup = load_setup(name)
+    return build_config(setup.profile, setup.overrides)
 
 
 def run(args) -> dict:
     rows = [throughput_row("cartpole-appo", build_config("cartpole-appo", {"device": "cpu"}), args.seconds),
-            throughput_row("cartpole earlier", layout_config("cartpole-earlier"), args.seconds)]
+            throughput_row("cartpole earlier", setup_config("cartpole-earlier"), args.seconds)]
     if args.pong:
-        rows.append(throughput_row("atari-appo (cpu)", layout_config("pong-cpu"), args.seconds))
+        rows.append(throughput_row("atari-appo (cpu)", setup_config("pong-cpu"), args.seconds))
     if args.dqn:
         rows.append(throughput_row("cartpole-dqn", build_config("cartpole-dqn", {"device": "cpu"}), args.seconds))
     seeds, median = solve_times("cartpole-appo", args.seeds, args.target, args.limit)

@@ -2,13 +2,13 @@
 
 Prints, every --sample-every seconds, the run's FPS, restarts, and RSS / open fds per process,
 then one JSON summary: growth of RSS and fds per role (first vs last sample, same role), and the
-FPS in the window before each kill against the window after it.
+FPS in the window before each kill against the window after it. The exit status is 1 when the
+training run did not exit cleanly.
 
-    python scripts/soak.py --minutes 30 --kill-every 60
+    python scripts/bench.py soak --minutes 30 --kill-every 60
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -47,14 +47,14 @@ def sample_processes(run_dir: Path) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--kill-every", type=float, default=60.0)
-    p.add_argument("--sample-every", type=float, default=10.0)
-    p.add_argument("--profile", default="cartpole-appo")
-    args = p.parse_args(argv)
+def add_arguments(p) -> None:
+    p.add_argument("--minutes", type=float, default=30.0, help="length of the training run (default 30)")
+    p.add_argument("--kill-every", type=float, default=60.0, help="seconds between two kills (default 60)")
+    p.add_argument("--sample-every", type=float, default=10.0, help="seconds between two samples (default 10)")
+    p.add_argument("--profile", default="cartpole-appo", help="the profile trained, on the CPU (default cartpole-appo)")
 
+
+def run(args) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="fastrl-soak-"))
     seconds = args.minutes * 60
     cmd = [sys.executable, "-m", "fastrl.cli", "--profile", args.profile, "--run-dir", str(run_dir), "--quiet",
@@ -105,12 +105,11 @@ def main(argv=None) -> int:
             growth[role] = {"rss_mib_first": round(sum(r[1] for r in first), 1),
                             "rss_mib_last": round(sum(r[1] for r in last), 1),
                             "fds_first": sum(r[2] for r in first), "fds_last": sum(r[2] for r in last)}
-    result = {"minutes": args.minutes, "kills": len(kills), "worker_restarts": samples[-1]["restarts"] if samples else 0,
-              "exit_code": trainer.returncode, "growth_after_first_minute": growth, "recovery": recovery,
-              "run_dir": str(run_dir)}
-    print(json.dumps(result))
-    return 0 if trainer.returncode == 0 else 1
+    return {"minutes": args.minutes, "kills": len(kills), "worker_restarts": samples[-1]["restarts"] if samples else 0,
+            "exit_code": trainer.returncode, "growth_after_first_minute": growth, "recovery": recovery,
+            "run_dir": str(run_dir)}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def failed(report: dict) -> bool:
+    """Whether bench.py exits with status 1: the training run did not exit cleanly."""
+    return report["exit_code"] != 0

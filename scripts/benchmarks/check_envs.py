@@ -1,21 +1,22 @@
 """Every envpool task family trained by fastrl for a few seconds, with no per-env code.
 
-    python scripts/check_envs.py                             # one id per family, 8 s each
-    python scripts/check_envs.py --ids FetchReach-v4 Taxi-v3 --seconds 15 --json /tmp/envs.json
+    python scripts/bench.py check-envs                             # one id per family, 8 s each
+    python scripts/bench.py check-envs --ids FetchReach-v4 Taxi-v3 --seconds 15 --json /tmp/envs.json
 
 Each id runs in a subprocess of its own (a crashing env cannot take the others down; --timeout
 bounds a hung one) that measures, in steady state and on the same process layout:
 
   raw env    the rollout workers' env groups stepped with random actions (fastrl.profiler.measure_env)
   training   fastrl's train() on the cartpole-appo profile with ``model.kind=auto`` (the
-             atari-appo profile in scripts/layouts/pong-cpu.toml for Atari ids)
+             atari-appo profile in scripts/benchmarks/setups/pong-cpu.toml for Atari ids)
 
 The layout comes from the env, not from a table: 16 envs on one thread are stepped for a second
 and each worker gets the power of two of envs that steps in about BATCH_SECONDS, within the arena
 budget. Random actions are legal ones where the observation has an action_mask. A multi-player
 task's envs are its players' rows (docs/multiagent.md): its batches hold whole games, and a
-turn-based game's env.num_splits is a multiple of its players. The table gives training env steps/s next to the raw figure and their ratio; an id that
-could not be trained says why in one line.
+turn-based game's env.num_splits is a multiple of its players. The table gives training env
+steps/s next to the raw figure and their ratio; an id that could not be trained says why in one
+line. The JSON line holds every row, the seconds and the hardware.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, legal
                              measure_run_patiently, random_action_table)
 from fastrl.spaces import MASK_KEY, ActionLayout, ObsLayout
 
-from benchmarks.options import load_layout
+from .options import load_setup
 
 # One representative id per envpool family (envpool.registration.registry.specs[id][0]), each
 # checked to construct here; procgen needs the Qt 5 runtime and is kept to report that. pgx's
@@ -75,6 +77,7 @@ MAX_TRAJECTORIES = 128  # per learner batch: cartpole-appo's 4096 env steps
 CALIBRATION_ENVS, CALIBRATION_S = 16, 1.0
 RESULT_PREFIX = "check_envs result: "
 EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b")
+BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
 def family(env_id: str) -> str:
@@ -123,7 +126,7 @@ def calibrate(env_id: str, seed: int) -> tuple[float, object, object]:
         env.close()
 
 
-def layout(steps_per_s: float, obs_space, env_id: str) -> dict:
+def rollout_overrides(steps_per_s: float, obs_space, env_id: str) -> dict:
     """Config overrides for the rollout layout and learner batch of an env this fast."""
     layout_obs = ObsLayout(obs_space)
     step_bytes = int(np.prod(layout_obs.storage_shape)) * layout_obs.storage_dtype.itemsize
@@ -154,10 +157,10 @@ def check_one(env_id: str, seconds: float, startup_s: float) -> dict:
                calibration_fps=steps_per_s)
     overrides = {"device": "cpu", "env.id": env_id, "model.kind": "auto"}
     if row["family"] == "atari":
-        pong = load_layout("pong-cpu")
+        pong = load_setup("pong-cpu")
         cfg = build_config(pong.profile, {**pong.overrides, **overrides})
     else:
-        cfg = build_config("cartpole-appo", {**layout(steps_per_s, obs_space, env_id), **overrides})
+        cfg = build_config("cartpole-appo", {**rollout_overrides(steps_per_s, obs_space, env_id), **overrides})
     row["layout"] = f"{cfg.env.num_workers} x {cfg.env.envs_per_worker} / {cfg.env.num_splits}"
     row["batch_size"] = cfg.learner.batch_size
     warmup = default_warmup(seconds)
@@ -181,7 +184,7 @@ def check_one(env_id: str, seconds: float, startup_s: float) -> dict:
 def run_child(env_id: str, seconds: float, startup_s: float, timeout_s: float) -> dict:
     """``check_one`` in a subprocess in its own session, killed with its children after ``timeout_s``.
     It works in a temporary directory: some envs write files where they run (ViZDoom's _vizdoom.ini)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", env_id, "--seconds", str(seconds),
+    cmd = [sys.executable, str(BENCH), "check-envs", "--child", env_id, "--seconds", str(seconds),
            "--startup-seconds", str(startup_s)]
     with tempfile.TemporaryDirectory(prefix="fastrl-check-envs-") as cwd:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
@@ -232,20 +235,20 @@ def print_table(rows: list[dict]) -> None:
               + ", ".join(f"{r['id']} {r['ratio']:.2f}" for r in packed))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--ids", nargs="+", help="envpool ids to check (default: one per family)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds of each raw env and training run")
     p.add_argument("--startup-seconds", type=float, default=STARTUP_ESTIMATE_S,
                    help="start-up allowed to a training run before its warm-up (once more, longer, if it starts later)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before an id's subprocess is killed")
-    p.add_argument("--json", metavar="PATH", help="also write the rows and the hardware as JSON")
-    p.add_argument("--child", metavar="ID", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        print(RESULT_PREFIX + json.dumps(check_one(args.child, args.seconds, args.startup_seconds)), flush=True)
-        return 0
+    p.add_argument("--child", metavar="ID", help=argparse.SUPPRESS)  # one id, in the subprocess run_child starts
 
+
+def run(args) -> dict:
+    if args.child:
+        row = check_one(args.child, args.seconds, args.startup_seconds)
+        print(RESULT_PREFIX + json.dumps(row), flush=True)
+        return row
     rows = []
     for env_id in args.ids or DEFAULT_IDS.values():
         print(f"[check_envs] {env_id} ...", file=sys.stderr, flush=True)
@@ -257,12 +260,4 @@ def main(argv=None) -> int:
               + (f"; {r['error']}" if r["error"] else ""), file=sys.stderr, flush=True)
     print(f"hardware: {hardware()}")
     print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "seconds": args.seconds, "startup_seconds": args.startup_seconds,
-                       "hardware": hardware()}, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"rows": rows, "seconds": args.seconds, "startup_seconds": args.startup_seconds, "hardware": hardware()}
