@@ -145,3 +145,9 @@ def test_an_undeclared_key_is_found():
 
     assert declared("policy/left/learner/loss") and declared("member/2/eval_return_mean")
     assert not declared("policy/left/learner/no_such_stat") and not declared("learner/no_such_stat")
+
+
+def test_the_index_lists_every_docs_page():
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    listed = {target.partition("#")[0] for target in LINK.findall(index)}
+    assert sorted(page.name for page in (ROOT / "docs").glob("*.md") if page.name not in listed | {"index.md"}) == []
