@@ -1,4 +1,5 @@
-"""fastrl: an asynchronous reinforcement-learning trainer for one machine, with optional multi-node learners.
+"""fastrl: an asynchronous reinforcement-learning trainer for one machine, with optional
+multi-node learners.
 
 From Python::
 
