@@ -1,11 +1,24 @@
-"""fastrl: a single-node, high-throughput asynchronous RL trainer."""
+"""fastrl: an asynchronous RL trainer for one machine, with optional multi-node learners."""
+from pathlib import Path
+
 from setuptools import setup
 
 setup(
     name="fastrl",
     version="0.1.0",
-    description="High-throughput asynchronous RL trainer: shared-memory rollouts, "
-    "central inference batching, V-trace learner",
+    description="Asynchronous RL trainer for one machine (several through torchrun): shared-memory rollouts, "
+    "central inference batching, V-trace and replay learners",
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     python_requires=">=3.10",
     # kernels/ is a top-level folder of the repo but is installed as fastrl.kernels so that we
     # never install a top-level module called `kernels` (another PyPI package owns that name).

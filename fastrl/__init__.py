@@ -1,4 +1,5 @@
-"""fastrl: a single-node, high-throughput, asynchronous reinforcement-learning trainer.
+"""fastrl: an asynchronous reinforcement-learning trainer for one machine, with optional
+multi-node learners.
 
 From Python::
 

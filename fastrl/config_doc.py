@@ -72,9 +72,9 @@ def markdown() -> str:
              "Generated from `fastrl/config.py` by `python -m fastrl.config_doc > docs/config.md`; "
              "`tests/test_config.py` checks that it is current. Set a key in a profile's table or with "
              "`--set section.key=value`; `fastrl-train --list-keys` prints the same, one line per key. "
-             "\"read by\" names the algorithms (`learner.algo`) that use the key; the others ignore it, refuse "
-             "in one line a value that would have no effect, or, where its allowed values say so, accept any "
-             "finite value.", ""]
+             "\"read by\" names the algorithms (`learner.algo`) that use the key. The others ignore it or refuse "
+             "a value that would have no effect; where its allowed values say so, they accept any finite value.",
+             ""]
     lines += _table("", "Top-level keys", inspect.getdoc(Config))
     for section, cls in SECTIONS.items():
         lines += _table(section, f"[{section}]", inspect.getdoc(cls).replace("\n", " "))

@@ -38,6 +38,7 @@ from .config import Config, ConfigError
 from .envs import EnvSpec
 from .envs.pettingzoo_backend import is_pettingzoo_id
 from .policy_eval import check_opponent_seats, evaluate_against, evaluate_policy
+from .metrics import OPPONENT_STATS
 from .models import build_model
 from .opponents import OpponentError, find_opponent, make_opponent
 from .published_weights import PublishedWeights
@@ -91,9 +92,9 @@ def member_evaluations(arena: Arena) -> np.ndarray | None:
     return rows if int(arena.eval_stats[EvalStats.SEQ]) == seq else None
 
 
-# The columns of a row of ``arena.eval_opponent_stats``: the evaluated policy's games against one
-# of eval.opponents (the row's index there), written under EvalStats.SEQ; NaN rates: no outcome.
-OPPONENT_STATS = ("win_rate", "draw_rate", "loss_rate", "episodes")
+# OPPONENT_STATS (fastrl.metrics) are the columns of a row of ``arena.eval_opponent_stats``: the
+# evaluated policy's games against one of eval.opponents (the row's index there), written under
+# EvalStats.SEQ; NaN rates: no outcome.
 
 
 CLIP_FRAMES = 900  # 30 s at the video's 30 fps: a clip, not the whole of a long Atari episode

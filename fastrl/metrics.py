@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +21,39 @@ from .wandb_logger import open_wandb_logger
 # default report_every_s, a few MiB, so a run of weeks does not grow without bound.
 HISTORY_REPORTS = 2000
 
-# Slots of arena.learner_stats, written by the learner after every update.
-LEARNER_STATS = ("learner_updates", "version", "loss", "policy_loss", "value_loss", "entropy", "grad_norm",
-                 "policy_lag_min", "policy_lag_mean", "policy_lag_max", "lr", "skipped_updates",
-                 "trained_env_steps", "forward_backward_s", "vtrace_s", "optimizer_s", "gather_s",
-                 "publish_s", "wait_s", "replay_s", "replay_size", "replayed_batches", "q_mean",
-                 # the hyperparameters the update used (a pbt member's change over the run)
-                 "entropy_coef", "value_coef", "ppo_clip", "max_grad_norm", "gamma")
+# Slots of arena.learner_stats, written by the learner after every update: name -> meaning. Each is
+# the metrics.jsonl key "learner/<name>" (the policy lag and learner_updates are promoted to the top level).
+LEARNER_STATS = {
+    "learner_updates": "optimizer steps taken (an update skipped for a non-finite loss is not one)",
+    "version": "the version of the weights the learner published last: batches trained on",
+    "loss": "the total loss of the last batch, averaged over its minibatches",
+    "policy_loss": "the policy-gradient part of the loss (APPO, IMPALA)",
+    "value_loss": "the value part of the loss; the TD loss for DQN and R2D2",
+    "entropy": "the policy's mean entropy over the last batch (APPO, IMPALA)",
+    "grad_norm": "the gradients' global norm before clipping, averaged over the batch's steps",
+    "policy_lag_min": "the smallest policy lag in the last batch: learner version minus the version that acted",
+    "policy_lag_mean": "the mean policy lag over the last batch's valid steps",
+    "policy_lag_max": "the largest policy lag in the last batch",
+    "lr": "the learning rate of the last update",
+    "skipped_updates": "updates skipped because the loss or a gradient was not finite",
+    "trained_env_steps": "env steps the learner has trained on (replayed steps are counted once, as they arrive)",
+    "forward_backward_s": "cumulative seconds in the forward and backward passes",
+    "vtrace_s": "cumulative seconds computing V-trace targets (APPO, IMPALA)",
+    "optimizer_s": "cumulative seconds in the optimizer step",
+    "gather_s": "cumulative seconds copying full slots out of the arena into a batch",
+    "publish_s": "cumulative seconds publishing the new weights",
+    "wait_s": "cumulative seconds blocked until a worker sends full slots",
+    "replay_s": "cumulative seconds adding to and sampling from the replay (DQN, R2D2)",
+    "replay_size": "transitions or sequences held by the replay (DQN, R2D2)",
+    "replayed_batches": "batches sampled from the replay since it was made (DQN, R2D2; a resume starts afresh)",
+    "q_mean": "the mean Q-value of the last sampled batch (DQN, R2D2)",
+    # the hyperparameters the update used (a pbt member's change over the run)
+    "entropy_coef": "learner.entropy_coef as the last update used it (a population's member explores it)",
+    "value_coef": "learner.value_coef as the last update used it",
+    "ppo_clip": "learner.ppo_clip as the last update used it",
+    "max_grad_norm": "learner.max_grad_norm as the last update used it",
+    "gamma": "learner.gamma as the last update used it",
+}
 STAT = {name: i for i, name in enumerate(LEARNER_STATS)}
 
 
@@ -36,14 +64,19 @@ class WorkerTiming:
     second, and ``row[column] += dt`` measured ~0.17 us with a plain int (as with a literal) but
     ~0.30 us with an IntEnum member (Python 3.11, numpy 2.4)."""
 
-    ENV_STEP = 0  # in env.recv(): the envs stepping
-    OBS_COPY = 1  # writing a batch into its slots (its waits for free slots are WAIT_SLOTS)
-    WAIT_ACTIONS = 2  # blocked until the batcher answers a request
-    WAIT_SLOTS = 3  # blocked until the learner returns slots
-    INFERENCE = 4  # acting for its own batches (inference.in_workers): gather, forward, write back
+    ENV_STEP = 0
+    OBS_COPY = 1
+    WAIT_ACTIONS = 2
+    WAIT_SLOTS = 3
+    INFERENCE = 4
     # metrics.jsonl key "rollout/<key>" of each column, summed over the workers
     KEYS = {ENV_STEP: "env_step_s", OBS_COPY: "obs_copy_s", WAIT_ACTIONS: "wait_actions_s",
             WAIT_SLOTS: "wait_slots_s", INFERENCE: "inference_s"}
+    HELP = {ENV_STEP: "in env.recv(): the envs stepping",
+            OBS_COPY: "writing a batch into its slots (its waits for free slots are wait_slots_s)",
+            WAIT_ACTIONS: "blocked until the batcher answers a request",
+            WAIT_SLOTS: "blocked until the learner returns slots",
+            INFERENCE: "acting for its own batches (inference.in_workers): gather, forward, write back"}
 
     @staticmethod
     def row(arena: Arena, worker_id: int) -> np.ndarray:
@@ -58,14 +91,19 @@ class WorkerTiming:
 class BatcherTiming:
     """Columns of the inference batcher's row ``W`` of ``arena.timings``: cumulative seconds, then counts."""
 
-    FORWARD = 0  # gather observations, forward pass, write actions back
-    WEIGHT_REFRESH = 1  # loading newly published weights
-    WAIT_REQUESTS = 2  # blocked until a worker sends a request
+    FORWARD = 0
+    WEIGHT_REFRESH = 1
+    WAIT_REQUESTS = 2
     BATCHES = 3
     REQUESTS = 4
     # metrics.jsonl key "inference/<key>" of each column
     KEYS = {FORWARD: "inference_forward_s", WEIGHT_REFRESH: "weight_refresh_s", WAIT_REQUESTS: "wait_requests_s",
             BATCHES: "inference_batches", REQUESTS: "inference_requests"}
+    HELP = {FORWARD: "gathering observations, the forward pass, writing actions back",
+            WEIGHT_REFRESH: "loading newly published weights",
+            WAIT_REQUESTS: "blocked until a worker sends a request",
+            BATCHES: "forward passes run (a count, not seconds)",
+            REQUESTS: "worker requests answered (a count; several go into one forward pass)"}
 
     @staticmethod
     def row(arena: Arena) -> np.ndarray:
@@ -75,6 +113,136 @@ class BatcherTiming:
 # Report keys in column order, as fastrl.profiler groups them.
 WORKER_TIMINGS = tuple(WorkerTiming.KEYS.values())
 INFERENCE_TIMINGS = tuple(BatcherTiming.KEYS.values())
+
+# Every metrics.jsonl key is declared below, once, with its meaning: docs/metrics.md is generated
+# from these tables (python -m fastrl.metrics_doc > docs/metrics.md; tests/test_docs.py checks it).
+
+# The run's headline figures, in every report.
+REPORT = {
+    "env_steps": "env steps taken by the run: every rank's, with those before a resume",
+    "frames": "env_steps times env.frame_skip",
+    "env_steps_per_s": "env steps per second since the previous report, summed over the ranks",
+    "fps": "frames per second: env_steps_per_s times env.frame_skip",
+    "episode_return_mean": "mean return of the episodes finished since the previous report, kept from the last "
+                           "report that had some; null before the first (a self-play snapshot's episodes are not "
+                           "counted)",
+    "episode_length_mean": "mean length in env steps of the same episodes",
+    "episodes": "episodes this rank's workers have finished since its processes started",
+    "policy_lag_mean": "learner/policy_lag_mean, promoted: the staleness of the data the learner trains on",
+    "policy_lag_min": "learner/policy_lag_min, promoted",
+    "policy_lag_max": "learner/policy_lag_max, promoted",
+    "learner_updates": "learner/learner_updates, promoted",
+    "wall_time": "seconds since train() was called, start-up included, summed over resumes",
+    "trained_seconds": "seconds counted against train_for_seconds: from the processes' start, summed over resumes",
+}
+# The learner statistics the report moves to the top level (not repeated under learner/).
+PROMOTED_LEARNER_STATS = ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")
+
+# An evaluation's figures (eval.every_s), in the first report after it ends.
+EVALUATION = {
+    "eval_return_mean": "mean return of the evaluation's episodes",
+    "eval_return_std": "their standard deviation",
+    "eval_length_mean": "their mean length in env steps",
+    "eval_episodes": "how many episodes the evaluation played (eval.episodes)",
+    "eval_env_steps": "env steps played by every evaluation of this session so far (not training steps)",
+    "eval_weights_version": "the version of the weights evaluated",
+    "eval_at_env_steps": "training env steps when the evaluated weights were taken",
+    "eval_seconds": "how long the evaluation took",
+    "eval_best_return": "the best eval_return_mean so far: the one checkpoints/best.pt holds",
+}
+# The results against one scripted opponent of eval.opponents: eval/<opponent>/<key>.
+OPPONENT = {
+    "win_rate": "share of the games against the opponent that the policy won",
+    "draw_rate": "share drawn",
+    "loss_rate": "share lost",
+    "episodes": "games played against it",
+}
+OPPONENT_STATS = tuple(OPPONENT)
+
+# Each policy's figures (policy/<name>/<key>, with several policies) or each population member's
+# (member/<k>/<key>, with pbt.population > 1); learner/<stat> and info/<key> are repeated there too.
+POLICY = {
+    "episode_return_mean": "mean return of this policy's episodes since the previous report, kept from the last "
+                           "report that had some",
+    "episode_length_mean": "their mean length",
+    "episodes_recent": "how many of its episodes ended since the previous report",
+}
+
+# The self-play league (selfplay.enabled): league/<key>, the first policy's games against snapshots.
+LEAGUE = {
+    "games": "games against snapshots that ended since the previous report",
+    "win_rate": "share of those games won",
+    "draw_rate": "share drawn",
+    "loss_rate": "share lost",
+    "snapshots": "snapshots in the league now",
+    "rating": "the policy's openskill rating (its ordinal)",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metrics.jsonl key: ``<...>`` in ``key`` marks a part the run fills in; ``when`` says
+    which reports hold it."""
+
+    key: str
+    meaning: str
+    when: str
+
+
+def _metrics() -> tuple[Metric, ...]:
+    every, evaluating = "every report", "after an evaluation (eval.every_s)"
+    policy = "several policies: policy/<name>/; a population: member/<k>/"
+    learner = {name: meaning for name, meaning in LEARNER_STATS.items() if name not in PROMOTED_LEARNER_STATS}
+    rows = [Metric(key, meaning, every) for key, meaning in REPORT.items()]
+    rows += [Metric(f"learner/{name}", meaning, "every report (the first policy's learner)")
+             for name, meaning in learner.items()]
+    rows += [Metric(f"rollout/{WorkerTiming.KEYS[c]}", f"cumulative seconds {meaning}, summed over the workers", every)
+             for c, meaning in WorkerTiming.HELP.items()]
+    rows += [Metric(f"inference/{BatcherTiming.KEYS[c]}",
+                     meaning if c in (BatcherTiming.BATCHES, BatcherTiming.REQUESTS) else f"cumulative seconds {meaning}",
+                     every) for c, meaning in BatcherTiming.HELP.items()]
+    rows.append(Metric(f"{INFO_PREFIX}<key>", "mean of the number info[<key>] at the end of the episodes that reported "
+                       "it since the previous report, kept from the last report that had one", "env.info_keys"))
+    rows += [Metric(key, meaning, evaluating) for key, meaning in EVALUATION.items()]
+    rows.append(Metric("eval_video", "the path of the evaluation's new clip inside the run directory",
+                       "after an evaluation that recorded a clip (eval.video_every_s)"))
+    rows += [Metric(f"eval/<opponent>/{key}", meaning, "after an evaluation, for each of eval.opponents")
+             for key, meaning in OPPONENT.items()]
+    rows += [Metric(f"<policy>/{key}", meaning, policy) for key, meaning in POLICY.items()]
+    rows += [Metric("<policy>/learner/<stat>", "that policy's learner/<stat> (learner_updates and the policy lag "
+                    "included)", policy),
+             Metric(f"<policy>/{INFO_PREFIX}<key>", f"{INFO_PREFIX}<key> over that policy's episodes",
+                    f"{policy}; env.info_keys")]
+    rows += [Metric(f"member/<k>/{key}", f"{key} of member k's weights", "a population, after an evaluation")
+             for key in ("eval_return_mean", "eval_length_mean")]
+    rows += [Metric(f"league/{key}", meaning, "self-play (selfplay.enabled)") for key, meaning in LEAGUE.items()]
+    rows.append(Metric("league/snapshot_ratings", "each snapshot's openskill rating, keyed by its version",
+                       "self-play (selfplay.enabled)"))
+    rows += [Metric("worker_restarts", "rollout workers restarted after a crash in this session", "a parallel run"),
+             Metric("evaluator_restarts", "times the evaluator was restarted in this session", "a run that evaluates"),
+             Metric("restarts", "restarts of this torchrun job so far", "torchrun with --max-restarts"),
+             Metric("restart_lost_s", "wall time the job's restarts lost: work done since the checkpoint each "
+                    "resumed", "torchrun with --max-restarts"),
+             Metric("world_size", "ranks in the run", "a distributed run"),
+             Metric("env_steps_per_rank", "each rank's env steps, a list", "a distributed run")]
+    return tuple(rows)
+
+
+METRICS = _metrics()
+
+
+def declared(key: str) -> bool:
+    """Whether ``key`` (a key of a metrics.jsonl line) matches a key of METRICS."""
+    return any(_pattern(metric.key).fullmatch(key) for metric in METRICS)
+
+
+def _pattern(key: str) -> re.Pattern:
+    """``<policy>`` matches ``policy/<name>`` or ``member/<k>``, ``<stat>`` a name of LEARNER_STATS,
+    any other ``<...>`` one part of a path."""
+    special = {"<policy>": "(policy/[^/]+|member/[0-9]+)", "<stat>": f"({'|'.join(LEARNER_STATS)})"}
+    parts = re.split(r"(<[a-z]+>)", key)
+    regex = "".join(special.get(part, "[^/]+") if part.startswith("<") else re.escape(part) for part in parts)
+    return re.compile(regex)
 
 
 def read_timings(arena: Arena) -> dict:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from .config import INFO_PREFIX, KEYS, Config, ConfigError, Range, get_value, set_key, validate
 from .eval_during_training import OPPONENT_STATS
-from .metrics import INFERENCE_TIMINGS, LEARNER_STATS, WORKER_TIMINGS
+from .metrics import (EVALUATION, INFERENCE_TIMINGS, LEAGUE, LEARNER_STATS, POLICY, PROMOTED_LEARNER_STATS,
+                      REPORT, WORKER_TIMINGS)
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "intlog", "choice")
 NUMERIC = {"uniform": float, "loguniform": float, "int": int, "intlog": int}
@@ -28,16 +29,11 @@ NUMERIC = {"uniform": float, "loguniform": float, "int": int, "intlog": int}
 # The budget and the trial's place are the sweep's to set.
 SWEEP_OWNED_KEYS = ("train_for_env_steps", "train_for_seconds")
 
-# What every report in metrics.jsonl holds (fastrl.metrics.Reporter.report); learner/*, rollout/*
-# and inference/* come from the tables of fastrl.metrics, the rest from the features a config turns on.
-REPORT_KEYS = ("env_steps", "frames", "env_steps_per_s", "fps", "episode_return_mean", "episode_length_mean",
-               "episodes", "policy_lag_mean", "policy_lag_min", "policy_lag_max", "learner_updates", "wall_time",
-               "trained_seconds")
-PROMOTED_LEARNER_STATS = ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")
-EVAL_KEYS = ("eval_return_mean", "eval_return_std", "eval_length_mean", "eval_episodes", "eval_env_steps",
-             "eval_weights_version", "eval_at_env_steps", "eval_seconds", "eval_best_return")
-POLICY_KEYS = ("episode_return_mean", "episode_length_mean", "episodes_recent")
-LEAGUE_KEYS = ("games", "win_rate", "draw_rate", "loss_rate", "snapshots", "rating")
+# The numeric metrics.jsonl keys, from their declaration in fastrl.metrics.
+REPORT_KEYS = tuple(REPORT)
+EVAL_KEYS = tuple(EVALUATION)
+POLICY_KEYS = tuple(POLICY)
+LEAGUE_KEYS = tuple(LEAGUE)
 
 
 @dataclass(frozen=True)

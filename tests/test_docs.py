@@ -1,5 +1,6 @@
 """The documentation against the repository: every path README.md and docs/*.md cite exists (and
 every heading a link points into), and the README's set-up commands are the ones CI runs."""
+import json
 import re
 from pathlib import Path
 
@@ -84,3 +85,69 @@ def test_the_readme_gives_two_set_up_commands_and_ci_runs_its_test_command():
 
 def test_the_readme_is_a_front_door():
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+
+
+# --- docs/metrics.md: generated from the one declaration of the metrics.jsonl keys --------------
+
+def test_docs_metrics_md_is_current():
+    from fastrl.metrics_doc import markdown
+
+    assert (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8") == markdown(), \
+        "regenerate: python -m fastrl.metrics_doc > docs/metrics.md"
+
+
+@pytest.mark.slow  # a training run, a few seconds
+def test_every_key_a_short_run_writes_is_declared(tmp_path):
+    """A serial run with evaluation and an env info key: its metrics.jsonl keys, each declared."""
+    from fastrl.config import build_config
+    from fastrl.metrics import declared
+    from fastrl.runner import train
+
+    cfg = build_config("cartpole-appo", {
+        "env.id": "fastrl.envs.toy:make_countdown", "env.num_workers": 1, "env.envs_per_worker": 8,
+        "env.num_splits": 2, "env.num_threads": 0, "env.info_keys": ["score"], "learner.rollout": 8,
+        "learner.batch_size": 64, "model.hidden_sizes": [16], "serial": True, "device": "cpu",
+        "train_for_env_steps": 0, "train_for_seconds": 2.0, "report_every_s": 0.25,
+        "eval.every_s": 0.5, "eval.episodes": 2})
+    train(cfg, run_dir=tmp_path, quiet=True)
+    keys = {key for line in (tmp_path / "metrics.jsonl").read_text().splitlines() for key in json.loads(line)}
+    assert {"env_steps", "learner/loss", "rollout/env_step_s", "eval_return_mean", "info/score"} <= keys
+    assert sorted(key for key in keys if not declared(key)) == []
+
+
+def test_the_keys_a_config_turns_on_are_declared():
+    """The keys of evaluation against opponents, self-play and a population (fastrl.sweep_space
+    lists them per config), and the league's own report."""
+    import numpy as np
+
+    from fastrl.config import SelfPlayConfig, build_config
+    from fastrl.metrics import declared
+    from fastrl.sweep_space import objective_keys
+
+    population = build_config("cartpole-appo", {"eval.every_s": 60.0, "pbt.population": 2, "env.info_keys": ["score"]})
+    selfplay = build_config("cartpole-appo", {"eval.every_s": 60.0, "selfplay.enabled": True})
+    selfplay.eval.opponents = ["random"]  # objective_keys reads the names only
+    keys = objective_keys(population) | objective_keys(selfplay)
+    assert {"eval/random/win_rate", "league/rating", "member/1/learner/loss", "member/0/info/score"} <= keys
+    assert sorted(key for key in keys if not declared(key)) == []
+    pytest.importorskip("openskill")
+    from types import SimpleNamespace
+
+    from fastrl.league import LeagueRecord
+
+    arena = SimpleNamespace(weight_version=np.array([5, 10, 20]), league_weights=np.zeros(2))
+    report = LeagueRecord(arena, 1, SelfPlayConfig(), None, "main").record(np.array([10, 20]), np.array([1.0, -1.0]))
+    assert sorted(key for key in report if not declared(key)) == []
+
+
+def test_an_undeclared_key_is_found():
+    from fastrl.metrics import declared
+
+    assert declared("policy/left/learner/loss") and declared("member/2/eval_return_mean")
+    assert not declared("policy/left/learner/no_such_stat") and not declared("learner/no_such_stat")
+
+
+def test_the_index_lists_every_docs_page():
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    listed = {target.partition("#")[0] for target in LINK.findall(index)}
+    assert sorted(page.name for page in (ROOT / "docs").glob("*.md") if page.name not in listed | {"index.md"}) == []
