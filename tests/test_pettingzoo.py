@@ -17,6 +17,7 @@ from fastrl.learner import VTraceLearner, gather_trajectories
 from fastrl.models import build_model
 from fastrl.runner import train
 from fastrl.spaces import ObsLayout, UnsupportedSpace
+from tests import user_modules
 from tests.pettingzoo_envs import CueGame
 from tests.test_rollout import run_worker
 
@@ -173,6 +174,16 @@ def test_bad_env_ids_and_kwargs_are_one_line(env_id, kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         probe_env(cfg)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("module, message", user_modules.BROKEN)
+def test_a_game_module_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, module, message):
+    user_modules.install(tmp_path, monkeypatch)
+    cfg = cue_config(**{"env.id": f"pettingzoo:{module}"})
+    with pytest.raises(ValueError) as error:
+        probe_env(cfg)
+    text = str(error.value)
+    assert text.startswith(f"env.id 'pettingzoo:{module}': ") and message in text and "\n" not in text, text
 
 
 def test_a_split_must_hold_whole_games():
