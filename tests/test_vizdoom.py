@@ -112,13 +112,22 @@ def test_timeout_ends_an_episode_truncated_not_terminated():
 
 
 class EndsInZeros(gymnasium.Env):
-    """ViZDoom's wrapper in miniature: zeros as the observation of an episode's last step."""
+    """ViZDoom's wrapper in miniature: zeros as the observation of an episode's last step, which
+    the player's death (``terminate``) or else the scenario's timeout ends; ``game`` answers as the
+    engine's DoomGame does."""
 
     observation_space = gymnasium.spaces.Box(0.0, 10.0, (1,))
     action_space = gymnasium.spaces.Discrete(2)
 
     def __init__(self, length: int, terminate: bool) -> None:
         self.length, self.terminate, self.t = length, terminate, 0
+        self.game = self
+
+    def is_episode_timeout_reached(self) -> bool:
+        return self.t == self.length and not self.terminate
+
+    def is_player_dead(self) -> bool:
+        return self.t == self.length and self.terminate
 
     def reset(self, **kwargs):
         self.t = 0
@@ -140,6 +149,20 @@ def test_an_episode_ends_on_its_last_rendered_observation(terminate):
         seen = [env.step(0) for _ in range(3)]
         assert [s[0][0] for s in seen] == [2.0, 3.0, 3.0]
         assert [(s[2], s[3]) for s in seen][-1] == ((True, False) if terminate else (False, True))
+
+
+@pytest.mark.parametrize(("terminate", "limit", "ends"), [
+    (True, 3, (True, False)),  # a death on the TimeLimit's last step: terminated wins
+    (False, 3, (False, True)),  # the scenario's timeout on the TimeLimit's last step
+    (True, 2, (False, True)),  # the TimeLimit alone
+])
+def test_an_episode_end_on_the_time_limits_last_step_is_the_episodes_own(terminate, limit, ends):
+    inner = gymnasium.wrappers.TimeLimit(EndsInZeros(length=3, terminate=terminate), max_episode_steps=limit)
+    env = vizdoom_backend.EpisodeEnds(inner)
+    env.reset()
+    seen = [env.step(0) for _ in range(limit)]
+    assert [(s[2], s[3]) for s in seen] == [(False, False)] * (limit - 1) + [ends]
+    assert [s[0][0] for s in seen] == [2.0, 3.0, 3.0][:limit]  # never the engine's zeros
 
 
 @needs_vizdoom

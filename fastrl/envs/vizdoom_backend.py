@@ -99,7 +99,9 @@ class EpisodeEnds(gymnasium.Wrapper):
     """An episode the scenario's timeout ends is truncated only (the wrapper also flags it
     terminated), and the final observation of an episode the engine ended is its last rendered
     one (the wrapper returns zeros there: the engine keeps no state past the end). A TimeLimit
-    inside (``env.kwargs.max_episode_steps``) truncates on a real observation, which stays."""
+    inside (``env.kwargs.max_episode_steps``) truncates on a real observation, which stays; a
+    death or a goal on the TimeLimit's last step is terminated: the episode's own end wins, and
+    nothing bootstraps from it."""
 
     def __init__(self, env: gymnasium.Env) -> None:
         super().__init__(env)
@@ -112,8 +114,12 @@ class EpisodeEnds(gymnasium.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if terminated:  # the engine's episode is over (its timeout too): the wrapper returns zeros
-            obs = self._last_obs
-        else:
+        if not terminated:
             self._last_obs = obs
-        return obs, reward, terminated and not truncated, truncated, info
+            return obs, reward, False, truncated, info
+        # The engine's episode is over (its timeout too): the wrapper returns zeros. Both flags
+        # also come from a TimeLimit truncating the step on which the episode ended for real, so
+        # only the engine says whether its timeout ended it.
+        game = self.env.unwrapped.game
+        timed_out = truncated and game.is_episode_timeout_reached() and not game.is_player_dead()
+        return self._last_obs, reward, not timed_out, timed_out, info
