@@ -10,7 +10,8 @@ import gymnasium
 import numpy as np
 import pytest
 
-from fastrl.envs import ImageOptions, make_vec_env, resolve_backend, vizdoom_backend
+from fastrl.config import build_config
+from fastrl.envs import ImageOptions, make_vec_env, probe_env, resolve_backend, vizdoom_backend
 
 needs_vizdoom = pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None,
                                    reason="vizdoom is not installed (pip install 'fastrl[vizdoom]')")
@@ -87,6 +88,37 @@ def test_a_resolution_in_env_kwargs_wins_and_its_frame_skip_is_refused():
         env.close()
     with pytest.raises(ValueError, match="env.frame_skip, not env.kwargs.frame_skip"):
         vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {"frame_skip": 4}, frame_skip=1, resize=[])
+
+
+@needs_vizdoom
+@pytest.mark.parametrize(("env_kwargs", "message"), [
+    ({"scenario_config_file": "no_such_scenario.cfg"}, "the ViZDoom engine cannot start with env.kwargs "
+                                                       "{'scenario_config_file': 'no_such_scenario.cfg'} "
+                                                       "(FileDoesNotExistException: "),
+    ({"doom_scenario_path": "/no/such.wad"}, 'cannot start with env.kwargs {\'doom_scenario_path\': '
+                                             '\'/no/such.wad\'} (FileDoesNotExistException: File "/no/such.wad" '
+                                             'does not exist.); correct the file paths'),
+    ({"max_buttons_pressed": -1}, "(RuntimeError: max_buttons_pressed=-1 < 0."),
+    ({"doom_skil": 3}, "env.kwargs: 'VizdoomBasic-v1' takes no argument 'doom_skil' (did you mean doom_skill?)"),
+    ({"config_file": "basic.cfg"}, "takes no argument 'config_file' (did you mean scenario_config_file?)"),
+])
+def test_a_scenario_or_engine_key_the_engine_refuses_is_one_line_when_the_env_is_probed(env_kwargs, message):
+    cfg = build_config("vizdoom-basic", {"env.kwargs": env_kwargs})
+    with pytest.raises(ValueError) as raised:
+        probe_env(cfg)
+    text = str(raised.value)
+    assert "\n" not in text and message in text, text
+
+
+@needs_vizdoom
+def test_engine_keys_in_any_case_and_gymnasiums_own_are_taken():
+    env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {"doom_skill": 2, "Render_HUD": True,
+                                                            "max_episode_steps": 5}, frame_skip=1, resize=[])()
+    try:
+        env.reset(seed=0)
+        assert [env.step(0)[3] for _ in range(5)] == [False] * 4 + [True]
+    finally:
+        env.close()
 
 
 @needs_vizdoom
