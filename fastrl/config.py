@@ -484,8 +484,8 @@ class Config:
     dist_timeout_s: float = key(120.0, allowed=SECONDS,
                                 help="torch.distributed collectives wait this long for a peer, then fail (a rank "
                                      "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
-                                     "an elastic restart waits this long for rank 0's decision and for the dead "
-                                     "attempt's last process")
+                                     "an elastic restart waits this long for rank 0's decision, and rank 0 half "
+                                     "of it for the dead attempt's last process")
     serial: bool = key(False, help="everything in one process, for debugging")
     sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
     retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "
