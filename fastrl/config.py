@@ -104,8 +104,19 @@ SECONDS_OR_OFF = Range(0, 10**9)
 # Units of one layer: beyond this, one layer's weight matrix alone outgrows any host (65536^2
 # float32 is 16 GiB).
 LAYER_WIDTH = Range(1, 65536)
-# The smallest side the image encoders read, and below which [C, H, W] with W <= 4 would look channels-last.
-IMAGE_SIDE = Range(7, 65536)
+# The smallest side the image encoders read, and below which [C, H, W] with W <= 4 would look
+# channels-last; the largest beyond an 8K screen.
+IMAGE_SIDE = Range(7, 8192)
+# Sizes and counts: each bound is far beyond any real run, so that a slip of the keyboard
+# (env.frame_stack=1000000000) is refused here in one line rather than as a MemoryError while the
+# env is probed, before the memory checks (fastrl.resources) can size the run.
+THREADS = Range(1, 1024)  # processes or threads on one machine: more than any has cores
+ENV_COUNT = Range(1, 2**16)  # envs one process steps
+FRAMES = Range(1, 256)  # frames skipped or stacked per observation
+STEPS = Range(1, 2**16)  # env steps of one trajectory or replayed sequence
+BATCH = Range(1, 2**24)  # env steps or transitions in one batch
+EPISODES = Range(1, 10**6)  # episodes one evaluation plays or one objective averages
+REPLAY_RECORDS = Range(1, 10**9)  # records in a replay: 500 times Ape-X's 2 million
 ANY_ACTION = Range(-2**31, 2**31 - 1)  # a Discrete space's values: the env's space bounds them further
 RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
@@ -132,8 +143,8 @@ class EnvConfig:
                             "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module, or a turn-based AEC one)")
     backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
                        help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
-    num_workers: int = key(2, allowed=AT_LEAST_1, help="rollout worker processes")
-    envs_per_worker: int = key(256, allowed=AT_LEAST_1, help="envs each worker steps; a multiple of env.num_splits; "
+    num_workers: int = key(2, allowed=THREADS, help="rollout worker processes")
+    envs_per_worker: int = key(256, allowed=ENV_COUNT, help="envs each worker steps; a multiple of env.num_splits; "
                                                                   "for a multi-agent env, agent rows (a split holds whole games; a "
                                                                   "turn-based game of n seats needs env.num_splits a "
                                                                   "multiple of n)")
@@ -143,7 +154,7 @@ class EnvConfig:
                           help="double buffering: the worker steps one split of its envs while another waits for "
                                "actions")
     async_mode: bool = key(False, help="envpool's async send/recv inside each worker")
-    num_threads: int = key(0, allowed=NON_NEGATIVE, help="envpool threads per worker; 0 = envpool's default")
+    num_threads: int = key(0, allowed=Range(0, THREADS.high), help="envpool threads per worker; 0 = envpool's default")
     thread_affinity: bool = key(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
     kwargs: dict = key({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
     info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
@@ -154,13 +165,13 @@ class EnvConfig:
                                   "(a minimal action set); [] = all of them")
     # Image preprocessing of gymnasium and factory envs (fastrl.envs.image_preprocessing); envpool's
     # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
-    frame_skip: int = key(1, allowed=AT_LEAST_1,
+    frame_skip: int = key(1, allowed=FRAMES,
                           help="repeat each action this many env frames, rewards summed, never past an episode's "
                                "end; frames = env steps x frame_skip")
     resize: list[int] = key([], allowed=IMAGE_SIDE, help="[height, width] of image observations (cv2 INTER_AREA); "
                                                           "[] keeps their size")
     grayscale: bool = key(False, help="image observations as one luminance channel (cv2 RGB2GRAY)")
-    frame_stack: int = key(1, allowed=AT_LEAST_1,
+    frame_stack: int = key(1, allowed=FRAMES,
                            help="the last n frames of an image observation stacked along channels (CHW, oldest "
                                 "first); an episode's first frame fills the stack")
     image_keys: list[str] = key([], help="the leaves of a Dict observation preprocessed as images (key paths joined "
@@ -183,7 +194,7 @@ class ModelConfig:
                     help="a recurrent core between the encoder and the heads (dqn refuses one: use r2d2)")
     core_size: int = key(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
                          help="units of each recurrent layer")
-    core_layers: int = key(1, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"), help="recurrent layers")
+    core_layers: int = key(1, allowed=Range(1, 64), algos=("appo", "impala", "r2d2"), help="recurrent layers")
     core_memory_steps: int = key(64, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"),
                                  help="the horizon a new core keeps memories for (chrono initialization: each "
                                       "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
@@ -211,10 +222,10 @@ class LearnerConfig:
     algo: str = key("appo", allowed=Choices(ALGOS),
                     help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X) or r2d2 "
                          "(recurrent Ape-X)")
-    rollout: int = key(32, allowed=AT_LEAST_1,
+    rollout: int = key(32, allowed=STEPS,
                        help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
-    batch_size: int = key(8192, allowed=AT_LEAST_1, help="env steps per learner batch; a multiple of learner.rollout")
-    num_epochs: int = key(1, allowed=AT_LEAST_1, algos=VTRACE, help="passes over each batch")
+    batch_size: int = key(8192, allowed=BATCH, help="env steps per learner batch; a multiple of learner.rollout")
+    num_epochs: int = key(1, allowed=Range(1, 1000), algos=VTRACE, help="passes over each batch")
     num_minibatches: int = key(1, allowed=AT_LEAST_1, algos=VTRACE,
                                help="minibatches each pass splits the batch's trajectories into")
     lr: float = key(3e-4, allowed=POSITIVE, help="Adam's learning rate")
@@ -245,7 +256,7 @@ class LearnerConfig:
     max_consecutive_skips: int = key(50, allowed=AT_LEAST_1, help="non-finite updates in a row before the run stops")
     burn_in: int = key(0, allowed=NON_NEGATIVE, algos=VTRACE,
                        help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
-    torch_threads: int = key(1, allowed=AT_LEAST_1, help="torch's intra-op threads in the learner")
+    torch_threads: int = key(1, allowed=THREADS, help="torch's intra-op threads in the learner")
     # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
     precision: str = key("float32", allowed=Choices(("float32", "bfloat16", "auto")),
                          help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, V-trace "
@@ -275,24 +286,24 @@ class ReplayConfig:
     sequence length) they take as arguments. dqn and r2d2 replay every batch; appo and impala
     replay when replay.vtrace_fraction > 0."""
 
-    capacity: int = key(1_000_000, allowed=AT_LEAST_1, help="records (env steps) kept, over all envs of this learner")
-    min_fill: int = key(50_000, allowed=NON_NEGATIVE, help="records stored before the first replayed batch")
+    capacity: int = key(1_000_000, allowed=REPLAY_RECORDS, help="records (env steps) kept, over all envs of this learner")
+    min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high), help="records stored before the first replayed batch")
     alpha: float = key(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
     beta: float = key(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
-    n_step: int = key(3, allowed=AT_LEAST_1, algos=Q_LEARNERS, help="steps summed before bootstrapping")
-    frame_stack: int = key(1, allowed=AT_LEAST_1,
+    n_step: int = key(3, allowed=Range(1, 1000), algos=Q_LEARNERS, help="steps summed before bootstrapping")
+    frame_stack: int = key(1, allowed=FRAMES,
                            help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
     compress: str = key("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
     memmap_dir: str = key("", help="a directory: raw frames in a scratch file there (beyond RAM); \"\" keeps them in "
                                    "RAM")
-    threads: int = key(2, allowed=AT_LEAST_1, help="threads that copy and (de)compress frames")
-    batch_size: int = key(512, allowed=AT_LEAST_1, algos=Q_LEARNERS,
+    threads: int = key(2, allowed=THREADS, help="threads that copy and (de)compress frames")
+    batch_size: int = key(512, allowed=BATCH, algos=Q_LEARNERS,
                           help="transitions (r2d2: sequences) per gradient step")
     replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS,
                               help="transitions sampled per env step added; > 0")
     vtrace_fraction: float = key(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
                                  help="share of each batch drawn from replayed trajectories")
-    sequence_length: int = key(80, allowed=AT_LEAST_1, algos=("r2d2",), help="steps per replayed sequence")
+    sequence_length: int = key(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
     burn_in: int = key(40, allowed=NON_NEGATIVE, algos=("r2d2",),
                        help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
 
@@ -306,10 +317,10 @@ class EvalConfig:
     """Evaluation during training: its own envs, the latest published weights, off the hot path."""
 
     every_s: float = key(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
-    episodes: int = key(10, allowed=AT_LEAST_1, help="complete episodes per evaluation")
+    episodes: int = key(10, allowed=EPISODES, help="complete episodes per evaluation")
     deterministic: bool = key(True, algos=VTRACE,
                               help="argmax / mean actions (a Q-learner always acts greedily)")
-    num_envs: int = key(10, allowed=AT_LEAST_1,
+    num_envs: int = key(10, allowed=ENV_COUNT,
                         help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
     video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
                                help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
@@ -421,7 +432,7 @@ class PBTConfig:
                               "last copy, at most the newest pbt.objective_episodes), eval_return_mean (their "
                               "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
                               "episodes' end, averaged as the return is)")
-    objective_episodes: int = key(100, allowed=AT_LEAST_1, help="a member's newest episodes its objective averages")
+    objective_episodes: int = key(100, allowed=EPISODES, help="a member's newest episodes its objective averages")
     mutable: list[str] = key(list(PBT_MUTABLE[:5]),
                              help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
     perturb: list[float] = key([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
@@ -465,7 +476,7 @@ class Config:
                                         "0 = no step limit")
     train_for_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
                                                                      "0 = no time limit")
-    slots_per_env: int = key(3, allowed=Range(2),
+    slots_per_env: int = key(3, allowed=Range(2, 256),
                              help="trajectory slots per env: one filling, the rest queued for the learner")
     report_every_s: float = key(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
     checkpoint_every_s: float = key(300.0, allowed=SECONDS, help="seconds between checkpoints")
@@ -476,8 +487,8 @@ class Config:
     dist_timeout_s: float = key(120.0, allowed=SECONDS,
                                 help="torch.distributed collectives wait this long for a peer, then fail (a rank "
                                      "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
-                                     "an elastic restart waits this long for rank 0's decision and for the dead "
-                                     "attempt's last process")
+                                     "an elastic restart waits this long for rank 0's decision, and rank 0 half "
+                                     "of it for the dead attempt's last process")
     serial: bool = key(False, help="everything in one process, for debugging")
     sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
     retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "

@@ -78,12 +78,9 @@ class InterfaceError(RuntimeError):
 def interface_to(addr: str) -> str | None:
     """The name of this host's network interface whose address the kernel would send from to reach
     ``addr`` (a host name or IP address); None when that is a loopback address (every rank on this
-    host). A UDP ``connect`` picks the route and source address without sending anything."""
+    host)."""
     try:
-        family, kind, proto, _, target = socket.getaddrinfo(addr, 9, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.connect(target)
-            source = ipaddress.ip_address(probe.getsockname()[0])
+        family, source = _route_source(addr)
     except OSError as exc:
         raise InterfaceError(f"no network interface of this host reaches MASTER_ADDR {addr} "
                              f"({exc.strerror or exc}): check the address, or set {' / '.join(SOCKET_INTERFACE_VARS)} "
@@ -95,6 +92,22 @@ def interface_to(addr: str) -> str | None:
             return name
     raise InterfaceError(f"the address {source} that reaches MASTER_ADDR {addr} belongs to no network interface: "
                          f"set {' / '.join(SOCKET_INTERFACE_VARS)} to the interface to use")
+
+
+def _route_source(addr: str) -> tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """(address family, source address) that the kernel would send from to reach ``addr``: a UDP
+    ``connect`` picks the route and source without sending anything. Each address ``addr``
+    resolves to is tried in turn (a name whose IPv6 address comes first may have no IPv6 route
+    where its IPv4 one is reachable); the last OSError when none routes."""
+    failure = None
+    for family, kind, proto, _, target in socket.getaddrinfo(addr, 9, type=socket.SOCK_DGRAM):
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.connect(target)
+                return family, ipaddress.ip_address(probe.getsockname()[0].split("%")[0])
+        except OSError as exc:
+            failure = exc
+    raise failure
 
 
 def route_collectives_to_master() -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from . import distributed
 from .checkpoint import list_checkpoints
 from .distributed import DistInfo
-from .run_dir import ELASTIC_RECORD, RunDirError, RunDirLock, write_atomic
+from .run_dir import ELASTIC_RECORD, LOCK_FILE, RunDirError, RunDirLock, lock_holder, write_atomic
 from .run_plan import RunError
 
 JOB_KEY = "fastrl/job"
@@ -43,7 +43,7 @@ class ElasticAttempt:
     restart: int
     run_id: str
     store: object  # a client of the agent's torch.distributed.TCPStore
-    timeout_s: float  # dist_timeout_s: how long to wait for rank 0's decision, or for the dead attempt
+    timeout_s: float  # dist_timeout_s: how long to wait for rank 0's decision (half of it for the dead attempt)
     job: str = ""  # the job's token, once known
     same_job: bool = False  # a restart of the job whose run is in the run directory
     record: dict = field(default_factory=dict)
@@ -66,12 +66,17 @@ class ElasticAttempt:
         if self.same_job:
             self.job = stored
             # The dead attempt's last process (its learner) holds the lock while it writes a
-            # final checkpoint: count the checkpoints once it is done.
-            # Half the timeout: the other ranks wait for this decision for the whole of it.
+            # final checkpoint: count the checkpoints once it is done. Half the timeout: the other
+            # ranks, which started about now, wait the whole of it for this decision.
+            waited = self.timeout_s / 2
             try:
-                RunDirLock.take(run_dir, self.timeout_s / 2).release()
-            except RunDirError as exc:
-                raise RunError(str(exc)) from None
+                RunDirLock.take(run_dir, waited).release()
+            except RunDirError:
+                holder = lock_holder(run_dir / LOCK_FILE)
+                raise RunError(f"restart {self.restart}: run directory '{run_dir}' is still in use by {holder} "
+                               f"after {waited:g} s, half of dist_timeout_s (the other ranks wait dist_timeout_s "
+                               f"for rank 0's decision); raise dist_timeout_s if the dead attempt's final "
+                               f"checkpoint takes longer") from None
             resume = resume or bool(list_checkpoints(run_dir))
             overwrite = not resume
         self.store.set(key, "1" if resume else "0")

@@ -14,7 +14,7 @@ that its random choices repeat with the seed: the built-ins are such classes.
 from __future__ import annotations
 
 import copy
-import importlib
+import inspect
 from collections.abc import Callable, Mapping
 
 import gymnasium
@@ -22,6 +22,9 @@ import numpy as np
 from gymnasium import spaces
 
 from .spaces import MASK_KEY
+from .user_code import load_callable
+
+PLAYS = "fn(observation, agent) -> action"  # what an opponent is, as errors say it
 
 
 class OpponentError(ValueError):
@@ -121,28 +124,30 @@ BUILT_IN: dict[str, type[Opponent]] = {"random": RandomLegal, "connect_four_one_
 def find_opponent(spec: str | Callable, option: str = "--opponent") -> Callable:
     """What ``spec`` names: a built-in name (BUILT_IN) or ``MODULE:CALLABLE``; a callable is
     returned as it is. OpponentError (one line, naming the ``option`` that gave ``spec``) when
-    there is none."""
-    if callable(spec):
-        return spec
-    if spec in BUILT_IN:
+    there is none, or when it cannot be called as ``fn(observation, agent)``."""
+    if isinstance(spec, str) and spec in BUILT_IN:
         return BUILT_IN[spec]
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
+    if isinstance(spec, str) and ":" not in spec:
         raise OpponentError(f"{option} {spec!r} is neither a built-in opponent ({', '.join(BUILT_IN)}) nor "
-                            f"MODULE:CALLABLE, a fn(observation, agent) -> action")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise OpponentError(f"{option} {spec!r}: cannot import {module_name!r} ({exc}); correct the module name "
-                            f"or put its directory on PYTHONPATH") from None
-    found = getattr(module, name, None)
-    if found is None:
-        raise OpponentError(f"{option} {spec!r}: module {module_name!r} has no {name!r}; name a function in it, "
-                            f"fn(observation, agent) -> action")
-    if not callable(found):
-        raise OpponentError(f"{option} {spec!r} is a {type(found).__name__}, not callable: name a function "
-                            f"fn(observation, agent) -> action")
+                            f"MODULE:CALLABLE, {PLAYS}")
+    found = spec if callable(spec) else load_callable(spec, option, PLAYS, OpponentError)
+    _check_plays(found, f"{option} {opponent_name(spec)!r}")
     return found
+
+
+def _check_plays(found: Callable, named: str) -> None:
+    """OpponentError (one line, starting with ``named``) when ``found``, or the instances of an
+    Opponent class, cannot be called with (observation, agent)."""
+    made = isinstance(found, type) and issubclass(found, Opponent)
+    plays = found.__call__ if made else found
+    try:
+        signature = inspect.signature(plays)
+    except (TypeError, ValueError):  # a builtin that states none: its first call will tell
+        return
+    try:
+        signature.bind(*[None] * (3 if made else 2))  # an Opponent's __call__ also takes self
+    except TypeError:
+        raise OpponentError(f"{named} takes {signature}, not (observation, agent); make it {PLAYS}") from None
 
 
 def make_opponent(found: Callable, observation_space: gymnasium.Space, action_space: gymnasium.Space,

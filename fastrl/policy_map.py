@@ -3,12 +3,12 @@ the env's agents, or with population-based training the members, one per game in
 so row ``r`` is agent ``r % n`` of its game; a single-agent env has one agent, ``SINGLE_AGENT``."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import Config, ConfigError
+from .user_code import first_line, load_callable
 
 SINGLE_AGENT = "agent"  # the agent id of a single-agent env's rows (what a mapping callable is given)
 ACTOR_DTYPE = np.int16  # arena.env_actor: a weight set's index
@@ -59,15 +59,14 @@ def policy_map(cfg: Config, agents: tuple[str, ...]) -> PolicyMap:
         return PolicyMap(agents, agents, tuple(range(len(agents))))
     if pcfg.mapping == "shared":
         return PolicyMap(names[:1], agents, (0,) * len(agents))
-    fn = _import_mapping(pcfg.mapping)
+    fn = load_callable(pcfg.mapping, "policies.mapping", "fn(agent_id) returning a policy name", ConfigError)
     chosen = []
     for agent in agents:
         try:
             name = fn(agent)
         except Exception as exc:  # the user's code: its failure is theirs to fix, said in one line
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise ConfigError(f"policies.mapping {pcfg.mapping} failed for agent {agent!r} ({type(exc).__name__}: "
-                              f"{first}); give module:fn with fn(agent_id) returning a policy name") from None
+            raise ConfigError(f"policies.mapping {pcfg.mapping} failed for agent {agent!r} ({first_line(exc)}); "
+                              f"give module:fn with fn(agent_id) returning a policy name") from None
         if name not in names:
             raise ConfigError(f"policies.mapping {pcfg.mapping} sends agent {agent!r} to {name!r}, which is not one "
                               f"of policies.names ({', '.join(names)}): add it there or fix the mapping")
@@ -89,16 +88,3 @@ def check_slots_per_policy(cfg: Config, num_policies: int) -> None:
         raise ConfigError(f"{num_policies} policies each need {cfg.trajectories_per_batch} trajectories a batch, and "
                           f"the envs can queue only {queued} at once (num_workers x envs_per_worker x "
                           f"(slots_per_env - 1)); raise slots_per_env, add envs or lower learner.batch_size")
-
-
-def _import_mapping(text: str):
-    module_name, _, attr = text.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"policies.mapping {text}: cannot import it ({exc}); give module:fn with fn(agent_id) "
-                          f"returning a policy name") from None
-    if not callable(fn):
-        raise ConfigError(f"policies.mapping {text} is not callable: give module:fn with fn(agent_id) returning a "
-                          f"policy name")
-    return fn

@@ -183,28 +183,38 @@ BAD_FLOATS = {
 BAD_INTS = {
     "seed": [-1, 2**32],  # numpy seeds are 32-bit: the learner process would crash
     "train_for_env_steps": [-1],
-    "slots_per_env": [1, 0],
+    "slots_per_env": [1, 0, 257],
     "keep_checkpoints": [0],
     "max_worker_restarts": [-1],
-    "env.num_workers": [0, -2],
-    "env.envs_per_worker": [0],
+    "env.num_workers": [0, -2, 1025],
+    "env.envs_per_worker": [0, 2**16 + 1],
     "env.num_splits": [0, 256, 512],  # 1024 envs divide evenly: only the range stops them
-    "env.num_threads": [-1],
+    "env.num_threads": [-1, 1025],
+    # Sizes far beyond any run: each would be a MemoryError while the env is probed or the arena sized.
+    "env.frame_stack": [0, 257, 1_000_000_000],
+    "env.frame_skip": [0, 257],
+    "env.resize": [[84, 8193], [6, 84]],
     "model.hidden_sizes": [[64, 0], [-1], [64, 65537]],
     "model.core_size": [0, 65537, 10**12],  # torch would try to allocate the weights
-    "learner.rollout": [0],
-    "learner.num_epochs": [0],
+    "learner.rollout": [0, 2**16 + 1],
+    "learner.batch_size": [0, 2**24 + 1],
+    "model.core_layers": [0, 65],
+    "learner.num_epochs": [0, 1001],
     "learner.num_minibatches": [0],
     "learner.max_policy_lag": [-1],
     "learner.max_consecutive_skips": [0],
-    "learner.torch_threads": [0],
+    "learner.torch_threads": [0, 1025],
     "learner.target_update_every": [0],
-    "replay.capacity": [0],
-    "replay.min_fill": [-1],
-    "replay.n_step": [0],
-    "replay.frame_stack": [0],
-    "replay.threads": [0],
-    "replay.batch_size": [0],
+    "replay.capacity": [0, 10**9 + 1],
+    "replay.min_fill": [-1, 10**9 + 1],
+    "replay.n_step": [0, 1001],
+    "replay.frame_stack": [0, 257],
+    "replay.threads": [0, 1025],
+    "replay.batch_size": [0, 2**24 + 1],
+    "replay.sequence_length": [0, 2**16 + 1],
+    "eval.episodes": [0, 10**6 + 1],
+    "eval.num_envs": [0, 2**16 + 1],
+    "pbt.objective_episodes": [0, 10**6 + 1],
 }
 DQN_KEYS = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
 RANGES_OF = {"learner.epsilon": "in [0, 1]", "learner.epsilon_alpha": ">= 0", "learner.target_update_every": ">= 1"}
@@ -220,6 +230,19 @@ def test_out_of_range_values_name_the_key_the_range_and_the_value(key, value):
     message = str(info.value)
     assert f"config key '{key}' " in message and " must be " in message, message
     assert repr(value) in message and "\n" not in message, message
+
+
+def test_a_size_beyond_any_run_is_one_line_before_the_env_is_made(tmp_path, capsys, monkeypatch):
+    from fastrl import preflight
+    from fastrl.cli import train_main
+
+    monkeypatch.setattr(preflight, "probe_env", None)  # never reached
+    code = train_main(["--env", "tests.image_envs:make_step_image_env", "--set", "env.frame_stack=1000000000",
+                       "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("fastrl-train: error: config key 'env.frame_stack' must be in [1, 256], got "
+                                 "1000000000\n"), err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("key", ["learner.epsilon", "learner.epsilon_alpha"])
@@ -395,7 +418,7 @@ def test_every_key_is_declared_with_its_help_and_readers():
     ("cartpole-dqn", {"learner.target_update_every": 0}, "target_update_every' must be >= 1"),
     ("cartpole-dqn", {"replay.replay_ratio": 0.0}, "replay_ratio' must be > 0 for dqn"),
     ("cartpole-dqn", {"replay.compress": "zip"}, "replay.compress' must be one of"),
-    ("cartpole-dqn", {"replay.n_step": 0}, "replay.n_step' must be >= 1"),
+    ("cartpole-dqn", {"replay.n_step": 0}, r"replay.n_step' must be in \[1, 1000\]"),
     ("cartpole-dqn", {"replay.alpha": -1.0}, "replay.alpha' must be >= 0"),
 ])
 def test_bad_replay_settings_name_the_fix(profile, overrides, message):

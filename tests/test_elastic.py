@@ -132,11 +132,9 @@ def test_another_jobs_run_is_refused_as_without_elastic(tmp_path, agent_store, m
     del other
 
 
-def test_a_restart_waits_for_the_dead_attempts_last_process_to_let_go_of_the_run_dir(tmp_path, agent_store,
-                                                                                     monkeypatch):
-    run_dir = tmp_path / "run"
-    first_attempt(run_dir, monkeypatch)
-    # The dead attempt's learner, still writing its final checkpoint under the run's lock.
+def dead_attempts_learner(run_dir, seconds: float) -> subprocess.Popen:
+    """The dead attempt's learner, still writing its final checkpoint under the run's lock: a
+    checkpoint appears after ``seconds``, then the lock is let go of."""
     learner = subprocess.Popen([sys.executable, "-c", f"""
 import time
 from pathlib import Path
@@ -145,17 +143,44 @@ lock = RunDirLock.take(Path({str(run_dir)!r}))
 lock.record_pid()
 (Path({str(run_dir)!r}) / "checkpoints").mkdir()
 print("locked", flush=True)
-time.sleep(3.0)
+time.sleep({seconds})
 (Path({str(run_dir)!r}) / "checkpoints" / "ckpt_000000004096.pt").write_bytes(b"")
 """], stdout=subprocess.PIPE, text=True)
+    assert learner.stdout.readline().strip() == "locked"
+    return learner
+
+
+def test_a_restart_waits_for_the_dead_attempts_last_process_to_let_go_of_the_run_dir(tmp_path, agent_store,
+                                                                                     monkeypatch):
+    run_dir = tmp_path / "run"
+    first_attempt(run_dir, monkeypatch)
+    learner = dead_attempts_learner(run_dir, 3.0)
     try:
-        assert learner.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirError, match="in use by"):
             check_run_dir(run_dir, False, True)
         started = time.monotonic()
         _, flags = restart(monkeypatch, run_dir=run_dir, timeout_s=10.0)  # rank 0 waits for the lock for half
         assert flags == (True, False)  # the checkpoint written meanwhile is resumed, not removed
         assert time.monotonic() - started > 1.0
+    finally:
+        learner.kill()
+        learner.wait()
+
+
+def test_rank_0_waits_half_the_timeout_for_the_dead_attempt_so_that_the_others_hear_its_decision(
+        tmp_path, agent_store, monkeypatch):
+    run_dir = tmp_path / "run"
+    first_attempt(run_dir, monkeypatch)
+    learner = dead_attempts_learner(run_dir, 60.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RunError) as refused:
+            restart(monkeypatch, run_dir=run_dir, timeout_s=3.0)
+        assert 1.4 < time.monotonic() - started < 2.9
+        assert str(refused.value) == (f"restart 1: run directory '{run_dir}' is still in use by a running "
+                                      f"fastrl-train (pid {learner.pid}) after 1.5 s, half of dist_timeout_s (the "
+                                      f"other ranks wait dist_timeout_s for rank 0's decision); raise "
+                                      f"dist_timeout_s if the dead attempt's final checkpoint takes longer")
     finally:
         learner.kill()
         learner.wait()

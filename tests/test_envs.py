@@ -7,10 +7,13 @@ import gymnasium
 import numpy as np
 import pytest
 
+from fastrl.cli import train_main
 from fastrl.envs import make_vec_env, resolve_backend
 from fastrl.envs.atari import ENVPOOL_ATARI_DEFAULTS
 from fastrl.envs.envpool_backend import DirectPoolIO, _PublicPoolIO
+from tests import user_modules
 from tests.fault_envs import make_nan_obs, make_raises_at
+from tests.test_cli_errors import one_line_error
 
 COUNTDOWN = "fastrl.envs.toy:make_countdown"
 COUNTDOWN_GYM_ID = "fastrl-test/Countdown-v0"
@@ -185,7 +188,7 @@ def test_unknown_env_id_error_suggests_close_matches_and_factories():
     message = str(info.value)
     assert "\n" not in message
     assert "CartPole-v1" in message and "module:callable" in message
-    with pytest.raises(ValueError, match="cannot import factory"):
+    with pytest.raises(ValueError, match="env.id 'no_such_module:make': cannot import 'no_such_module'"):
         make_vec_env("no_such_module:make", 2, 2, seed=0)
     with pytest.raises(ValueError, match="not a envpool id"):
         resolve_backend("ALE/Pong-v5", "envpool")
@@ -195,6 +198,25 @@ def test_backend_resolution_order():
     assert resolve_backend("CartPole-v1") == "envpool"
     assert resolve_backend("ALE/Pong-v5") == "gymnasium"
     assert resolve_backend(COUNTDOWN) == "factory"
+
+
+@pytest.mark.parametrize("module, message", user_modules.BROKEN)
+@pytest.mark.parametrize("backend", ["auto", "factory"])
+def test_a_factory_module_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, module, message, backend):
+    user_modules.install(tmp_path, monkeypatch)
+    with pytest.raises(ValueError) as error:
+        make_vec_env(f"{module}:fn", 2, 2, seed=0, backend=backend)
+    text = str(error.value)
+    assert text.startswith(f"env.id '{module}:fn': ") and message in text and "\n" not in text, text
+
+
+def test_train_refuses_an_env_module_that_raises_at_import_in_one_line(tmp_path, monkeypatch, capsys):
+    user_modules.install(tmp_path, monkeypatch)
+    run_dir = tmp_path / "run"
+    one_line_error(capsys, train_main(["--env", "fastrl_test_raises:fn", "--run-dir", str(run_dir), "--serial"]), 2,
+                   "fastrl-train", "env.id 'fastrl_test_raises:fn': importing 'fastrl_test_raises' failed "
+                                   "(RuntimeError: boom at import)")
+    assert not (run_dir / "config.toml").exists()  # refused before the run began
 
 
 def test_factory_must_return_a_gymnasium_env():

@@ -25,6 +25,7 @@ from fastrl.eval_during_training import EvalResults, EvalStats, Evaluator
 from fastrl.models import build_model, num_state_values, state_to_flat
 from fastrl.runner import arena_layout, train
 from fastrl.shm import Arena, WeightBuffer
+from tests import user_modules
 from tests.test_cli_errors import one_line_error
 from tests.test_reliability import metrics
 
@@ -364,12 +365,20 @@ def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
     assert isinstance(metrics["eval/random/episodes"], int)
 
 
+def plays_without_the_agent(observation):
+    return 0
+
+
 @pytest.mark.parametrize("env_id, kwargs, opponents, message", [
     (TIC_TAC_TOE, "{}", ["nope"], "eval.opponents entry 'nope' is neither a built-in opponent (random, "
                                 "connect_four_one_ply) nor MODULE:CALLABLE"),
     (TIC_TAC_TOE, "{}", ["random", "no_such_module_x:fn"], "eval.opponents entry 'no_such_module_x:fn': cannot "
                                                           "import 'no_such_module_x'"),
     (TIC_TAC_TOE, "{}", ["tests.test_eval_during_training:nothing"], "has no 'nothing'"),
+    *((TIC_TAC_TOE, "{}", [f"{module}:fn"], f"eval.opponents entry '{module}:fn': {message}")
+      for module, message in user_modules.BROKEN),
+    (TIC_TAC_TOE, "{}", ["tests.test_eval_during_training:plays_without_the_agent"],
+     "takes (observation), not (observation, agent)"),
     (TIC_TAC_TOE, "{}", ["connect_four_one_ply"], "connect_four_one_ply plays PettingZoo's connect_four_v3"),
     ("fastrl.envs.toy:make_countdown", "{}", ["random"],
      "eval.opponents plays the other seats of a multi-agent game, and 'fastrl.envs.toy:make_countdown' has one "
@@ -378,8 +387,9 @@ def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
      "eval.opponents plays PettingZoo games (--env pettingzoo:MODULE), handing the opponent each agent's "
      "observation as the game gives it, and 'fastrl.envs.toy:AgreementGames' is not one: set eval.opponents=[]"),
 ])
-def test_opponents_that_cannot_play_the_run_are_refused_before_it_starts(tmp_path, capsys, env_id, kwargs,
-                                                                            opponents, message):
+def test_opponents_that_cannot_play_the_run_are_refused_before_it_starts(tmp_path, monkeypatch, capsys, env_id,
+                                                                            kwargs, opponents, message):
+    user_modules.install(tmp_path, monkeypatch)
     args = ["--env", env_id, "--set", f"env.kwargs={kwargs}", "--serial",
             "--set", "eval.every_s=1", "--set", f"eval.opponents={json.dumps(opponents)}",
             "--set", "env.num_workers=1", "--set", "env.envs_per_worker=8", "--set", "learner.batch_size=64",

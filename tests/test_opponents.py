@@ -7,6 +7,7 @@ from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
 from fastrl.opponents import (ConnectFourOnePly, OpponentError, RandomLegal, checked_action, find_opponent,
                               make_opponent)
+from tests import user_modules
 
 C4_OBS = spaces.Dict({"action_mask": spaces.Box(0, 1, (7,), np.int8),
                       "observation": spaces.Box(0, 1, (6, 7, 2), np.int8)})
@@ -100,12 +101,43 @@ def test_a_module_path_names_an_opponent_and_an_opponent_class_is_made_with_the_
     ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor MODULE:CALLABLE"),
     ("no_such_module_x:fn", "cannot import 'no_such_module_x'"),
     ("fastrl.opponents:no_such_fn", "module 'fastrl.opponents' has no 'no_such_fn'"),
-    ("fastrl.opponents:BUILT_IN", "is a dict, not callable"),
+    ("fastrl.opponents:BUILT_IN", "is not callable (type dict)"),
 ])
 def test_an_opponent_that_cannot_be_found_is_one_line(spec, message):
     with pytest.raises(OpponentError) as error:
         find_opponent(spec)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def looks_at_the_board_only(observation):
+    return 0
+
+
+class ForgetsTheAgent(RandomLegal):
+    def __call__(self, observation):
+        return 0
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.test_opponents:looks_at_the_board_only", "--opponent 'tests.test_opponents:looks_at_the_board_only' takes "
+                                                      "(observation), not (observation, agent); make it "
+                                                      "fn(observation, agent) -> action"),
+    ("tests.test_opponents:ForgetsTheAgent", "takes (self, observation), not (observation, agent)"),
+    (looks_at_the_board_only, "--opponent 'looks_at_the_board_only' takes (observation)"),
+])
+def test_an_opponent_that_cannot_take_an_observation_and_an_agent_is_one_line(spec, message):
+    with pytest.raises(OpponentError) as error:
+        find_opponent(spec)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("module, message", user_modules.BROKEN)
+def test_an_opponent_module_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, module, message):
+    user_modules.install(tmp_path, monkeypatch)
+    with pytest.raises(OpponentError) as error:
+        find_opponent(f"{module}:fn", "eval.opponents entry")
+    text = str(error.value)
+    assert text.startswith(f"eval.opponents entry '{module}:fn': ") and message in text and "\n" not in text
 
 
 def test_one_ply_refuses_a_game_other_than_connect_four():

@@ -18,6 +18,7 @@ from fastrl.learner import VTraceLearner, gather_trajectories
 from fastrl.models import build_model
 from fastrl.runner import train
 from fastrl.spaces import ObsLayout, UnsupportedSpace
+from tests import user_modules
 from tests.pettingzoo_envs import CueGame
 from tests.test_rollout import run_worker
 
@@ -189,6 +190,16 @@ def test_without_pettingzoo_fastrl_train_names_the_extra_and_leaves_no_run_dir(t
     assert err.getvalue() == ("fastrl-train: error: --env pettingzoo:pettingzoo.classic.tic_tac_toe_v3 needs "
                               "PettingZoo, which is not installed: pip install 'fastrl[multiagent]'\n")
     assert not (tmp_path / "new" / "run").exists() and not list(tmp_path.glob("runs/*"))
+
+
+@pytest.mark.parametrize("module, message", user_modules.BROKEN)
+def test_a_game_module_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, module, message):
+    user_modules.install(tmp_path, monkeypatch)
+    cfg = cue_config(**{"env.id": f"pettingzoo:{module}"})
+    with pytest.raises(ValueError) as error:
+        probe_env(cfg)
+    text = str(error.value)
+    assert text.startswith(f"env.id 'pettingzoo:{module}': ") and message in text and "\n" not in text, text
 
 
 def test_a_split_must_hold_whole_games():

@@ -22,6 +22,7 @@ from fastrl.run_plan import RunError
 from fastrl.runner import train
 from fastrl.shm import Arena, WeightBuffer
 from fastrl.slots import serial_slots
+from tests import user_modules
 
 GAMES = "fastrl.envs.toy:AgreementGames"
 OWN_ACTION = 3  # AgreementGames' observation (t, k, g, a_k, m): the action the agent played last
@@ -110,9 +111,11 @@ def test_bad_policies_are_refused_by_the_config_in_one_line(settings, message):
      "sends no agent to green"),
     (2, {"policies.mapping": "per_agent", "policies.names": ["red", "blue"]},
      "per_agent names each policy after its agent (agent_0, agent_1)"),
-    (2, {"policies.mapping": "no_such_module:fn"}, "policies.mapping no_such_module:fn: cannot import it"),
-    (2, {"policies.mapping": "tests.test_policies:no_such_fn"}, "tests.test_policies:no_such_fn: cannot import it"),
-    (2, {"policies.mapping": "tests.test_policies:NOT_CALLABLE"}, "is not callable"),
+    (2, {"policies.mapping": "no_such_module:fn"}, "policies.mapping 'no_such_module:fn': cannot import "
+                                                   "'no_such_module'"),
+    (2, {"policies.mapping": "tests.test_policies:no_such_fn"}, "policies.mapping 'tests.test_policies:no_such_fn': "
+                                                                "module 'tests.test_policies' has no 'no_such_fn'"),
+    (2, {"policies.mapping": "tests.test_policies:NOT_CALLABLE"}, "is not callable (type int)"),
     (2, {"policies.mapping": "tests.test_policies:broken"},
      "policies.mapping tests.test_policies:broken failed for agent 'agent_0' (KeyError: 'agent_0')"),
     # Two policies each waiting for 5 of their own trajectories while the envs queue 8 at once.
@@ -124,6 +127,15 @@ def test_mappings_that_cannot_work_on_the_env_are_refused_in_one_line(agents, se
     with pytest.raises(ConfigError) as error:
         run_policies(cfg, probe_env(cfg))
     assert message in one_line(error)
+
+
+@pytest.mark.parametrize("module, message", user_modules.BROKEN)
+def test_a_mapping_module_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, module, message):
+    user_modules.install(tmp_path, monkeypatch)
+    cfg = games_config(2, **{"policies.mapping": f"{module}:fn"})
+    with pytest.raises(ConfigError) as error:
+        run_policies(cfg, probe_env(cfg))
+    assert one_line(error).startswith(f"policies.mapping '{module}:fn': ") and message in one_line(error)
 
 
 @pytest.mark.parametrize("settings, num_policies", [

@@ -18,6 +18,7 @@ from fastrl.envs import probe_env
 from fastrl.models import build_model
 from fastrl.policy_eval import evaluate_against, load_run_model
 from fastrl.runner import train
+from tests import user_modules
 from tests.test_cli_errors import one_line_error, untrained_state
 
 TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
@@ -157,7 +158,7 @@ def always_the_first_square(observation, agent):
     (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor "
                           "MODULE:CALLABLE"),
     (TIC_TAC_TOE, "no_such_module_x:fn", "cannot import 'no_such_module_x'"),
-    (TIC_TAC_TOE, "fastrl.opponents:BUILT_IN", "is a dict, not callable"),
+    (TIC_TAC_TOE, "fastrl.opponents:BUILT_IN", "is not callable (type dict)"),
     (TIC_TAC_TOE, "tests.test_policy_eval:always_the_first_square",
      "chose action 0 for 'player_"),
     (TIC_TAC_TOE, "connect_four_one_ply", "connect_four_one_ply plays PettingZoo's connect_four_v3"),
@@ -166,6 +167,22 @@ def always_the_first_square(observation, agent):
 def test_what_cannot_be_played_is_one_line(tmp_path, capsys, env_id, opponent, message):
     run_dir = untrained_run(tmp_path, env_id)
     one_line_error(capsys, eval_main([str(run_dir), "--opponent", opponent, "--episodes", "4"]), 2, "fastrl-eval",
+                   message)
+
+
+def plays_without_the_agent(observation):
+    return 0
+
+
+@pytest.mark.parametrize("spec, message", [
+    *((f"{module}:fn", f"--opponent '{module}:fn': {message}") for module, message in user_modules.BROKEN),
+    ("tests.test_policy_eval:plays_without_the_agent", "--opponent 'tests.test_policy_eval:plays_without_the_agent' "
+                                                       "takes (observation), not (observation, agent)"),
+])
+def test_an_opponent_that_cannot_be_loaded_is_one_line(tmp_path, monkeypatch, capsys, spec, message):
+    user_modules.install(tmp_path, monkeypatch)
+    run_dir = untrained_run(tmp_path, TIC_TAC_TOE)
+    one_line_error(capsys, eval_main([str(run_dir), "--opponent", spec, "--episodes", "4"]), 2, "fastrl-eval",
                    message)
 
 

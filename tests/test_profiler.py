@@ -427,7 +427,7 @@ def test_autotune_fits_its_budget_and_its_settings_validate_and_run(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--profile", "cartpol-appo"], "did you mean cartpole-appo"),
     (["--set", "env.num_wrkers=2"], "did you mean env.num_workers"),
-    (["--set", "learner.batch_size=100000000"], "lower learner.batch_size"),
+    (["--set", "learner.batch_size=10000000"], "lower learner.batch_size"),
     (["--budget-seconds", "60"], "add --autotune"),
     (["--autotune", "--budget-seconds", "5"], "cannot fit one trial"),
     (["--seconds", "0.1"], "--seconds must be >= 0.5"),

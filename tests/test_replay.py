@@ -445,7 +445,7 @@ def test_bad_inputs_raise_clear_errors():
         replay.update_priorities([0], [0], [np.nan])
     with pytest.raises(ValueError, match="compress' must be one of"):
         TransitionReplay(ReplayConfig(compress="gzip"), gamma=0.99, num_streams=2, obs_shape=(3,))
-    with pytest.raises(ValueError, match=r"'replay.capacity' must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"'replay.capacity' must be in \[1, 1000000000\], got 0"):
         TransitionReplay(ReplayConfig(capacity=0), gamma=0.99, num_streams=2, obs_shape=(3,))
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got 1.5"):
         TransitionReplay(ReplayConfig(capacity=80, min_fill=0), gamma=1.5, num_streams=2,

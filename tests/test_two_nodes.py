@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.distributed import SOCKET_INTERFACE_VARS, interface_to, route_collectives_to_master
+from fastrl.distributed import SOCKET_INTERFACE_VARS, InterfaceError, interface_to, route_collectives_to_master
 from tests.scripts import load_benchmark
 
 netns = load_benchmark("netns")
@@ -37,6 +37,19 @@ def test_the_interface_is_the_one_holding_the_address_that_reaches_the_master():
     name, address = a_local_address()
     assert interface_to(address) == name
     assert interface_to("127.0.0.1") is None and interface_to("localhost") is None
+
+
+def test_every_address_of_the_master_is_tried_until_one_routes(monkeypatch):
+    name, address = a_local_address()
+    # An IPv6 address listed first that has no route (a link-local one on no interface of this
+    # host), then the IPv4 address that is reachable.
+    unroutable = (socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("fe80::1", 9, 0, 987654))
+    reachable = (socket.AF_INET, socket.SOCK_DGRAM, 17, "", (address, 9))
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [unroutable, reachable])
+    assert interface_to("master.example") == name
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [unroutable])
+    with pytest.raises(InterfaceError, match="no network interface of this host reaches MASTER_ADDR master.example"):
+        interface_to("master.example")
 
 
 def test_unset_socket_variables_are_set_to_that_interface_and_the_users_are_kept(monkeypatch):

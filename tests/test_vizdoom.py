@@ -10,7 +10,8 @@ import gymnasium
 import numpy as np
 import pytest
 
-from fastrl.envs import ImageOptions, make_vec_env, resolve_backend, vizdoom_backend
+from fastrl.config import build_config
+from fastrl.envs import ImageOptions, make_vec_env, probe_env, resolve_backend, vizdoom_backend
 
 needs_vizdoom = pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None,
                                    reason="vizdoom is not installed (pip install 'fastrl[vizdoom]')")
@@ -90,6 +91,37 @@ def test_a_resolution_in_env_kwargs_wins_and_its_frame_skip_is_refused():
 
 
 @needs_vizdoom
+@pytest.mark.parametrize(("env_kwargs", "message"), [
+    ({"scenario_config_file": "no_such_scenario.cfg"}, "the ViZDoom engine cannot start with env.kwargs "
+                                                       "{'scenario_config_file': 'no_such_scenario.cfg'} "
+                                                       "(FileDoesNotExistException: "),
+    ({"doom_scenario_path": "/no/such.wad"}, 'cannot start with env.kwargs {\'doom_scenario_path\': '
+                                             '\'/no/such.wad\'} (FileDoesNotExistException: File "/no/such.wad" '
+                                             'does not exist.); correct the file paths'),
+    ({"max_buttons_pressed": -1}, "(RuntimeError: max_buttons_pressed=-1 < 0."),
+    ({"doom_skil": 3}, "env.kwargs: 'VizdoomBasic-v1' takes no argument 'doom_skil' (did you mean doom_skill?)"),
+    ({"config_file": "basic.cfg"}, "takes no argument 'config_file' (did you mean scenario_config_file?)"),
+])
+def test_a_scenario_or_engine_key_the_engine_refuses_is_one_line_when_the_env_is_probed(env_kwargs, message):
+    cfg = build_config("vizdoom-basic", {"env.kwargs": env_kwargs})
+    with pytest.raises(ValueError) as raised:
+        probe_env(cfg)
+    text = str(raised.value)
+    assert "\n" not in text and message in text, text
+
+
+@needs_vizdoom
+def test_engine_keys_in_any_case_and_gymnasiums_own_are_taken():
+    env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {"doom_skill": 2, "Render_HUD": True,
+                                                            "max_episode_steps": 5}, frame_skip=1, resize=[])()
+    try:
+        env.reset(seed=0)
+        assert [env.step(0)[3] for _ in range(5)] == [False] * 4 + [True]
+    finally:
+        env.close()
+
+
+@needs_vizdoom
 def test_timeout_ends_an_episode_truncated_not_terminated():
     # basic.cfg's episode_timeout is 300 tics; standing still never kills the monster.
     env = vizdoom_backend.vizdoom_env_fn("VizdoomBasic-v1", {}, frame_skip=4, resize=[72, 128])()
@@ -112,13 +144,22 @@ def test_timeout_ends_an_episode_truncated_not_terminated():
 
 
 class EndsInZeros(gymnasium.Env):
-    """ViZDoom's wrapper in miniature: zeros as the observation of an episode's last step."""
+    """ViZDoom's wrapper in miniature: zeros as the observation of an episode's last step, which
+    the player's death (``terminate``) or else the scenario's timeout ends; ``game`` answers as the
+    engine's DoomGame does."""
 
     observation_space = gymnasium.spaces.Box(0.0, 10.0, (1,))
     action_space = gymnasium.spaces.Discrete(2)
 
     def __init__(self, length: int, terminate: bool) -> None:
         self.length, self.terminate, self.t = length, terminate, 0
+        self.game = self
+
+    def is_episode_timeout_reached(self) -> bool:
+        return self.t == self.length and not self.terminate
+
+    def is_player_dead(self) -> bool:
+        return self.t == self.length and self.terminate
 
     def reset(self, **kwargs):
         self.t = 0
@@ -140,6 +181,20 @@ def test_an_episode_ends_on_its_last_rendered_observation(terminate):
         seen = [env.step(0) for _ in range(3)]
         assert [s[0][0] for s in seen] == [2.0, 3.0, 3.0]
         assert [(s[2], s[3]) for s in seen][-1] == ((True, False) if terminate else (False, True))
+
+
+@pytest.mark.parametrize(("terminate", "limit", "ends"), [
+    (True, 3, (True, False)),  # a death on the TimeLimit's last step: terminated wins
+    (False, 3, (False, True)),  # the scenario's timeout on the TimeLimit's last step
+    (True, 2, (False, True)),  # the TimeLimit alone
+])
+def test_an_episode_end_on_the_time_limits_last_step_is_the_episodes_own(terminate, limit, ends):
+    inner = gymnasium.wrappers.TimeLimit(EndsInZeros(length=3, terminate=terminate), max_episode_steps=limit)
+    env = vizdoom_backend.EpisodeEnds(inner)
+    env.reset()
+    seen = [env.step(0) for _ in range(limit)]
+    assert [(s[2], s[3]) for s in seen] == [(False, False)] * (limit - 1) + [ends]
+    assert [s[0][0] for s in seen] == [2.0, 3.0, 3.0][:limit]  # never the engine's zeros
 
 
 @needs_vizdoom

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from fastrl.envs.gym_backend import GymnasiumSplits
 from fastrl.envs.image_preprocessing import ImageOptions, check_applies, preprocessed
 from fastrl.envs.pettingzoo_backend import is_pettingzoo_id
 from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
+from fastrl.user_code import load_callable
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
 
@@ -281,16 +281,7 @@ def _unknown_id_message(env_id: str, reason: str) -> str:
 
 
 def _import_factory(env_id: str) -> Callable[..., gymnasium.Env]:
-    module_name, _, attr = env_id.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(
-            _unknown_id_message(env_id, f"cannot import factory 'module:callable' ({exc})")
-        ) from exc
-    if not callable(factory):
-        raise ValueError(f"Env factory {env_id!r} is not callable")
-    return factory
+    return load_callable(env_id, "env.id", "'package.module:callable', a callable returning a gymnasium.Env")
 
 
 def _gymnasium_env_fn(

@@ -29,7 +29,6 @@ backend does not give.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
 from fastrl.envs.pettingzoo_games import Games
 from fastrl.envs.pettingzoo_turns import TurnBasedGames
 from fastrl.envs.turns import check_turn_groups
+from fastrl.user_code import import_user_module
 
 PREFIX = "pettingzoo:"
 EXAMPLE = "pettingzoo:mpe2.simple_spread_v3"
@@ -71,11 +71,8 @@ def game_maker(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Callable[[], An
     from pettingzoo.utils.env import AECEnv, ParallelEnv  # the [multiagent] extra: imported only when used
 
     module_name = env_id[len(PREFIX):]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{env_id!r}: cannot import {module_name!r} ({exc}); correct the module name or install it "
-                         f"(pip install 'fastrl[multiagent]' installs pettingzoo and mpe2)") from None
+    module = import_user_module(module_name, "env.id", env_id, not_found="correct the module name or install it "
+                                "(pip install 'fastrl[multiagent]' installs pettingzoo and mpe2)")
     make, kind, name = getattr(module, "parallel_env", None), ParallelEnv, "parallel_env"
     if make is None:
         make, kind, name = getattr(module, "env", None), AECEnv, "env"

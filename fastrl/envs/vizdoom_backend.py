@@ -29,11 +29,15 @@ every timeout. The final observation is therefore the last screen the engine ren
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium
+
+from fastrl.user_code import first_line
 
 ID_PREFIX = "Vizdoom"
 VIZDOOM_EXTRA = "pip install 'fastrl[vizdoom]'"
@@ -84,21 +88,50 @@ def vizdoom_env_fn(env_id: str, env_kwargs: dict[str, Any], frame_skip: int,
     if "frame_skip" in env_kwargs:
         raise ValueError(f"{env_id!r}: set the frame skip as env.frame_skip, not env.kwargs.frame_skip (fastrl "
                          f"passes env.frame_skip to the ViZDoom engine and counts frames by it)")
+    check_keys(env_id, env_kwargs)
     kwargs = {"frame_skip": frame_skip, **env_kwargs}
     if resize:
         kwargs.setdefault("screen_resolution", engine_resolution(*resize))
 
     def make() -> gymnasium.Env:
-        return EpisodeEnds(gymnasium.make(env_id, **kwargs))
+        try:
+            env = gymnasium.make(env_id, **kwargs)
+            # Started here rather than at the first reset, so that a scenario or WAD file that is
+            # missing fails where the env is first made (the probe, before any worker starts).
+            env.unwrapped.game.init()
+        except Exception as exc:  # the engine's, about the scenario and env.kwargs it was given
+            raise ValueError(f"{env_id!r}: the ViZDoom engine cannot start with env.kwargs {env_kwargs} "
+                             f"({first_line(exc)}); correct the file paths and values there") from None
+        return EpisodeEnds(env)
 
     return make
+
+
+def check_keys(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """ValueError (one line, with close matches) for a key of ``env_kwargs`` that neither
+    gymnasium.make, ViZDoom's wrapper nor a DoomGame config key takes: the engine would print a
+    warning and ignore it (a misspelt ``doom_skil`` would leave the scenario's difficulty)."""
+    import vizdoom
+    from vizdoom.gymnasium_wrapper.gymnasium_env_defns import VizdoomScenarioEnv
+
+    known = {*inspect.signature(gymnasium.make).parameters, *inspect.signature(VizdoomScenarioEnv).parameters,
+             *(name[len("set_"):] for name in dir(vizdoom.DoomGame) if name.startswith("set_"))}
+    known -= {"id", "kwargs", "frame_skip", "config", "action", "seed"}  # not keys of a scenario's config
+    for name in env_kwargs:
+        if name.lower() not in known:
+            matches = difflib.get_close_matches(name.lower(), sorted(known), n=3)
+            hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
+            raise ValueError(f"env.kwargs: {env_id!r} takes no argument {name!r}{hint}: neither ViZDoom's wrapper "
+                             f"nor a DoomGame config key; remove it or correct its name")
 
 
 class EpisodeEnds(gymnasium.Wrapper):
     """An episode the scenario's timeout ends is truncated only (the wrapper also flags it
     terminated), and the final observation of an episode the engine ended is its last rendered
     one (the wrapper returns zeros there: the engine keeps no state past the end). A TimeLimit
-    inside (``env.kwargs.max_episode_steps``) truncates on a real observation, which stays."""
+    inside (``env.kwargs.max_episode_steps``) truncates on a real observation, which stays; a
+    death or a goal on the TimeLimit's last step is terminated: the episode's own end wins, and
+    nothing bootstraps from it."""
 
     def __init__(self, env: gymnasium.Env) -> None:
         super().__init__(env)
@@ -111,8 +144,12 @@ class EpisodeEnds(gymnasium.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if terminated:  # the engine's episode is over (its timeout too): the wrapper returns zeros
-            obs = self._last_obs
-        else:
+        if not terminated:
             self._last_obs = obs
-        return obs, reward, terminated and not truncated, truncated, info
+            return obs, reward, False, truncated, info
+        # The engine's episode is over (its timeout too): the wrapper returns zeros. Both flags
+        # also come from a TimeLimit truncating the step on which the episode ended for real, so
+        # only the engine says whether its timeout ended it.
+        game = self.env.unwrapped.game
+        timed_out = truncated and game.is_episode_timeout_reached() and not game.is_player_dead()
+        return self._last_obs, reward, not timed_out, timed_out, info
