@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
-from fastrl.cli import train_main
+from fastrl.cli import sweep_main, train_main
 from fastrl.config import PBT_MUTABLE, ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.learner.policies import PolicyRuntimes, make_policy_learners
@@ -27,7 +27,8 @@ from fastrl.runner import train
 from fastrl.shm import EPISODE_RING, Arena, WeightBuffer
 from tests.test_learner import random_batch
 from tests.test_policies import assert_same_state, one_line, read_metrics
-from tests.test_rollout import run_worker
+from tests.test_rollout import countdown_config, run_worker
+from tests.test_sweep import TINY, sweep_args
 
 MUTABLE = PBT_MUTABLE[:5]  # the default pbt.mutable
 
@@ -440,6 +441,13 @@ def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
     ({"pbt.start.env.id": ["CartPole-v1", "Acrobot-v1"]}, "pbt.start.env.id"),
     ({"pbt.start.learner.batch_size": [16, 32]}, "pbt.start.learner.batch_size"),
     ({"pbt.start.seed": [1, 2]}, "pbt.start.seed"),
+    # The table form, as --set 'pbt.start={...}' gives it, is checked key by key too.
+    ({"pbt.start": '{"learner.lr" = 1e-3}'}, "pbt.start.learner.lr takes one value per member ([v0, v1, ...]), "
+                                              "got 0.001"),
+    ({"pbt.start": '{"unknown.key" = [1, 2]}'}, "pbt.start.unknown.key: members start apart only in keys"),
+    ({"pbt.start": '{"learner.lr" = [1e-3, -1.0]}'}, "'learner.lr' must be"),
+    ({"pbt.start": '{"learner.lr" = [1e-3, 2e-3, 3e-3]}'}, "pbt.start.learner.lr has 3 values for 2 members"),
+    ({"pbt.start": "3"}, "config key 'pbt.start' expects dict, got 3"),
     ({"policies.names": ["hero"]}, "leave [policies] at its defaults"),
     ({"selfplay.enabled": True}, "selfplay.enabled=false"),
     ({"pbt.objective": "win_rate"}, "pbt.objective='win_rate' is not an objective: use episode_return_mean or "
@@ -453,6 +461,33 @@ def test_bad_pbt_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(ConfigError) as error:
         pbt_config(2, **settings)
     assert message in one_line(error)
+
+
+def test_a_start_table_sets_what_its_keys_would_and_replaces_the_table():
+    by_key = pbt_config(2, **{"pbt.start.learner.value_coef": "[0.3,0.7]", "pbt.start.learner.num_epochs": "[1,2]"})
+    by_table = pbt_config(2, **{"pbt.start.learner.lr": "[1e-4,2e-3]",
+                                "pbt.start": '{"learner.value_coef" = [0.3, 0.7], "learner.num_epochs" = [1, 2]}'})
+    assert by_table.pbt.start == by_key.pbt.start == {"learner.value_coef": [0.3, 0.7], "learner.num_epochs": [1, 2]}
+    assert pbt_config(2, **{"pbt.start.learner.lr": "[1e-4,2e-3]", "pbt.start": "{}"}).pbt.start == {}
+
+
+def test_fastrl_train_refuses_a_scalar_start_table_in_one_line(tmp_path, capsys):
+    code = train_main(["--profile", "cartpole-appo", "--serial", "--set", "pbt.population=2", "--set",
+                       'pbt.start={"learner.lr" = 1e-3}', "--run-dir", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "pbt.start.learner.lr takes one value per member" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_of_a_member_start_value_is_refused_in_one_line(tmp_path, capsys):
+    code = sweep_main(sweep_args(tmp_path / "sweep", "--trials", "2", "--budget-env-steps", "1000", "--param",
+                                 "pbt.start.learner.lr=loguniform:1e-5:1e-2", sets=[*TINY, "pbt.population=2"]))
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--param pbt.start.learner.lr: pbt.start gives each member a value and a trial draws one; sweep " \
+           "learner.lr (every member starts from it, pbt.jitter spreads them) or give pbt.start with --set" in err
+    assert "expects list" not in err and not list((tmp_path / "sweep").glob("*/trial-*"))
 
 
 def test_a_member_start_names_the_keys_a_member_may_start_with():
