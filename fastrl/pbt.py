@@ -101,6 +101,9 @@ class Population:
         self.objective = cfg.pbt.objective
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
+        # The version of each member's first weights since its last copy: an episode begun with an
+        # older one was played, in part, by the weights the copy replaced.
+        self.copied_version = [0] * len(runtimes)
         # What a member's recent episodes add to its objective ([W, ring] per episode), or None when
         # its evaluations are the objective.
         info_key = objective_info_key(cfg.pbt.objective)
@@ -142,9 +145,10 @@ class Population:
         if self.episode_values is None:
             return
         for w, index in enumerate(indices):
-            for actor, value in zip(self.arena.episode_actor[w, index].tolist(),
-                                    self.episode_values[w, index].tolist()):
-                if actor < len(self.recent) and math.isfinite(value):
+            for actor, version, value in zip(self.arena.episode_actor[w, index].tolist(),
+                                             self.arena.episode_version[w, index].tolist(),
+                                             self.episode_values[w, index].tolist()):
+                if actor < len(self.recent) and version >= self.copied_version[actor] and math.isfinite(value):
                     self.recent[actor].append(value)
 
     def objectives(self) -> list[float]:
@@ -201,16 +205,21 @@ class Population:
 
     def copy_member(self, source: int, target: int) -> None:
         """Weights, optimizer, normalizers and hyperparameters of ``source`` into ``target``, which
-        keeps its own counters (its version orders the weights its actors act with) and its envs'
-        running discounted returns (the return normalizer's streams are the envs it trains on)."""
+        keeps its own update counters and its envs' running discounted returns (the return
+        normalizer's streams are the envs it trains on). Its version moves on by more than its
+        ``max_policy_lag``: trajectories acted by the replaced weights, still queued or in flight,
+        are then too stale to train on, as a different behaviour policy's are (the lag mask,
+        fastrl.learner.vtrace), and its versions stay in order."""
         learner, parent = self.runtimes[target].learner, self.runtimes[source].learner
+        for key in self.keys:
+            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
         state = copy.deepcopy(parent.state_dict())
-        state.update(version=learner.version, updates=learner.updates, skipped_updates=learner.skipped_updates)
+        self.copied_version[target] = learner.version + learner.lcfg.max_policy_lag + 1
+        state.update(version=self.copied_version[target], updates=learner.updates,
+                     skipped_updates=learner.skipped_updates)
         if "return_scale" in state:
             state["return_scale"]["carry"] = learner.return_scale.state_dict()["carry"]
         learner.load_state_dict(state)
-        for key in self.keys:
-            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
 
     def explore(self, member: int) -> None:
         cfg = self.runtimes[member].cfg

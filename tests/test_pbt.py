@@ -63,15 +63,16 @@ def make_population(cfg, run_dir=None, updates=(2, 3, 4, 5)):
     return PolicyRuntimes(cfg, arena, learners, policies, run_dir), arena
 
 
-def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: int = 0) -> None:
+def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: int = 0, version=None) -> None:
     """Episodes finished on ``worker`` by each member, written into the arena's episode ring as
-    the rollout worker writes them."""
+    the rollout worker writes them, begun by the member's published weights (or ``version``)."""
     for member, returns in returns_by_member.items():
         for value in returns:
             at = arena.episode_count[worker] % EPISODE_RING
             arena.episode_return[worker, at] = value
             arena.episode_length[worker, at] = 10
             arena.episode_actor[worker, at] = member
+            arena.episode_version[worker, at] = arena.weight_version[member] if version is None else version
             arena.episode_count[worker] += 1
 
 
@@ -132,19 +133,46 @@ def test_exploit_copies_weights_optimizer_and_normalizers_exactly_and_keeps_the_
         assert state["return_scale"][key] == before_top["learner"]["return_scale"][key] != 0
     # The copier's own env streams keep their running discounted returns.
     assert state["return_scale"]["carry"] == before_low["learner"]["return_scale"]["carry"]
-    assert (state["version"], state["updates"]) == (2, 2)
+    # Its version moves past max_policy_lag (100), its update counters are its own.
+    assert (state["version"], state["updates"]) == (2 + 100 + 1, 2)
     assert hyperparameters(low.cfg) == hyperparameters(before_top["cfg"])  # perturb [1.0]: copied as they are
     assert other_settings(low.cfg) == other_settings(before_low["cfg"])
     assert_same_state(parent, before_top["learner"], "the copied member")
     assert hyperparameters(top.cfg) == hyperparameters(before_top["cfg"])
     # The actors act with the copied weights at once, under the copier's own version.
     flat = np.empty(num_state_values(low.learner.model), np.float32)
-    assert WeightBuffer(arena, 0).read_into(flat) == 2
+    assert WeightBuffer(arena, 0).read_into(flat) == 103
     top.publish()
     np.testing.assert_array_equal(flat, top.flat_np)
     # Its next update uses the copied learning rate, and the counters go on from its own.
     stats = low.learner.train(random_batch(seed=7))
-    assert stats["lr"] == pytest.approx(2e-3) and low.learner.version == 3
+    assert stats["lr"] == pytest.approx(2e-3) and low.learner.version == 104
+
+
+def test_a_copier_trains_on_and_is_ranked_by_its_copied_weights_only():
+    cfg = pbt_config(2, **{"pbt.perturb": [1.0], "pbt.start.learner.max_policy_lag": [3, 5]})
+    runtimes, arena = make_population(cfg)
+    low = runtimes.runtimes[0]
+    finish_episodes(arena, {0: [1.0], 1: [50.0]}, version=0)
+    assert runtimes.population.step(env_steps=10) == [(0, 1)]
+    # Past the copied lag (5): what the replaced weights (version 2) acted is not trained on.
+    assert low.learner.version == 2 + 5 + 1 and low.cfg.learner.max_policy_lag == 5
+    stats = low.learner.train(random_batch(seed=7, version=2), env_ids=np.arange(16))
+    assert stats["policy_lag_min"] == 6 and stats["grad_norm"] == 0 and stats["value_loss"] == 0
+    stats = low.learner.train(random_batch(seed=7, version=8), env_ids=np.arange(16))
+    assert stats["policy_lag_min"] == 1 and stats["grad_norm"] > 0
+    # Episodes the replaced weights began, finished after the copy, are not the copier's objective.
+    finish_episodes(arena, {0: [1.0, 2.0]}, version=2)
+    finish_episodes(arena, {0: [40.0]}, version=8)
+    runtimes.population.collect()
+    assert runtimes.population.objectives()[0] == 40.0
+
+
+def test_a_worker_records_the_version_of_each_episodes_first_action():
+    # Time limit 3: an env's episode k is acted at steps 4k, 4k + 1, 4k + 2 (4k + 3 is the autoreset).
+    arena, _ = run_worker(countdown_config(slots_per_env=5), steps_per_env=13, version=lambda step: 100 + step)
+    assert arena.episode_count[0] == 12 and set(arena.episode_length[0, :12]) == {3}
+    np.testing.assert_array_equal(arena.episode_version[0, :12], [100] * 4 + [104] * 4 + [108] * 4)
 
 
 def test_explore_changes_only_the_mutable_keys_by_a_perturb_factor():
