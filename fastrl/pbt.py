@@ -187,10 +187,12 @@ class Population:
         count = max(1, int(self.settings.fraction * len(self.runtimes)))
         if len(ranked) < 2 * count:
             return []  # too few members with episodes to tell a bottom from a top
-        bottom, top = ranked[:count], ranked[-count:]
+        top = ranked[-count:]
+        # The control member takes no bottom slot: when it ranks among the worst, the next worst copy.
+        bottom = [k for k in ranked if not (self.settings.control and k == 0)][:count]
         copies = []
         for member in bottom:
-            if self.settings.control and member == 0:
+            if member in top:
                 continue
             parent = int(self.rng.choice(top))
             gap = objectives[parent] - objectives[member]

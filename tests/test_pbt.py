@@ -274,6 +274,16 @@ def test_a_copy_needs_a_gap_beyond_both_margins(top, bottom, relative, absolute,
     assert runtimes.population.step(env_steps=10) == ([(0, 1)] if copied else [])
 
 
+@pytest.mark.parametrize("fraction, parents", [(0.25, {3}), (0.5, {2, 3})])
+def test_a_control_member_among_the_worst_leaves_its_bottom_slot_to_the_next(fraction, parents):
+    cfg = pbt_config(4, **{"pbt.control": True, "pbt.fraction": fraction})
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {0: [0.0], 1: [10.0], 2: [50.0], 3: [90.0]})
+    # With 0.5 the bottom is 1 and 2, the top 2 and 3: member 2, in both, copies no one.
+    copies = runtimes.population.step(env_steps=10)
+    assert [member for member, _ in copies] == [1] and copies[0][1] in parents
+
+
 @pytest.mark.parametrize("control", [True, False])
 def test_a_control_member_0_never_copies_nor_mutates(control):
     cfg = pbt_config(2, **{"pbt.control": control})
