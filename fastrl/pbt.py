@@ -17,9 +17,9 @@ the bottom fraction draws a member of the top fraction and, when the top one lea
 ``pbt.margin_absolute`` and ``pbt.margin_relative`` of its |objective|, copies its weights,
 optimizer and normalizer state and its hyperparameters, then multiplies each mutable value by a
 factor drawn from ``pbt.perturb`` (or, with ``pbt.reset_prob``, sets it back to its own start
-value). With ``pbt.control`` member 0 never copies nor mutates. Every copy is a line of
-``RUN_DIR/pbt/lineage.jsonl``; every period's hyperparameters and objectives a line of
-``RUN_DIR/pbt/history.jsonl``.
+value). With ``pbt.control`` member 0 never copies nor mutates, and takes no bottom member's
+place. Every copy is a line of ``RUN_DIR/pbt/lineage.jsonl``; every period's objectives, beside
+the hyperparameters that earned them, a line of ``RUN_DIR/pbt/history.jsonl``.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class Population:
         if saved:
             self.restore(saved)
         else:
-            self.write_history(0, [math.nan] * len(runtimes))
+            self.write_history(0, [math.nan] * len(runtimes), self.members_hyperparameters())
 
     def state_dict(self) -> dict:
         return {"next_exploit": self.next_exploit, "rng": json.dumps(self.rng.bit_generator.state),
@@ -138,9 +138,13 @@ class Population:
     def hyperparameters(self, member: int) -> dict:
         return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}
 
+    def members_hyperparameters(self) -> list[dict]:
+        return [self.hyperparameters(k) for k in range(len(self.runtimes))]
+
     def collect(self) -> None:
         """Take the episodes finished since the last call into their members' recent values (an
-        episode whose env did not report the objective's info number adds none)."""
+        episode whose env did not report the objective's info number adds none, nor one begun
+        before its member's last copy)."""
         self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
         if self.episode_values is None:
             return
@@ -175,11 +179,12 @@ class Population:
             return []
         self.next_exploit = env_steps + self.settings.period_env_steps
         objectives = self.objectives()
+        earned = self.members_hyperparameters()  # what the objectives were earned with, before the copies
         copies = self.exploit(objectives)
         for member, parent in copies:
             self.write_lineage(env_steps, member, parent, objectives)
             self.recent[member].clear()
-        self.write_history(env_steps, objectives)
+        self.write_history(env_steps, objectives, earned)
         return copies
 
     def exploit(self, objectives: list[float]) -> list[tuple[int, int]]:
@@ -242,11 +247,13 @@ class Population:
         with open_for_append(self.dir / "lineage.jsonl") as f:
             f.write(json.dumps(line) + "\n")
 
-    def write_history(self, env_steps: int, objectives: list[float]) -> None:
+    def write_history(self, env_steps: int, objectives: list[float], hyperparameters: list[dict]) -> None:
+        """Each member's objective beside the hyperparameters it was earned with (before this
+        step's copies: a copier's new ones are in lineage.jsonl)."""
         if self.dir is None:
             return
         line = {"env_steps": env_steps, "members": [
-            {"member": k, "objective": _finite(objectives[k]), "hyperparameters": self.hyperparameters(k)}
+            {"member": k, "objective": _finite(objectives[k]), "hyperparameters": hyperparameters[k]}
             for k in range(len(self.runtimes))]}
         with open_for_append(self.dir / "history.jsonl") as f:
             f.write(json.dumps(line) + "\n")

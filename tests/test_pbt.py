@@ -437,8 +437,10 @@ def test_the_run_directory_keeps_lineage_and_history(tmp_path):
     assert [m["objective"] for m in history[0]["members"]] == [None, None]
     assert [m["hyperparameters"] for m in history[0]["members"]] == start
     assert [m["objective"] for m in history[1]["members"]] == [10.0, 35.0]
+    # Each objective beside the hyperparameters that earned it, not those a copy gave after.
+    assert [m["hyperparameters"] for m in history[1]["members"]] == start
     assert [m["objective"] for m in history[2]["members"]] == [60.0, 25.0]  # member 0's since its copy
-    assert history[2]["members"][0]["hyperparameters"] == lineage[0]["hyperparameters"]
+    assert [m["hyperparameters"] for m in history[2]["members"]] == [lineage[0]["hyperparameters"], start[1]]
     assert [m["member"] for m in history[2]["members"]] == [0, 1]
 
 
@@ -597,8 +599,12 @@ def check_population_run(run_dir, members: int = 3):
     assert list(state["policies"]) == [f"member_{k}" for k in range(members)]
     assert_same_state(state["learner"]["model"], state["policies"]["member_0"]["learner"]["model"])
     assert set(state["pbt"]) >= {"next_exploit", "rng", "start_values", "recent"}
-    assert [state["policies"][f"member_{k}"]["hyperparameters"] for k in range(members)] == \
-        [m["hyperparameters"] for m in history[-1]["members"]]
+    # The last history line's hyperparameters earned its objectives; its copiers' are in the lineage.
+    latest = [m["hyperparameters"] for m in history[-1]["members"]]
+    for line in lineage:
+        if line["env_steps"] == history[-1]["env_steps"]:
+            latest[line["member"]] = line["hyperparameters"]
+    assert [state["policies"][f"member_{k}"]["hyperparameters"] for k in range(members)] == latest
     return state, lineage
 
 
