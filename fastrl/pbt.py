@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
 from .eval_during_training import MemberEvalStats, member_evaluations
-from .run_dir import make_dir, open_for_append
+from .run_dir import make_dir, open_for_append, write_atomic
 from .shm import Arena, new_episodes, total_env_steps
 
 MAX_GAMMA = 0.9999  # a perturbed discount stays below 1
@@ -97,7 +97,10 @@ class Population:
         self.dir = make_dir(Path(run_dir) / "pbt") if run_dir is not None else None
         # What a member's hyperparameters are: what explore changes, and what members start apart in.
         self.keys = list(dict.fromkeys([*cfg.pbt.mutable, *cfg.pbt.start]))
-        self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
+        # What a reset sets each mutable key back to (a resumed run's pbt.mutable may name keys its
+        # checkpoint has no start value for: they start where this config starts them).
+        self.start_values = [{key: get_value(member, key) for key in cfg.pbt.mutable}
+                             for member in member_configs(cfg, len(runtimes))]
         self.objective = cfg.pbt.objective
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
@@ -128,12 +131,17 @@ class Population:
     def restore(self, saved: dict) -> None:
         self.next_exploit = saved["next_exploit"]
         self.rng.bit_generator.state = json.loads(saved["rng"])
-        self.start_values = saved["start_values"]
+        self.start_values = [{key: kept.get(key, start[key]) for key in start}
+                             for start, kept in zip(self.start_values, saved["start_values"])]
         # Recent values of another objective (a resume that changed pbt.objective; checkpoints from
         # before the key held returns) would be ranked beside this one's: start them afresh.
         if saved.get("objective", "episode_return_mean") == self.objective:
             for recent, values in zip(self.recent, saved["recent"]):
                 recent.extend(values)
+        if self.dir is not None:
+            # Exploits after the checkpoint wrote lines that the resumed run writes again.
+            for name in ("lineage.jsonl", "history.jsonl"):
+                _keep_lines_before(self.dir / name, self.next_exploit)
 
     def hyperparameters(self, member: int) -> dict:
         return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}
@@ -257,6 +265,24 @@ class Population:
             for k in range(len(self.runtimes))]}
         with open_for_append(self.dir / "history.jsonl") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _keep_lines_before(path: Path, env_steps: int) -> None:
+    """Keep the lines of ``path`` (lineage or history) written before ``env_steps``; a line cut
+    short by a kill goes too."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            written_at = json.loads(line)["env_steps"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            continue
+        if written_at < env_steps:
+            kept.append(line)
+    if kept != lines:
+        write_atomic(path, "".join(f"{line}\n" for line in kept))
 
 
 def _finite(value: float) -> float | None:

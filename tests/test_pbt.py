@@ -19,7 +19,7 @@ from fastrl.envs import probe_env
 from fastrl.learner.policies import PolicyRuntimes, make_policy_learners
 from fastrl.models import num_state_values
 from fastrl.eval_during_training import EvalStats, MemberEvalStats
-from fastrl.pbt import MAX_GAMMA, member_configs
+from fastrl.pbt import MAX_GAMMA, Population, member_configs
 from fastrl.policy_map import policy_map
 from fastrl.preflight import arena_layout, check_request
 from fastrl.run_plan import RunError
@@ -442,6 +442,40 @@ def test_the_run_directory_keeps_lineage_and_history(tmp_path):
     assert [m["objective"] for m in history[2]["members"]] == [60.0, 25.0]  # member 0's since its copy
     assert [m["hyperparameters"] for m in history[2]["members"]] == [lineage[0]["hyperparameters"], start[1]]
     assert [m["member"] for m in history[2]["members"]] == [0, 1]
+
+
+def test_a_resume_writes_no_line_twice(tmp_path):
+    cfg = pbt_config(2, **{"pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg, run_dir=tmp_path)
+    finish_episodes(arena, {0: [10.0], 1: [30.0]})
+    assert runtimes.population.step(env_steps=500) == [(0, 1)]
+    saved = copy.deepcopy(runtimes.population.state_dict())  # the checkpoint
+    files = [tmp_path / "pbt" / name for name in ("lineage.jsonl", "history.jsonl")]
+    at_checkpoint = [path.read_text() for path in files]
+    finish_episodes(arena, {0: [60.0], 1: [5.0]})
+    assert runtimes.population.step(env_steps=900) == [(1, 0)]
+    with open(files[0], "a") as f:
+        f.write('{"env_steps": 9')  # killed while writing
+    resumed = Population(cfg, arena, runtimes.runtimes, runtimes.names, tmp_path, saved)
+    assert [path.read_text() for path in files] == at_checkpoint
+    finish_episodes(arena, {0: [60.0], 1: [5.0]})
+    assert resumed.step(env_steps=900) == [(1, 0)]
+    for path in files:
+        steps = [json.loads(line)["env_steps"] for line in path.read_text().splitlines()]
+        assert steps.count(900) == 1 and steps.count(500) == 1, (path.name, steps)
+
+
+def test_a_resume_that_adds_a_mutable_key_resets_it_to_its_start_value():
+    cfg = pbt_config(2, **{"pbt.mutable": ["learner.lr"], "pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg)
+    saved = runtimes.population.state_dict()
+    more = pbt_config(2, **{"pbt.mutable": ["learner.lr", "learner.entropy_coef"], "pbt.reset_prob": 1.0,
+                            "pbt.start.learner.lr": [1e-4, 2e-3], "pbt.start.learner.entropy_coef": [0.02, 0.03]})
+    resumed = Population(more, arena, runtimes.runtimes, runtimes.names, None, saved)
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    assert resumed.step(env_steps=5) == [(0, 1)]
+    assert hyperparameters(runtimes.runtimes[0].cfg, ("learner.lr", "learner.entropy_coef")) == \
+        {"learner.lr": 1e-4, "learner.entropy_coef": 0.02}
 
 
 def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
