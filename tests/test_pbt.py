@@ -650,6 +650,14 @@ def test_a_population_trains_reports_members_and_resumes_whole(tmp_path):
     assert any(before["policies"][f"member_{k}"]["hyperparameters"]["learner.lr"] != start[k]["learner.lr"]
                for k in range(3))  # the restore below has explored values to restore
     assert before["pbt"]["recent"] != [[], [], []]
+    # Another population size is refused in one line, naming the setting that resumes it.
+    saved = list_checkpoints(tmp_path)
+    with pytest.raises(RunError) as error:
+        train(run_config(**{"pbt.population": 2, "pbt.start.learner.lr": [1e-5, 1e-3]}), run_dir=tmp_path,
+              resume=True, quiet=True)
+    assert "trained a population of 3 members (this run has a population of 2 members); resume it with " \
+           "pbt.population=3, or start a new run" in one_line(error)
+    assert "policies" not in str(error.value) and list_checkpoints(tmp_path) == saved
     # Resumed at its budget, the run trains nothing: its last checkpoint is the state it restored.
     train(cfg, run_dir=tmp_path, resume=True, quiet=True)
     restored = load_checkpoint(list_checkpoints(tmp_path)[-1])
