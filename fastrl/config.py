@@ -675,9 +675,12 @@ def _list_from_string(text: str) -> list:
 
 def set_key(cfg: Config, key: str, value) -> None:
     """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked; ``pbt.start.KEY`` sets
-    KEY's start values per member (a list of KEY's type)."""
+    KEY's start values per member (a list of KEY's type), ``pbt.start`` the whole table of them."""
     if key.startswith(PBT_START):
         _set_start_values(cfg, key[len(PBT_START):], value)
+        return
+    if key == PBT_START_TABLE:
+        _set_start_table(cfg, value)
         return
     declared = KEYS.get(key)
     if declared is None:
@@ -697,7 +700,16 @@ def set_value(cfg: Config, key: str, value) -> None:
     setattr(getattr(cfg, section) if section else cfg, name, value)
 
 
-PBT_START = "pbt.start."
+PBT_START_TABLE = "pbt.start"
+PBT_START = PBT_START_TABLE + "."
+
+
+def _set_start_table(cfg: Config, table) -> None:
+    """``pbt.start`` replaced by ``table`` (a profile's [pbt.start] or --set 'pbt.start={...}'),
+    each of its keys checked as ``pbt.start.KEY`` is."""
+    cfg.pbt.start = {}
+    for key, values in _coerce(PBT_START_TABLE, table, dict).items():
+        _set_start_values(cfg, key, values)
 
 
 def _set_start_values(cfg: Config, key: str, values) -> None:
@@ -705,6 +717,8 @@ def _set_start_values(cfg: Config, key: str, values) -> None:
     if key not in PBT_MEMBER_KEYS:
         raise ConfigError(f"pbt.start.{key}: members start apart only in keys their own learner reads: "
                           f"{', '.join(PBT_MEMBER_KEYS)}")
+    if not isinstance(values, (list, tuple, str)):
+        raise ConfigError(f"pbt.start.{key} takes one value per member ([v0, v1, ...]), got {values!r}")
     per_member = _coerce(f"pbt.start.{key}", values, list[declared.type])
     for value in per_member:
         declared.check(value, cfg.learner.algo)
@@ -717,9 +731,6 @@ def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
         full = f"{prefix}{key}"
         if isinstance(value, dict) and not prefix and key in SECTIONS:
             apply_dict(cfg, value, prefix=f"{key}.")
-        elif isinstance(value, dict) and full == "pbt.start":
-            for start_key, values in value.items():
-                _set_start_values(cfg, start_key, values)
         else:
             set_key(cfg, full, value)
 

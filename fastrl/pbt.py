@@ -17,9 +17,9 @@ the bottom fraction draws a member of the top fraction and, when the top one lea
 ``pbt.margin_absolute`` and ``pbt.margin_relative`` of its |objective|, copies its weights,
 optimizer and normalizer state and its hyperparameters, then multiplies each mutable value by a
 factor drawn from ``pbt.perturb`` (or, with ``pbt.reset_prob``, sets it back to its own start
-value). With ``pbt.control`` member 0 never copies nor mutates. Every copy is a line of
-``RUN_DIR/pbt/lineage.jsonl``; every period's hyperparameters and objectives a line of
-``RUN_DIR/pbt/history.jsonl``.
+value). With ``pbt.control`` member 0 never copies nor mutates, and takes no bottom member's
+place. Every copy is a line of ``RUN_DIR/pbt/lineage.jsonl``; every period's objectives, beside
+the hyperparameters that earned them, a line of ``RUN_DIR/pbt/history.jsonl``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
 from .eval_during_training import MemberEvalStats, member_evaluations
-from .run_dir import make_dir, open_for_append
+from .run_dir import make_dir, open_for_append, write_atomic
 from .shm import Arena, new_episodes, total_env_steps
 
 MAX_GAMMA = 0.9999  # a perturbed discount stays below 1
@@ -97,10 +97,16 @@ class Population:
         self.dir = make_dir(Path(run_dir) / "pbt") if run_dir is not None else None
         # What a member's hyperparameters are: what explore changes, and what members start apart in.
         self.keys = list(dict.fromkeys([*cfg.pbt.mutable, *cfg.pbt.start]))
-        self.start_values = [{key: get_value(r.cfg, key) for key in cfg.pbt.mutable} for r in runtimes]
+        # What a reset sets each mutable key back to (a resumed run's pbt.mutable may name keys its
+        # checkpoint has no start value for: they start where this config starts them).
+        self.start_values = [{key: get_value(member, key) for key in cfg.pbt.mutable}
+                             for member in member_configs(cfg, len(runtimes))]
         self.objective = cfg.pbt.objective
         self.recent = [deque(maxlen=cfg.pbt.objective_episodes) for _ in runtimes]
         self.episodes_seen = arena.episode_count.copy()
+        # The version of each member's first weights since its last copy: an episode begun with an
+        # older one was played, in part, by the weights the copy replaced.
+        self.copied_version = [0] * len(runtimes)
         # What a member's recent episodes add to its objective ([W, ring] per episode), or None when
         # its evaluations are the objective.
         info_key = objective_info_key(cfg.pbt.objective)
@@ -115,7 +121,7 @@ class Population:
         if saved:
             self.restore(saved)
         else:
-            self.write_history(0, [math.nan] * len(runtimes))
+            self.write_history(0, [math.nan] * len(runtimes), self.members_hyperparameters())
 
     def state_dict(self) -> dict:
         return {"next_exploit": self.next_exploit, "rng": json.dumps(self.rng.bit_generator.state),
@@ -125,26 +131,36 @@ class Population:
     def restore(self, saved: dict) -> None:
         self.next_exploit = saved["next_exploit"]
         self.rng.bit_generator.state = json.loads(saved["rng"])
-        self.start_values = saved["start_values"]
+        self.start_values = [{key: kept.get(key, start[key]) for key in start}
+                             for start, kept in zip(self.start_values, saved["start_values"])]
         # Recent values of another objective (a resume that changed pbt.objective; checkpoints from
         # before the key held returns) would be ranked beside this one's: start them afresh.
         if saved.get("objective", "episode_return_mean") == self.objective:
             for recent, values in zip(self.recent, saved["recent"]):
                 recent.extend(values)
+        if self.dir is not None:
+            # Exploits after the checkpoint wrote lines that the resumed run writes again.
+            for name in ("lineage.jsonl", "history.jsonl"):
+                _keep_lines_before(self.dir / name, self.next_exploit)
 
     def hyperparameters(self, member: int) -> dict:
         return {key: get_value(self.runtimes[member].cfg, key) for key in self.keys}
 
+    def members_hyperparameters(self) -> list[dict]:
+        return [self.hyperparameters(k) for k in range(len(self.runtimes))]
+
     def collect(self) -> None:
         """Take the episodes finished since the last call into their members' recent values (an
-        episode whose env did not report the objective's info number adds none)."""
+        episode whose env did not report the objective's info number adds none, nor one begun
+        before its member's last copy)."""
         self.episodes_seen, indices = new_episodes(self.arena, self.episodes_seen)
         if self.episode_values is None:
             return
         for w, index in enumerate(indices):
-            for actor, value in zip(self.arena.episode_actor[w, index].tolist(),
-                                    self.episode_values[w, index].tolist()):
-                if actor < len(self.recent) and math.isfinite(value):
+            for actor, version, value in zip(self.arena.episode_actor[w, index].tolist(),
+                                             self.arena.episode_version[w, index].tolist(),
+                                             self.episode_values[w, index].tolist()):
+                if actor < len(self.recent) and version >= self.copied_version[actor] and math.isfinite(value):
                     self.recent[actor].append(value)
 
     def objectives(self) -> list[float]:
@@ -171,11 +187,12 @@ class Population:
             return []
         self.next_exploit = env_steps + self.settings.period_env_steps
         objectives = self.objectives()
+        earned = self.members_hyperparameters()  # what the objectives were earned with, before the copies
         copies = self.exploit(objectives)
         for member, parent in copies:
             self.write_lineage(env_steps, member, parent, objectives)
             self.recent[member].clear()
-        self.write_history(env_steps, objectives)
+        self.write_history(env_steps, objectives, earned)
         return copies
 
     def exploit(self, objectives: list[float]) -> list[tuple[int, int]]:
@@ -183,10 +200,12 @@ class Population:
         count = max(1, int(self.settings.fraction * len(self.runtimes)))
         if len(ranked) < 2 * count:
             return []  # too few members with episodes to tell a bottom from a top
-        bottom, top = ranked[:count], ranked[-count:]
+        top = ranked[-count:]
+        # The control member takes no bottom slot: when it ranks among the worst, the next worst copy.
+        bottom = [k for k in ranked if not (self.settings.control and k == 0)][:count]
         copies = []
         for member in bottom:
-            if self.settings.control and member == 0:
+            if member in top:
                 continue
             parent = int(self.rng.choice(top))
             gap = objectives[parent] - objectives[member]
@@ -201,16 +220,21 @@ class Population:
 
     def copy_member(self, source: int, target: int) -> None:
         """Weights, optimizer, normalizers and hyperparameters of ``source`` into ``target``, which
-        keeps its own counters (its version orders the weights its actors act with) and its envs'
-        running discounted returns (the return normalizer's streams are the envs it trains on)."""
+        keeps its own update counters and its envs' running discounted returns (the return
+        normalizer's streams are the envs it trains on). Its version moves on by more than its
+        ``max_policy_lag``: trajectories acted by the replaced weights, still queued or in flight,
+        are then too stale to train on, as a different behaviour policy's are (the lag mask,
+        fastrl.learner.vtrace), and its versions stay in order."""
         learner, parent = self.runtimes[target].learner, self.runtimes[source].learner
+        for key in self.keys:
+            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
         state = copy.deepcopy(parent.state_dict())
-        state.update(version=learner.version, updates=learner.updates, skipped_updates=learner.skipped_updates)
+        self.copied_version[target] = learner.version + learner.lcfg.max_policy_lag + 1
+        state.update(version=self.copied_version[target], updates=learner.updates,
+                     skipped_updates=learner.skipped_updates)
         if "return_scale" in state:
             state["return_scale"]["carry"] = learner.return_scale.state_dict()["carry"]
         learner.load_state_dict(state)
-        for key in self.keys:
-            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
 
     def explore(self, member: int) -> None:
         cfg = self.runtimes[member].cfg
@@ -231,14 +255,34 @@ class Population:
         with open_for_append(self.dir / "lineage.jsonl") as f:
             f.write(json.dumps(line) + "\n")
 
-    def write_history(self, env_steps: int, objectives: list[float]) -> None:
+    def write_history(self, env_steps: int, objectives: list[float], hyperparameters: list[dict]) -> None:
+        """Each member's objective beside the hyperparameters it was earned with (before this
+        step's copies: a copier's new ones are in lineage.jsonl)."""
         if self.dir is None:
             return
         line = {"env_steps": env_steps, "members": [
-            {"member": k, "objective": _finite(objectives[k]), "hyperparameters": self.hyperparameters(k)}
+            {"member": k, "objective": _finite(objectives[k]), "hyperparameters": hyperparameters[k]}
             for k in range(len(self.runtimes))]}
         with open_for_append(self.dir / "history.jsonl") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _keep_lines_before(path: Path, env_steps: int) -> None:
+    """Keep the lines of ``path`` (lineage or history) written before ``env_steps``; a line cut
+    short by a kill goes too."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            written_at = json.loads(line)["env_steps"]
+        except (json.JSONDecodeError, TypeError, KeyError):
+            continue
+        if written_at < env_steps:
+            kept.append(line)
+    if kept != lines:
+        write_atomic(path, "".join(f"{line}\n" for line in kept))
 
 
 def _finite(value: float) -> float | None:

@@ -205,10 +205,10 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, pol
         if differs:
             raise CheckpointMismatch(f"--resume: the run in '{run_dir}' was trained with other settings ({differs}); "
                                      f"drop those overrides to continue it, or start a new run with another --run-dir")
-        lacking = checkpoint_policies(state, policies)
+        lacking = checkpoint_policies(state, policies, cfg.pbt.population)
         if lacking:
-            raise CheckpointMismatch(f"--resume: the run in '{run_dir}' trained {lacking}; resume it with its "
-                                     f"policies.names and policies.mapping, or start a new run with another --run-dir")
+            raise CheckpointMismatch(f"--resume: the run in '{run_dir}' {lacking}, or start a new run with another "
+                                     f"--run-dir")
         load_model_state(probe, state)
 
     if not dist_info.is_main:

@@ -57,6 +57,7 @@ class RolloutWorker:
         self.prev_done = np.zeros(E, dtype=bool)  # the next step of this env is an autoreset step
         self.episode_return = np.zeros(E, dtype=np.float64)
         self.episode_length = np.zeros(E, dtype=np.int64)
+        self.episode_version = np.zeros(E, dtype=np.int64)
         self.env_slot[:] = first_slots
         self.stream_base = worker_id * E
         arena.slot_env[first_slots] = self.stream_base + np.arange(E, dtype=np.int32)
@@ -65,7 +66,7 @@ class RolloutWorker:
         self.slot_obs = arena.obs.reshape(arena.obs.shape[0], arena.obs.shape[1], -1)  # [N, T + 1, D] view
         # The arena's arrays the hot path touches, looked up once: record() and act() run once per
         # batch, and each Arena attribute costs a dictionary lookup through __getattr__.
-        self.slot_arrays = (arena.rewards, arena.terminated, arena.truncated, arena.valid)
+        self.slot_arrays = (arena.rewards, arena.terminated, arena.truncated, arena.valid, arena.version)
         self.episode_ring = (arena.episode_return[worker_id], arena.episode_length[worker_id],
                              arena.episode_count[worker_id:worker_id + 1])
         self.steps_counter = arena.env_steps[worker_id:worker_id + 1]
@@ -80,7 +81,8 @@ class RolloutWorker:
         self.row_trained = np.ones(E, dtype=np.uint8)
         self.row_opponent = np.full(E, -1, dtype=np.int64)
         self.seats = seats
-        self.episode_tags = (arena.episode_actor[worker_id], arena.episode_opponent[worker_id])
+        self.episode_tags = (arena.episode_actor[worker_id], arena.episode_opponent[worker_id],
+                             arena.episode_version[worker_id])
         self.info_keys = cfg.info_keys
         self.episode_info = arena.episode_info[worker_id] if self.info_keys else None
 
@@ -122,8 +124,8 @@ class RolloutWorker:
         num_full = _record_steps(
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
             self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
-            self.episode_length, self.slot_obs, *self.slot_arrays, *self.episode_ring, self.steps_counter,
-            self.full_rows, self.row_actor, self.row_trained, self.row_opponent, *self.episode_tags)
+            self.episode_length, self.episode_version, self.slot_obs, *self.slot_arrays, *self.episode_ring,
+            self.steps_counter, self.full_rows, self.row_actor, self.row_trained, self.row_opponent, *self.episode_tags)
         unplayed, unplayed_returns = self.env.last_unplayed
         if self.seats is not None:
             # A row starts an episode on its reset observation (an absent agent's repeated final
@@ -154,12 +156,15 @@ class RolloutWorker:
         """Episodes of no step (VecEnv.last_unplayed: seats whose game ended before their first
         turn) into the finished-episode ring, tagged with the rows' players; no info numbers."""
         ring_return, ring_length, ring_count = self.episode_ring
-        ring_actor, ring_opponent = self.episode_tags
+        ring_actor, ring_opponent, ring_version = self.episode_tags
         entries = (ring_count[0] + np.arange(len(rows))) % ring_return.shape[0]
         ring_return[entries] = returns
         ring_length[entries] = 0
         ring_actor[entries] = self.row_actor[rows]
         ring_opponent[entries] = self.row_opponent[rows]
+        # No action began it: the version that began the row's last episode stands in, so a PBT
+        # copy's objective window leaves it out until the new weights have acted for that row.
+        ring_version[entries] = self.episode_version[rows]
         if self.info_keys:
             self.episode_info[entries] = np.nan
         ring_count[0] += len(rows)  # last: readers take the entries below the count
@@ -211,21 +216,22 @@ def info_numbers(info, key: str, rows: np.ndarray) -> np.ndarray:
 @numba.njit(cache=True, nogil=True)
 def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
                   env_slot, env_t, started, prev_done, env_start, env_final, episode_return, episode_length,
-                  slot_obs, slot_rewards, slot_terminated, slot_truncated, slot_valid,
+                  episode_version, slot_obs, slot_rewards, slot_terminated, slot_truncated, slot_valid, slot_version,
                   ring_return, ring_length, ring_count, steps_counter, full_rows,
-                  row_actor, row_trained, row_opponent, ring_actor, ring_opponent):
+                  row_actor, row_trained, row_opponent, ring_actor, ring_opponent, ring_version):
     """Write the batch row i of env ``ids[i]`` at its cursor ``(env_slot, env_t)``.
 
     Batch: ``ids`` ``[B]``, ``obs`` ``[B, D]`` (flattened), ``rewards``/``terminated``/``truncated``
     ``[B]``. Per env of the worker ``[E]``: cursors, ``started`` (first observation written),
     ``prev_done`` (this step is the autoreset step: not valid), ``env_start`` (set: the env's next
     acted step starts an episode), ``env_final`` (set: it acts on an episode's final observation),
-    running episode return and length.
-    Arena: ``slot_obs`` ``[N, T + 1, D]``, step arrays ``[N, T]``, the worker's finished-episode
-    ring ``[R]`` and its count ``[1]``, the worker's env-step counter ``[1]``. Per env: the weight
-    set acting for it, whether its steps are trained on (0: a self-play snapshot's row, every step
-    invalid) and the snapshot its policy plays (-1: none), recorded with each finished episode in
-    the ring's ``ring_actor`` / ``ring_opponent`` ``[R]``.
+    running episode return and length, and the policy version of the episode's first action.
+    Arena: ``slot_obs`` ``[N, T + 1, D]``, step arrays ``[N, T]`` (``slot_version``: the version
+    that chose each step's action), the worker's finished-episode ring ``[R]`` and its count
+    ``[1]``, the worker's env-step counter ``[1]``. Per env: the weight set acting for it, whether
+    its steps are trained on (0: a self-play snapshot's row, every step invalid) and the snapshot
+    its policy plays (-1: none), recorded with each finished episode and its first action's
+    version in the ring's ``ring_actor`` / ``ring_opponent`` / ``ring_version`` ``[R]``.
 
     An env's first row after the initial reset only stores its first observation. Otherwise the
     step's reward and flags go to ``t`` and the new observation to ``t + 1``; when ``t + 1 == T``
@@ -259,6 +265,8 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
         env_start[env] = autoreset
         env_final[env] = done
         if not autoreset:
+            if episode_length[env] == 0:
+                episode_version[env] = slot_version[slot, t]
             episode_return[env] += rewards[i]
             episode_length[env] += 1
         # Only a step past the autoreset ends an episode. A done on an autoreset step is a
@@ -270,6 +278,7 @@ def _record_steps(ids, obs, rewards, terminated, truncated, rollout,
             ring_length[k] = episode_length[env]
             ring_actor[k] = row_actor[env]
             ring_opponent[k] = row_opponent[env]
+            ring_version[k] = episode_version[env]
             ring_count[0] += 1
             episode_return[env] = 0.0
             episode_length[env] = 0

@@ -100,6 +100,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("episode_actor", (W, EPISODE_RING), "<i2"),  # the weight set that played the episode
         # the version of the snapshot the episode's policy played against, -1 without one (self-play)
         ArraySpec("episode_opponent", (W, EPISODE_RING), "<i8"),
+        ArraySpec("episode_version", (W, EPISODE_RING), "<i8"),  # the policy version that chose its first action
         ArraySpec("episode_count", (W,), "<i8"),
         ArraySpec("weights", (K, 2, num_weights), "<f4"),  # a double buffer per weight set, see WeightBuffer
         ArraySpec("weight_seq", (K, 2), "<i8"),

@@ -18,7 +18,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from .config import INFO_PREFIX, KEYS, Config, ConfigError, Range, get_value, set_key, validate
+from .config import INFO_PREFIX, KEYS, PBT_START, Config, ConfigError, Range, get_value, set_key, validate
 from .eval_during_training import OPPONENT_STATS
 from .metrics import (EVALUATION, INFERENCE_TIMINGS, LEAGUE, LEARNER_STATS, POLICY, PROMOTED_LEARNER_STATS,
                       REPORT, WORKER_TIMINGS)
@@ -159,6 +159,10 @@ def check_params(params: list[Param], cfg: Config, overrides: list[str]) -> list
     checked = []
     for param in params:
         key = KEYS.get(param.key)
+        if param.key.startswith(PBT_START):
+            raise ConfigError(f"--param {param.key}: pbt.start gives each member a value and a trial draws one; sweep "
+                              f"{param.key[len(PBT_START):]} (every member starts from it, pbt.jitter spreads them) "
+                              f"or give pbt.start with --set")
         if key is None:
             set_key(cfg, param.key, None)  # raises the config's unknown-key error, with its suggestions
         if param.key in seen:

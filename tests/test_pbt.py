@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from fastrl.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
-from fastrl.cli import train_main
+from fastrl.cli import sweep_main, train_main
 from fastrl.config import PBT_MUTABLE, ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.learner.policies import PolicyRuntimes, make_policy_learners
 from fastrl.models import num_state_values
 from fastrl.eval_during_training import EvalStats, MemberEvalStats
-from fastrl.pbt import MAX_GAMMA, member_configs
+from fastrl.pbt import MAX_GAMMA, Population, member_configs
 from fastrl.policy_map import policy_map
 from fastrl.preflight import arena_layout, check_request
 from fastrl.run_plan import RunError
@@ -27,7 +27,8 @@ from fastrl.runner import train
 from fastrl.shm import EPISODE_RING, Arena, WeightBuffer
 from tests.test_learner import random_batch
 from tests.test_policies import assert_same_state, one_line, read_metrics
-from tests.test_rollout import run_worker
+from tests.test_rollout import countdown_config, run_worker
+from tests.test_sweep import TINY, sweep_args
 
 MUTABLE = PBT_MUTABLE[:5]  # the default pbt.mutable
 
@@ -62,15 +63,16 @@ def make_population(cfg, run_dir=None, updates=(2, 3, 4, 5)):
     return PolicyRuntimes(cfg, arena, learners, policies, run_dir), arena
 
 
-def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: int = 0) -> None:
+def finish_episodes(arena, returns_by_member: dict[int, list[float]], worker: int = 0, version=None) -> None:
     """Episodes finished on ``worker`` by each member, written into the arena's episode ring as
-    the rollout worker writes them."""
+    the rollout worker writes them, begun by the member's published weights (or ``version``)."""
     for member, returns in returns_by_member.items():
         for value in returns:
             at = arena.episode_count[worker] % EPISODE_RING
             arena.episode_return[worker, at] = value
             arena.episode_length[worker, at] = 10
             arena.episode_actor[worker, at] = member
+            arena.episode_version[worker, at] = arena.weight_version[member] if version is None else version
             arena.episode_count[worker] += 1
 
 
@@ -131,19 +133,46 @@ def test_exploit_copies_weights_optimizer_and_normalizers_exactly_and_keeps_the_
         assert state["return_scale"][key] == before_top["learner"]["return_scale"][key] != 0
     # The copier's own env streams keep their running discounted returns.
     assert state["return_scale"]["carry"] == before_low["learner"]["return_scale"]["carry"]
-    assert (state["version"], state["updates"]) == (2, 2)
+    # Its version moves past max_policy_lag (100), its update counters are its own.
+    assert (state["version"], state["updates"]) == (2 + 100 + 1, 2)
     assert hyperparameters(low.cfg) == hyperparameters(before_top["cfg"])  # perturb [1.0]: copied as they are
     assert other_settings(low.cfg) == other_settings(before_low["cfg"])
     assert_same_state(parent, before_top["learner"], "the copied member")
     assert hyperparameters(top.cfg) == hyperparameters(before_top["cfg"])
     # The actors act with the copied weights at once, under the copier's own version.
     flat = np.empty(num_state_values(low.learner.model), np.float32)
-    assert WeightBuffer(arena, 0).read_into(flat) == 2
+    assert WeightBuffer(arena, 0).read_into(flat) == 103
     top.publish()
     np.testing.assert_array_equal(flat, top.flat_np)
     # Its next update uses the copied learning rate, and the counters go on from its own.
     stats = low.learner.train(random_batch(seed=7))
-    assert stats["lr"] == pytest.approx(2e-3) and low.learner.version == 3
+    assert stats["lr"] == pytest.approx(2e-3) and low.learner.version == 104
+
+
+def test_a_copier_trains_on_and_is_ranked_by_its_copied_weights_only():
+    cfg = pbt_config(2, **{"pbt.perturb": [1.0], "pbt.start.learner.max_policy_lag": [3, 5]})
+    runtimes, arena = make_population(cfg)
+    low = runtimes.runtimes[0]
+    finish_episodes(arena, {0: [1.0], 1: [50.0]}, version=0)
+    assert runtimes.population.step(env_steps=10) == [(0, 1)]
+    # Past the copied lag (5): what the replaced weights (version 2) acted is not trained on.
+    assert low.learner.version == 2 + 5 + 1 and low.cfg.learner.max_policy_lag == 5
+    stats = low.learner.train(random_batch(seed=7, version=2), env_ids=np.arange(16))
+    assert stats["policy_lag_min"] == 6 and stats["grad_norm"] == 0 and stats["value_loss"] == 0
+    stats = low.learner.train(random_batch(seed=7, version=8), env_ids=np.arange(16))
+    assert stats["policy_lag_min"] == 1 and stats["grad_norm"] > 0
+    # Episodes the replaced weights began, finished after the copy, are not the copier's objective.
+    finish_episodes(arena, {0: [1.0, 2.0]}, version=2)
+    finish_episodes(arena, {0: [40.0]}, version=8)
+    runtimes.population.collect()
+    assert runtimes.population.objectives()[0] == 40.0
+
+
+def test_a_worker_records_the_version_of_each_episodes_first_action():
+    # Time limit 3: an env's episode k is acted at steps 4k, 4k + 1, 4k + 2 (4k + 3 is the autoreset).
+    arena, _ = run_worker(countdown_config(slots_per_env=5), steps_per_env=13, version=lambda step: 100 + step)
+    assert arena.episode_count[0] == 12 and set(arena.episode_length[0, :12]) == {3}
+    np.testing.assert_array_equal(arena.episode_version[0, :12], [100] * 4 + [104] * 4 + [108] * 4)
 
 
 def test_explore_changes_only_the_mutable_keys_by_a_perturb_factor():
@@ -243,6 +272,16 @@ def test_a_copy_needs_a_gap_beyond_both_margins(top, bottom, relative, absolute,
     runtimes, arena = make_population(cfg)
     finish_episodes(arena, {0: [bottom], 1: [top]})
     assert runtimes.population.step(env_steps=10) == ([(0, 1)] if copied else [])
+
+
+@pytest.mark.parametrize("fraction, parents", [(0.25, {3}), (0.5, {2, 3})])
+def test_a_control_member_among_the_worst_leaves_its_bottom_slot_to_the_next(fraction, parents):
+    cfg = pbt_config(4, **{"pbt.control": True, "pbt.fraction": fraction})
+    runtimes, arena = make_population(cfg)
+    finish_episodes(arena, {0: [0.0], 1: [10.0], 2: [50.0], 3: [90.0]})
+    # With 0.5 the bottom is 1 and 2, the top 2 and 3: member 2, in both, copies no one.
+    copies = runtimes.population.step(env_steps=10)
+    assert [member for member, _ in copies] == [1] and copies[0][1] in parents
 
 
 @pytest.mark.parametrize("control", [True, False])
@@ -398,9 +437,45 @@ def test_the_run_directory_keeps_lineage_and_history(tmp_path):
     assert [m["objective"] for m in history[0]["members"]] == [None, None]
     assert [m["hyperparameters"] for m in history[0]["members"]] == start
     assert [m["objective"] for m in history[1]["members"]] == [10.0, 35.0]
+    # Each objective beside the hyperparameters that earned it, not those a copy gave after.
+    assert [m["hyperparameters"] for m in history[1]["members"]] == start
     assert [m["objective"] for m in history[2]["members"]] == [60.0, 25.0]  # member 0's since its copy
-    assert history[2]["members"][0]["hyperparameters"] == lineage[0]["hyperparameters"]
+    assert [m["hyperparameters"] for m in history[2]["members"]] == [lineage[0]["hyperparameters"], start[1]]
     assert [m["member"] for m in history[2]["members"]] == [0, 1]
+
+
+def test_a_resume_writes_no_line_twice(tmp_path):
+    cfg = pbt_config(2, **{"pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg, run_dir=tmp_path)
+    finish_episodes(arena, {0: [10.0], 1: [30.0]})
+    assert runtimes.population.step(env_steps=500) == [(0, 1)]
+    saved = copy.deepcopy(runtimes.population.state_dict())  # the checkpoint
+    files = [tmp_path / "pbt" / name for name in ("lineage.jsonl", "history.jsonl")]
+    at_checkpoint = [path.read_text() for path in files]
+    finish_episodes(arena, {0: [60.0], 1: [5.0]})
+    assert runtimes.population.step(env_steps=900) == [(1, 0)]
+    with open(files[0], "a") as f:
+        f.write('{"env_steps": 9')  # killed while writing
+    resumed = Population(cfg, arena, runtimes.runtimes, runtimes.names, tmp_path, saved)
+    assert [path.read_text() for path in files] == at_checkpoint
+    finish_episodes(arena, {0: [60.0], 1: [5.0]})
+    assert resumed.step(env_steps=900) == [(1, 0)]
+    for path in files:
+        steps = [json.loads(line)["env_steps"] for line in path.read_text().splitlines()]
+        assert steps.count(900) == 1 and steps.count(500) == 1, (path.name, steps)
+
+
+def test_a_resume_that_adds_a_mutable_key_resets_it_to_its_start_value():
+    cfg = pbt_config(2, **{"pbt.mutable": ["learner.lr"], "pbt.start.learner.lr": [1e-4, 2e-3]})
+    runtimes, arena = make_population(cfg)
+    saved = runtimes.population.state_dict()
+    more = pbt_config(2, **{"pbt.mutable": ["learner.lr", "learner.entropy_coef"], "pbt.reset_prob": 1.0,
+                            "pbt.start.learner.lr": [1e-4, 2e-3], "pbt.start.learner.entropy_coef": [0.02, 0.03]})
+    resumed = Population(more, arena, runtimes.runtimes, runtimes.names, None, saved)
+    finish_episodes(arena, {0: [1.0], 1: [2.0]})
+    assert resumed.step(env_steps=5) == [(0, 1)]
+    assert hyperparameters(runtimes.runtimes[0].cfg, ("learner.lr", "learner.entropy_coef")) == \
+        {"learner.lr": 1e-4, "learner.entropy_coef": 0.02}
 
 
 def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
@@ -440,6 +515,13 @@ def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
     ({"pbt.start.env.id": ["CartPole-v1", "Acrobot-v1"]}, "pbt.start.env.id"),
     ({"pbt.start.learner.batch_size": [16, 32]}, "pbt.start.learner.batch_size"),
     ({"pbt.start.seed": [1, 2]}, "pbt.start.seed"),
+    # The table form, as --set 'pbt.start={...}' gives it, is checked key by key too.
+    ({"pbt.start": '{"learner.lr" = 1e-3}'}, "pbt.start.learner.lr takes one value per member ([v0, v1, ...]), "
+                                              "got 0.001"),
+    ({"pbt.start": '{"unknown.key" = [1, 2]}'}, "pbt.start.unknown.key: members start apart only in keys"),
+    ({"pbt.start": '{"learner.lr" = [1e-3, -1.0]}'}, "'learner.lr' must be"),
+    ({"pbt.start": '{"learner.lr" = [1e-3, 2e-3, 3e-3]}'}, "pbt.start.learner.lr has 3 values for 2 members"),
+    ({"pbt.start": "3"}, "config key 'pbt.start' expects dict, got 3"),
     ({"policies.names": ["hero"]}, "leave [policies] at its defaults"),
     ({"selfplay.enabled": True}, "selfplay.enabled=false"),
     ({"pbt.objective": "win_rate"}, "pbt.objective='win_rate' is not an objective: use episode_return_mean or "
@@ -453,6 +535,33 @@ def test_bad_pbt_settings_are_refused_in_one_line(settings, message):
     with pytest.raises(ConfigError) as error:
         pbt_config(2, **settings)
     assert message in one_line(error)
+
+
+def test_a_start_table_sets_what_its_keys_would_and_replaces_the_table():
+    by_key = pbt_config(2, **{"pbt.start.learner.value_coef": "[0.3,0.7]", "pbt.start.learner.num_epochs": "[1,2]"})
+    by_table = pbt_config(2, **{"pbt.start.learner.lr": "[1e-4,2e-3]",
+                                "pbt.start": '{"learner.value_coef" = [0.3, 0.7], "learner.num_epochs" = [1, 2]}'})
+    assert by_table.pbt.start == by_key.pbt.start == {"learner.value_coef": [0.3, 0.7], "learner.num_epochs": [1, 2]}
+    assert pbt_config(2, **{"pbt.start.learner.lr": "[1e-4,2e-3]", "pbt.start": "{}"}).pbt.start == {}
+
+
+def test_fastrl_train_refuses_a_scalar_start_table_in_one_line(tmp_path, capsys):
+    code = train_main(["--profile", "cartpole-appo", "--serial", "--set", "pbt.population=2", "--set",
+                       'pbt.start={"learner.lr" = 1e-3}', "--run-dir", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "pbt.start.learner.lr takes one value per member" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_of_a_member_start_value_is_refused_in_one_line(tmp_path, capsys):
+    code = sweep_main(sweep_args(tmp_path / "sweep", "--trials", "2", "--budget-env-steps", "1000", "--param",
+                                 "pbt.start.learner.lr=loguniform:1e-5:1e-2", sets=[*TINY, "pbt.population=2"]))
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--param pbt.start.learner.lr: pbt.start gives each member a value and a trial draws one; sweep " \
+           "learner.lr (every member starts from it, pbt.jitter spreads them) or give pbt.start with --set" in err
+    assert "expects list" not in err and not list((tmp_path / "sweep").glob("*/trial-*"))
 
 
 def test_a_member_start_names_the_keys_a_member_may_start_with():
@@ -524,8 +633,12 @@ def check_population_run(run_dir, members: int = 3):
     assert list(state["policies"]) == [f"member_{k}" for k in range(members)]
     assert_same_state(state["learner"]["model"], state["policies"]["member_0"]["learner"]["model"])
     assert set(state["pbt"]) >= {"next_exploit", "rng", "start_values", "recent"}
-    assert [state["policies"][f"member_{k}"]["hyperparameters"] for k in range(members)] == \
-        [m["hyperparameters"] for m in history[-1]["members"]]
+    # The last history line's hyperparameters earned its objectives; its copiers' are in the lineage.
+    latest = [m["hyperparameters"] for m in history[-1]["members"]]
+    for line in lineage:
+        if line["env_steps"] == history[-1]["env_steps"]:
+            latest[line["member"]] = line["hyperparameters"]
+    assert [state["policies"][f"member_{k}"]["hyperparameters"] for k in range(members)] == latest
     return state, lineage
 
 
@@ -537,6 +650,14 @@ def test_a_population_trains_reports_members_and_resumes_whole(tmp_path):
     assert any(before["policies"][f"member_{k}"]["hyperparameters"]["learner.lr"] != start[k]["learner.lr"]
                for k in range(3))  # the restore below has explored values to restore
     assert before["pbt"]["recent"] != [[], [], []]
+    # Another population size is refused in one line, naming the setting that resumes it.
+    saved = list_checkpoints(tmp_path)
+    with pytest.raises(RunError) as error:
+        train(run_config(**{"pbt.population": 2, "pbt.start.learner.lr": [1e-5, 1e-3]}), run_dir=tmp_path,
+              resume=True, quiet=True)
+    assert "trained a population of 3 members (this run has a population of 2 members); resume it with " \
+           "pbt.population=3, or start a new run" in one_line(error)
+    assert "policies" not in str(error.value) and list_checkpoints(tmp_path) == saved
     # Resumed at its budget, the run trains nothing: its last checkpoint is the state it restored.
     train(cfg, run_dir=tmp_path, resume=True, quiet=True)
     restored = load_checkpoint(list_checkpoints(tmp_path)[-1])

@@ -21,10 +21,10 @@ def countdown_config(**overrides):
     return build_config("cartpole-appo", settings)
 
 
-def run_worker(cfg, steps_per_env: int, choose=None):
+def run_worker(cfg, steps_per_env: int, choose=None, version=lambda step: 7):
     """Step one worker by hand (the batcher's part: action 0, or ``choose(obs)`` for the stored
-    observations ``[len(ids), ...]`` of a request, and version 7). Returns the arena and the full
-    slots in the order they were emitted."""
+    observations ``[len(ids), ...]`` of a request, and ``version(step)``, 7). Returns the arena and
+    the full slots in the order they were emitted."""
     arena = Arena(arena_layout(cfg, probe_env(cfg), num_weights=1), shared=False)
     owned = worker_slot_ids(0, cfg.slots_per_worker)
     spare = deque(owned[cfg.env.envs_per_worker:].tolist())
@@ -36,7 +36,7 @@ def run_worker(cfg, steps_per_env: int, choose=None):
     worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), owned[:cfg.env.envs_per_worker], take,
                            lambda slots: full.extend(slots.tolist()))
     worker.start()
-    for _ in range(steps_per_env + 1):
+    for step in range(steps_per_env + 1):
         requests = []
         while worker.can_recv():
             requests.append(worker.recv_batch())
@@ -44,7 +44,7 @@ def run_worker(cfg, steps_per_env: int, choose=None):
             ids = arena.request_envs[0, request]
             at = arena.env_slot[0, ids], arena.env_t[0, ids]
             arena.actions[at] = 0 if choose is None else choose(arena.obs[at])
-            arena.version[at] = 7
+            arena.version[at] = version(step)
             worker.act(request)
     worker.env.close()
     return arena, full

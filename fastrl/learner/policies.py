@@ -54,14 +54,21 @@ def restore_policies(learners: list[BaseLearner], names: tuple[str, ...], state:
         learner.load_state_dict(saved[name]["learner"])
 
 
-def checkpoint_policies(state: dict, names: tuple[str, ...]) -> str:
-    """What a resume from ``state`` lacks for these policies ("" when it holds every one, in their
-    order: the first policy's state is the checkpoint's ``learner`` entry). A single-policy
-    checkpoint fits any single-policy run, whatever the policy's name."""
+def checkpoint_policies(state: dict, names: tuple[str, ...], population: int = 0) -> str:
+    """Why a resume from ``state`` cannot train these policies (``population`` members of
+    fastrl.pbt, or not), and the settings that would: "" when it holds every one, in their order
+    (the first policy's state is the checkpoint's ``learner`` entry). A single-policy checkpoint
+    fits any single-policy run, whatever the policy's name."""
     saved = tuple(state.get("policies", {}).keys())
-    if not saved:
-        return "" if len(names) == 1 else f"one policy (this run has {', '.join(names)})"
-    return "" if saved == names else f"policies {', '.join(saved)} (this run has {', '.join(names)})"
+    if saved == names or (not saved and len(names) == 1):
+        return ""
+    saved_population = len(saved) if "pbt" in state else 0
+    trained = (f"a population of {saved_population} members" if saved_population else
+               f"policies {', '.join(saved)}" if saved else "one policy")
+    asked = f"a population of {population} members" if population else ", ".join(names)
+    fix = f"pbt.population={saved_population}" if saved_population or population else \
+        "its policies.names and policies.mapping"
+    return f"trained {trained} (this run has {asked}); resume it with {fix}"
 
 
 class PolicyRuntimes:
