@@ -1,7 +1,7 @@
 """fastrl: an asynchronous RL trainer for one machine, with optional multi-node learners."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="fastrl",
@@ -22,7 +22,7 @@ setup(
     python_requires=">=3.10",
     # kernels/ is a top-level folder of the repo but is installed as fastrl.kernels so that we
     # never install a top-level module called `kernels` (another PyPI package owns that name).
-    packages=["fastrl", "fastrl.learner", "fastrl.envs", "fastrl.kernels", "fastrl.profiler", "fastrl.profiles"],
+    packages=[*find_packages(include=["fastrl", "fastrl.*"]), "fastrl.kernels", "fastrl.profiles"],
     package_dir={"fastrl": "fastrl", "fastrl.kernels": "kernels", "fastrl.profiles": "profiles"},
     package_data={"fastrl.profiles": ["*.toml"]},
     install_requires=[

@@ -16,9 +16,9 @@ def __getattr__(name: str):
     # Imported on first use: every child process imports this package, and most of them (and
     # `fastrl.kernels` on its own) need neither the runner nor the config loader.
     if name == "train":
-        from .runner import train
+        from .run.training import train
         return train
     if name == "build_config":
-        from .config import build_config
+        from .config.schema import build_config
         return build_config
     raise AttributeError(f"module 'fastrl' has no attribute {name!r}")

@@ -11,9 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import DEFAULT_PROFILE, ConfigError, available_profiles
-from .console import write_best_effort
-from .metrics import finite_or_null
+from .config.schema import DEFAULT_PROFILE, ConfigError, available_profiles
+from .reporting.console import write_best_effort
+from .reporting.metrics import finite_or_null
 
 
 def _fail(prog: str, exc: Exception) -> int:
@@ -32,9 +32,9 @@ def _raise_terminated(signum, frame):
 
 
 def _user_errors():
-    from .checkpoint import CheckpointError
+    from .files.checkpoint import CheckpointError
     from .learner import NonFiniteTraining
-    from .runner import RunError
+    from .run.training import RunError
 
     return (ConfigError, CheckpointError, RunError, NonFiniteTraining, ValueError, FileNotFoundError)
 
@@ -75,7 +75,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train_config(args):
-    from .config import Config, build_config, load_run_config, parse_override, set_key, validate
+    from .config.schema import Config, build_config, load_run_config, parse_override, set_key, validate
 
     if args.resume:
         if not args.run_dir:
@@ -102,14 +102,14 @@ def resolve_train_config(args):
 def train_main(argv=None) -> int:
     args = train_parser().parse_args(argv)
     if args.list_keys:
-        from .config_doc import list_keys
+        from .config.reference import list_keys
 
         write_best_effort(sys.stdout, list_keys())
         return 0
     made_dir = None
     try:
-        from .run_dir import RunDirError, default_run_dir, remove_unused_run_dir
-        from .runner import train
+        from .files.run_dir import RunDirError, default_run_dir, remove_unused_run_dir
+        from .run.training import train
 
         cfg = resolve_train_config(args)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.profile)
@@ -156,8 +156,8 @@ def eval_main(argv=None) -> int:
     args = p.parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        from .policy_eval import evaluate_run, evaluation_device
-        from .video import VideoError, write_run_video
+        from .evaluation.episodes import evaluate_run, evaluation_device
+        from .evaluation.video import VideoError, write_run_video
 
         if args.episodes <= 0:
             raise ConfigError(f"--episodes must be > 0, got {args.episodes}")
@@ -218,7 +218,7 @@ def profile_main(argv=None) -> int:
 
 
 def sweep_parser() -> argparse.ArgumentParser:
-    from .sweep import FAILURES_IN_A_ROW, PRUNE_RUNGS, STORAGE_FILE
+    from .tuning.sweep import FAILURES_IN_A_ROW, PRUNE_RUNGS, STORAGE_FILE
 
     p = argparse.ArgumentParser(
         prog="fastrl-sweep",
@@ -278,8 +278,8 @@ def sweep_main(argv=None) -> int:
     args = sweep_parser().parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        from .sweep import SweepSpec, run_sweep
-        from .sweep_space import parse_param
+        from .tuning.sweep import SweepSpec, run_sweep
+        from .tuning.search_space import parse_param
 
         spec = SweepSpec(profile=args.profile, env=args.env, overrides=args.overrides,
                          params=[parse_param(text) for text in args.params], objective=args.objective,
@@ -302,7 +302,7 @@ def sweep_main(argv=None) -> int:
 
 
 def plot_main(argv=None) -> int:
-    from .learning_curves import X_AXES, plot_learning_curves
+    from .reporting.curves import X_AXES, plot_learning_curves
 
     p = argparse.ArgumentParser(
         prog="fastrl-plot",

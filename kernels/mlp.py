@@ -1,5 +1,5 @@
 """The elementwise and small-matrix parts of a small MLP's forward pass, for the CPU inference
-batcher and the learner, and of its backward pass, for the learner (fastrl/mlp_policy.py); the
+batcher and the learner, and of its backward pass, for the learner (fastrl/sampling/numpy_mlp.py); the
 hidden layers' products go to numpy's BLAS.
 
 Why kernels: on a batch of a few hundred rows each torch op costs ~5 us of dispatch, and a

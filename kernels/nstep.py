@@ -4,7 +4,7 @@ section 7.1), time-major ``[T, B]``.
 
 One implementation of the window rule, :func:`nstep_windows`, serves every n-step target in
 fastrl: :func:`nstep_targets` (the DQN learner's arrival priorities) slides it along whole
-trajectories, and fastrl.replay applies it to the windows of the transitions it samples."""
+trajectories, and fastrl.replay.buffer applies it to the windows of the transitions it samples."""
 from __future__ import annotations
 
 import operator
@@ -91,7 +91,7 @@ def _nstep_sums(rewards, discounts, valid, n):
 @numba.njit(cache=True)
 def nstep_windows(rewards, discounts, valid, returns, bootstrap_discounts, steps):
     r"""The n-step window rule, for ``B`` windows side by side: the one implementation behind
-    :func:`nstep_targets` and the transitions that fastrl.replay samples.
+    :func:`nstep_targets` and the transitions that fastrl.replay.buffer samples.
 
     Window b is column b of the time-major inputs, row k its k-th step. It takes the steps before
     its first invalid one, at most all n: ``m_b`` steps, and

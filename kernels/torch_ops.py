@@ -120,7 +120,7 @@ def _like(array: np.ndarray, reference: torch.Tensor) -> torch.Tensor:
 class LSTMRecurrence(torch.autograd.Function):
     """An LSTM layer's recurrence on the CPU through :mod:`fastrl.kernels.lstm` (float32):
     ``(x_gates [T, B, 4H], h0, c0 [B, H], keep [T, B], w_hh, b_hh) -> (outputs [T, B, H], c_T [B, H])``,
-    ``h_T`` being ``outputs[-1]``; gradients for all but ``keep``. Used by fastrl.recurrent."""
+    ``h_T`` being ``outputs[-1]``; gradients for all but ``keep``. Used by fastrl.models.recurrent."""
 
     @staticmethod
     def forward(ctx, x_gates, h0, c0, keep, w_hh, b_hh):

@@ -4,7 +4,7 @@ import os
 import psutil
 import pytest
 
-from fastrl.shm import segment_creator
+from fastrl.ipc.arena import segment_creator
 
 
 def _segments() -> set[str]:

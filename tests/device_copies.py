@@ -1,5 +1,5 @@
 """A dispatch mode that records the copies a device would make, for the CPU-only tests of the
-device paths (fastrl.sync_counter sees no copies to a device on the CPU)."""
+device paths (fastrl.ipc.sync_counter sees no copies to a device on the CPU)."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -1,10 +1,10 @@
-"""env.actions: the policy chooses among some of a Discrete env's actions (fastrl/envs/action_subset.py)."""
+"""env.actions: the policy chooses among some of a Discrete env's actions (fastrl/envs/wrappers/action_subset.py)."""
 import numpy as np
 import pytest
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
-from fastrl.video import open_rendered_env
+from fastrl.evaluation.video import open_rendered_env
 
 # Discrete(3, start=-1); the observation is a target in the same space, the reward 1 when the
 # action the env receives equals it (and IllegalAction on a value outside the space).
@@ -63,8 +63,8 @@ def test_a_pettingzoo_game_is_evaluated_with_the_actions_it_trains_with():
 
 
 def test_an_opponent_is_refused_beside_a_subset_of_actions():
-    from fastrl.config import ConfigError
-    from fastrl.policy_eval import evaluate_against
+    from fastrl.config.schema import ConfigError
+    from fastrl.evaluation.episodes import evaluate_against
 
     settings = {"env.id": "pettingzoo:tests.pettingzoo_envs", "env.actions": [0, 1], "eval.every_s": 10.0}
     with pytest.raises(ConfigError, match=r"^eval.opponents plays the game's own actions.*set env.actions = \[\]"):

@@ -1,4 +1,4 @@
-"""fastrl.allocator: freed heap blocks stay in the process (glibc's mallopt), checked on the
+"""fastrl.ipc.allocator: freed heap blocks stay in the process (glibc's mallopt), checked on the
 process's own memory map in a fresh interpreter (the settings are per process)."""
 import os
 import platform
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from fastrl import process_utils
-from fastrl.allocator import GLIBC_VARIABLES
+from fastrl.ipc import child as process_utils
+from fastrl.ipc.allocator import GLIBC_VARIABLES
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc
 # the heap's top shrinks that mapping (a trim), after calling retain_freed_memory() or not.
 PROBE = textwrap.dedent("""
     import ctypes, sys
-    from fastrl.allocator import retain_freed_memory
+    from fastrl.ipc.allocator import retain_freed_memory
     changed = retain_freed_memory() if sys.argv[1] == "retain" else False
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p

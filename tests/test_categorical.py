@@ -9,7 +9,7 @@ import torch
 
 from fastrl.kernels import sample_categorical
 from fastrl.kernels.categorical import categorical_log_prob_entropy
-from fastrl.models import MASKED_LOGIT, CategoricalHead
+from fastrl.models.networks import MASKED_LOGIT, CategoricalHead
 
 
 def reference(logits, uniforms):
@@ -135,7 +135,7 @@ def test_compiled_head_equals_torch_ops_with_gradients(dtype, tol, shape):
     results = []
     for compiled in (True, False):
         leaf = logits.clone().requires_grad_()
-        with mock.patch("fastrl.heads.kernels_take", lambda params: compiled):
+        with mock.patch("fastrl.models.heads.kernels_take", lambda params: compiled):
             logp, entropy = head.log_prob_and_entropy(leaf, actions)
             alone = head.log_prob(leaf, actions), head.entropy(leaf)
         (d_logp * logp + d_entropy * entropy).sum().backward()

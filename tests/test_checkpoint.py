@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl import checkpoint
-from fastrl.checkpoint import (CheckpointError, capture_rng, list_checkpoints, load_checkpoint, load_latest_checkpoint,
+from fastrl.files import checkpoint
+from fastrl.files.checkpoint import (CheckpointError, capture_rng, list_checkpoints, load_checkpoint, load_latest_checkpoint,
                                load_model_state, model_fit_check, restore_rng, save_checkpoint)
 from fastrl.learner import restore_learner
 
@@ -135,7 +135,7 @@ def test_saves_never_write_through_a_planted_symlink(tmp_path):
 
 
 def test_checkpoints_skipped_on_resume_are_set_aside_so_pruning_keeps_the_new_ones(tmp_path):
-    from fastrl.checkpoint import set_aside_newer_checkpoints
+    from fastrl.files.checkpoint import set_aside_newer_checkpoints
 
     model = torch.nn.Linear(2, 2)
     for steps in (10, 20):

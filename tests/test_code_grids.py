@@ -1,11 +1,11 @@
-"""Grids of codes (fastrl.spaces.CodeGrid) are read one-hot; uint8 vectors over 0-255 as bytes."""
+"""Grids of codes (fastrl.envs.spaces.CodeGrid) are read one-hot; uint8 vectors over 0-255 as bytes."""
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.encoders import LeafEncoder
-from fastrl.spaces import CodeGrid, ObsLayout
+from fastrl.models.encoders import LeafEncoder
+from fastrl.envs.spaces import CodeGrid, ObsLayout
 
 
 def _grid_space() -> spaces.Dict:
@@ -48,7 +48,7 @@ def test_code_grid_declarations_are_checked():
 
 
 def test_envpool_minigrid_declares_its_image_a_code_grid():
-    from fastrl.envs.envpool_backend import MINIGRID_LEVELS, make_envpool_vec_env
+    from fastrl.envs.backends.envpool_backend import MINIGRID_LEVELS, make_envpool_vec_env
 
     env = make_envpool_vec_env("MiniGrid-MemoryS7-v0", 2, 2, 0)
     try:
@@ -74,7 +74,7 @@ def test_a_code_grid_of_256_codes_declares_its_bounds():
 
 
 def test_image_preprocessing_leaves_a_code_grid_alone():
-    from fastrl.envs.image_preprocessing import _is_image
+    from fastrl.envs.wrappers.image_preprocessing import _is_image
 
     assert not _is_image(CodeGrid((8, 8, 3), (11, 6, 3)))
     assert _is_image(spaces.Box(0, 255, (8, 8, 3), np.uint8))

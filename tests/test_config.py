@@ -4,7 +4,7 @@ import tomllib
 import pytest
 import tomli_w
 
-from fastrl.config import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
+from fastrl.config.schema import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
                            set_key, to_toml, validate)
 from tests.small_learners import dqn_config
 
@@ -233,7 +233,7 @@ def test_out_of_range_values_name_the_key_the_range_and_the_value(key, value):
 
 
 def test_a_size_beyond_any_run_is_one_line_before_the_env_is_made(tmp_path, capsys, monkeypatch):
-    from fastrl import preflight
+    from fastrl.run import preflight
     from fastrl.cli import train_main
 
     monkeypatch.setattr(preflight, "probe_env", None)  # never reached
@@ -273,7 +273,7 @@ def test_keys_only_q_learners_read_take_any_finite_value_elsewhere(profile):
 
 
 def test_a_section_built_by_hand_is_checked_by_the_same_rules():
-    from fastrl.config import ReplayConfig, check_section
+    from fastrl.config.schema import ReplayConfig, check_section
 
     check_section(ReplayConfig(), "replay")
     with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
@@ -287,7 +287,7 @@ def test_a_section_built_by_hand_is_checked_by_the_same_rules():
 
 
 def test_every_numeric_key_has_a_range():
-    from fastrl.config import KEYS, RANGES
+    from fastrl.config.schema import KEYS, RANGES
 
     cfg = Config()
 
@@ -303,7 +303,7 @@ def test_every_numeric_key_has_a_range():
 
 
 def test_num_splits_fits_the_one_byte_request_ids_with_a_restart_tag():
-    # A worker sends generation_tag * S + request in one byte (fastrl.slots): S <= 128 leaves
+    # A worker sends generation_tag * S + request in one byte (fastrl.ipc.slots): S <= 128 leaves
     # at least two tags, so a restarted worker tells its replies from its predecessor's.
     build_config("cartpole-appo", {"env.num_splits": 128})
     with pytest.raises(ConfigError, match=r"'env.num_splits' must be in \[1, 128\], got 256"):
@@ -357,15 +357,15 @@ def test_a_value_toml_cannot_hold_is_a_config_error():
 def test_docs_config_md_is_current():
     from pathlib import Path
 
-    from fastrl.config_doc import markdown
+    from fastrl.config.reference import markdown
 
     page = Path(__file__).resolve().parent.parent / "docs" / "config.md"
-    assert page.read_text(encoding="utf-8") == markdown(), "regenerate: python -m fastrl.config_doc > docs/config.md"
+    assert page.read_text(encoding="utf-8") == markdown(), "regenerate: python -m fastrl.config.reference > docs/config.md"
 
 
 def test_docs_config_md_has_one_row_per_key_with_its_declaration():
-    from fastrl.config import KEYS
-    from fastrl.config_doc import markdown
+    from fastrl.config.schema import KEYS
+    from fastrl.config.reference import markdown
 
     rows = {line.split(" | ")[0].strip("|` "): line for line in markdown().splitlines() if line.startswith("| `")}
     assert list(rows) == list(KEYS)
@@ -377,7 +377,7 @@ def test_docs_config_md_has_one_row_per_key_with_its_declaration():
 
 def test_list_keys_prints_each_key_with_its_default_allowed_values_readers_and_help(capsys):
     from fastrl.cli import train_main
-    from fastrl.config import KEYS
+    from fastrl.config.schema import KEYS
 
     assert train_main(["--list-keys"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -389,7 +389,7 @@ def test_list_keys_prints_each_key_with_its_default_allowed_values_readers_and_h
 
 
 def test_every_key_is_declared_with_its_help_and_readers():
-    from fastrl.config import ALGOS, KEYS, _declared_keys
+    from fastrl.config.schema import ALGOS, KEYS, _declared_keys
 
     for name, declared in KEYS.items():
         assert declared.help and declared.algos and set(declared.algos) <= set(ALGOS), name
@@ -398,7 +398,7 @@ def test_every_key_is_declared_with_its_help_and_readers():
     class Undeclared:
         width: int = 3
 
-    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.key\(\)$"):
+    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.schema.key\(\)$"):
         _declared_keys(Undeclared, "x.")
 
 

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from fastrl.console import Console, write_best_effort
+from fastrl.reporting.console import Console, write_best_effort
 
 
 def small_run(run_dir, budget: list[str], report_every_s: float) -> list[str]:

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from fastrl.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints, load_checkpoint, save_checkpoint
+from fastrl.files.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import eval_main, train_main
-from fastrl.config import build_config
-from fastrl.distributed import DistInfo, attempt_prefix
+from fastrl.config.schema import build_config
+from fastrl.distributed.process_group import DistInfo, attempt_prefix
 from fastrl.envs import probe_env
-from fastrl.preflight import RESUME_KEY, build_template, check_request, load_resume_state, run_policies
-from fastrl.run_plan import RunError
+from fastrl.run.preflight import RESUME_KEY, build_template, check_request, load_resume_state, run_policies
+from fastrl.run.plan import RunError
 from tests.test_elastic import agent_store  # noqa: F401 (the fixture: a store standing in for torchrun's agent's)
 
 
@@ -79,7 +79,7 @@ def test_digests_travel_as_tensors_never_as_pickled_objects(tmp_path, monkeypatc
     import torch
     import torch.distributed as dist
 
-    from fastrl import distributed
+    from fastrl.distributed import process_group as distributed
 
     def refuse(*args, **kwargs):
         raise AssertionError("a pickled object was exchanged between ranks")

@@ -90,18 +90,18 @@ def test_the_readme_is_a_front_door():
 # --- docs/metrics.md: generated from the one declaration of the metrics.jsonl keys --------------
 
 def test_docs_metrics_md_is_current():
-    from fastrl.metrics_doc import markdown
+    from fastrl.reporting.metrics_reference import markdown
 
     assert (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8") == markdown(), \
-        "regenerate: python -m fastrl.metrics_doc > docs/metrics.md"
+        "regenerate: python -m fastrl.reporting.metrics_reference > docs/metrics.md"
 
 
 @pytest.mark.slow  # a training run, a few seconds
 def test_every_key_a_short_run_writes_is_declared(tmp_path):
     """A serial run with evaluation and an env info key: its metrics.jsonl keys, each declared."""
-    from fastrl.config import build_config
-    from fastrl.metrics import declared
-    from fastrl.runner import train
+    from fastrl.config.schema import build_config
+    from fastrl.reporting.metrics import declared
+    from fastrl.run.training import train
 
     cfg = build_config("cartpole-appo", {
         "env.id": "fastrl.envs.toy:make_countdown", "env.num_workers": 1, "env.envs_per_worker": 8,
@@ -116,13 +116,13 @@ def test_every_key_a_short_run_writes_is_declared(tmp_path):
 
 
 def test_the_keys_a_config_turns_on_are_declared():
-    """The keys of evaluation against opponents, self-play and a population (fastrl.sweep_space
+    """The keys of evaluation against opponents, self-play and a population (fastrl.tuning.search_space
     lists them per config), and the league's own report."""
     import numpy as np
 
-    from fastrl.config import SelfPlayConfig, build_config
-    from fastrl.metrics import declared
-    from fastrl.sweep_space import objective_keys
+    from fastrl.config.schema import SelfPlayConfig, build_config
+    from fastrl.reporting.metrics import declared
+    from fastrl.tuning.search_space import objective_keys
 
     population = build_config("cartpole-appo", {"eval.every_s": 60.0, "pbt.population": 2, "env.info_keys": ["score"]})
     selfplay = build_config("cartpole-appo", {"eval.every_s": 60.0, "selfplay.enabled": True})
@@ -133,7 +133,7 @@ def test_the_keys_a_config_turns_on_are_declared():
     pytest.importorskip("openskill")
     from types import SimpleNamespace
 
-    from fastrl.league import LeagueRecord
+    from fastrl.multiagent.league import LeagueRecord
 
     arena = SimpleNamespace(weight_version=np.array([5, 10, 20]), league_weights=np.zeros(2))
     report = LeagueRecord(arena, 1, SelfPlayConfig(), None, "main").record(np.array([10, 20]), np.array([1.0, -1.0]))
@@ -141,7 +141,7 @@ def test_the_keys_a_config_turns_on_are_declared():
 
 
 def test_an_undeclared_key_is_found():
-    from fastrl.metrics import declared
+    from fastrl.reporting.metrics import declared
 
     assert declared("policy/left/learner/loss") and declared("member/2/eval_return_mean")
     assert not declared("policy/left/learner/no_such_stat") and not declared("learner/no_such_stat")

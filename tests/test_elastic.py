@@ -1,4 +1,4 @@
-"""Elastic restarts (fastrl.elastic) and ranks that go away (fastrl.rank_watch), on loopback gloo."""
+"""Elastic restarts (fastrl.run.elastic) and ranks that go away (fastrl.run.rank_heartbeat), on loopback gloo."""
 import json
 import os
 import signal
@@ -12,13 +12,13 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from fastrl import elastic
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.distributed import DistInfo
-from fastrl.rank_watch import RankWatch
-from fastrl.run_dir import ELASTIC_RECORD, RunDirError, check_run_dir
-from fastrl.run_plan import RunError
-from fastrl.shm import SHM_DIR, segment_creator
+from fastrl.run import elastic
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.distributed.process_group import DistInfo
+from fastrl.run.rank_heartbeat import RankWatch
+from fastrl.files.run_dir import ELASTIC_RECORD, RunDirError, check_run_dir
+from fastrl.run.plan import RunError
+from fastrl.ipc.arena import SHM_DIR, segment_creator
 
 
 def free_port() -> int:
@@ -138,7 +138,7 @@ def dead_attempts_learner(run_dir, seconds: float) -> subprocess.Popen:
     learner = subprocess.Popen([sys.executable, "-c", f"""
 import time
 from pathlib import Path
-from fastrl.run_dir import RunDirLock
+from fastrl.files.run_dir import RunDirLock
 lock = RunDirLock.take(Path({str(run_dir)!r}))
 lock.record_pid()
 (Path({str(run_dir)!r}) / "checkpoints").mkdir()

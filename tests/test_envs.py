@@ -9,8 +9,8 @@ import pytest
 
 from fastrl.cli import train_main
 from fastrl.envs import make_vec_env, resolve_backend
-from fastrl.envs.atari import ENVPOOL_ATARI_DEFAULTS
-from fastrl.envs.envpool_backend import DirectPoolIO, _PublicPoolIO
+from fastrl.envs.backends.atari import ENVPOOL_ATARI_DEFAULTS
+from fastrl.envs.backends.envpool_backend import DirectPoolIO, _PublicPoolIO
 from tests import user_modules
 from tests.fault_envs import make_nan_obs, make_raises_at
 from tests.test_cli_errors import one_line_error

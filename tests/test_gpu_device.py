@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.config import ConfigError, build_config
-from fastrl.distributed import DistInfo
-from fastrl.learner import policies, process
-from fastrl.models import build_model
-from fastrl.run_dir import LOCK_FILE
-from fastrl.runner import RunError, resolve_device, train
+from fastrl.config.schema import ConfigError, build_config
+from fastrl.distributed.process_group import DistInfo
+from fastrl.learner import policy_set as policies, process
+from fastrl.models.networks import build_model
+from fastrl.files.run_dir import LOCK_FILE
+from fastrl.run.training import RunError, resolve_device, train
 
 OBS_SPACE = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -150,7 +150,7 @@ def test_the_batcher_runs_where_inference_device_says(monkeypatch, tmp_path):
     named GPU is refused like `device`'s (every rank would share it)."""
     visible_gpus(monkeypatch, 2)
     started = {}
-    monkeypatch.setattr("fastrl.runner.run_parallel",
+    monkeypatch.setattr("fastrl.run.training.run_parallel",
                         lambda plan, console: started.update(learner=plan.device, inference=plan.inference_device)
                         or "ran")
     for inference, expected in (("", "cuda:0"), ("cpu", "cpu"), ("cuda:1", "cuda:1")):

@@ -1,4 +1,4 @@
-"""Image preprocessing of gymnasium envs (fastrl/envs/image_preprocessing.py) against a brute-force
+"""Image preprocessing of gymnasium envs (fastrl/envs/wrappers/image_preprocessing.py) against a brute-force
 reference on tests/image_envs.py, whose frames encode their episode and step."""
 import json
 import sys
@@ -7,9 +7,9 @@ import cv2
 import numpy as np
 import pytest
 
-from fastrl.config import ConfigError, build_config, weights_mismatch
+from fastrl.config.schema import ConfigError, build_config, weights_mismatch
 from fastrl.envs import ImageOptions, make_vec_env, probe_env
-from fastrl.envs.image_preprocessing import PreprocessedEnv
+from fastrl.envs.wrappers.image_preprocessing import PreprocessedEnv
 from tests.image_envs import SteppedPastTheEnd, StepImageEnv, frame
 
 IMAGE_ENV = "tests.image_envs:make_step_image_env"
@@ -117,7 +117,7 @@ def test_stacks_hold_the_newest_frames_and_restart_at_every_episode_start(image_
 def test_frames_count_env_steps_times_the_frame_skip(tmp_path):
     # A short end-to-end run (worker processes, the batcher, the learner) on preprocessed Dict
     # observations: the CNN reads the stacks, and the reported frames honour the frame skip.
-    from fastrl.runner import train
+    from fastrl.run.training import train
 
     cfg = build_config("cartpole-appo", {
         "env.id": IMAGE_ENV, "env.kwargs": {"length": 9, "vary": 3, "dict_obs": True}, "env.frame_skip": 3,

@@ -97,40 +97,40 @@ def test_the_learner_family_imports_down_only():
                   "fastrl.learner.qlearning", "fastrl.learner.r2d2"}
     for module in algorithms:
         assert not graph[module] & shell, f"{module} imports the process shell"
-    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed", "fastrl.replay",
-                   "fastrl.models"):
+    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed", "fastrl.replay.buffer",
+                   "fastrl.models.networks"):
         assert not graph[module] & (shell | algorithms), f"{module} imports upwards"
 
 
 def test_the_runner_family_imports_down_only():
-    """fastrl.runner composes its parts; each run mode stands apart from the other; the plan and
+    """fastrl.run.training composes its parts; each run mode stands apart from the other; the plan and
     the checks before the run know neither mode nor the supervisor."""
     graph = import_graph()
-    entry, modes = "fastrl.runner", {"fastrl.parallel_run", "fastrl.serial_run"}
-    parts = modes | {"fastrl.preflight", "fastrl.supervisor", "fastrl.run_plan"}
-    assert parts <= graph[entry] | {"fastrl.supervisor"} and "fastrl.supervisor" in graph["fastrl.parallel_run"]
+    entry, modes = "fastrl.run.training", {"fastrl.run.parallel", "fastrl.run.serial"}
+    parts = modes | {"fastrl.run.preflight", "fastrl.run.supervisor", "fastrl.run.plan"}
+    assert parts <= graph[entry] | {"fastrl.run.supervisor"} and "fastrl.run.supervisor" in graph["fastrl.run.parallel"]
     assert {name for name, imported in graph.items() if entry in imported} <= {"fastrl", "fastrl.cli", "fastrl.profiler.measure"}
     for module in parts:
         assert entry not in graph[module], f"{module} imports the runner that composes it"
-    assert not graph["fastrl.parallel_run"] & modes and not graph["fastrl.serial_run"] & modes
-    for module in ("fastrl.preflight", "fastrl.run_plan", "fastrl.supervisor"):
+    assert not graph["fastrl.run.parallel"] & modes and not graph["fastrl.run.serial"] & modes
+    for module in ("fastrl.run.preflight", "fastrl.run.plan", "fastrl.run.supervisor"):
         assert not graph[module] & modes, f"{module} imports a run mode"
-    assert not graph["fastrl.run_plan"] & parts and not graph["fastrl.preflight"] & {"fastrl.supervisor"}
+    assert not graph["fastrl.run.plan"] & parts and not graph["fastrl.run.preflight"] & {"fastrl.run.supervisor"}
 
 
 def test_the_slot_protocol_is_one_module_that_every_party_uses():
-    """fastrl.slots sits below everything (the config reads its limits); the worker, the batcher,
+    """fastrl.ipc.slots sits below everything (the config reads its limits); the worker, the batcher,
     the learner and the serial run all take the protocol from it."""
     graph = import_graph()
-    assert graph["fastrl.slots"] == set()
-    for module in ("fastrl.config", "fastrl.rollout", "fastrl.inference", "fastrl.learner.process",
-                   "fastrl.serial_run"):
-        assert "fastrl.slots" in graph[module], f"{module} does not use fastrl.slots"
+    assert graph["fastrl.ipc.slots"] == set()
+    for module in ("fastrl.config.schema", "fastrl.sampling.rollout_worker", "fastrl.sampling.batcher", "fastrl.learner.process",
+                   "fastrl.run.serial"):
+        assert "fastrl.ipc.slots" in graph[module], f"{module} does not use fastrl.ipc.slots"
 
 
 def test_the_package_exports_train_and_build_config_without_importing_the_runner():
-    code = ("import sys, fastrl; assert 'fastrl.runner' not in sys.modules; "
-            "from fastrl import build_config, train; from fastrl.runner import train as runner_train; "
+    code = ("import sys, fastrl; assert 'fastrl.run.training' not in sys.modules; "
+            "from fastrl import build_config, train; from fastrl.run.training import train as runner_train; "
             "assert train is runner_train; assert build_config('cartpole-appo').env.id == 'CartPole-v1'; "
             "import pytest; pytest.raises(AttributeError, getattr, fastrl, 'trian')")
     subprocess.run([sys.executable, "-c", code], check=True)

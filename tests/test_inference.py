@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastrl.config import build_config
-from fastrl.device_io import BatchTransfer
+from fastrl.config.schema import build_config
+from fastrl.ipc.device_io import BatchTransfer
 from fastrl.envs import probe_env
-from fastrl.inference import (InferenceBatcher, apex_epsilons, batch_buckets, batcher_epsilons, epsilon_greedy,
+from fastrl.sampling.batcher import (InferenceBatcher, apex_epsilons, batch_buckets, batcher_epsilons, epsilon_greedy,
                               padded_size)
 from fastrl.learner import Learner, LearnerRuntime
-from fastrl.models import build_model, num_state_values, state_to_flat
-from fastrl.runner import arena_layout
-from fastrl.shm import Arena, WeightBuffer
+from fastrl.models.networks import build_model, num_state_values, state_to_flat
+from fastrl.run.training import arena_layout
+from fastrl.ipc.arena import Arena, WeightBuffer
 
 aten = torch.ops.aten
 
@@ -131,7 +131,7 @@ def test_models_the_numpy_mlp_path_does_not_reproduce_act_through_torch(override
 
 @pytest.mark.parametrize("edit", ["extra module", "linear without activation", "mixed activations"])
 def test_an_encoder_edited_past_what_mlp_encoder_builds_acts_through_torch(edit):
-    from fastrl.mlp_policy import NumpyMLPPolicy
+    from fastrl.sampling.numpy_mlp import NumpyMLPPolicy
     cfg, spec, model, arena = small_run(**{"model.hidden_sizes": [8, 8]})
     assert NumpyMLPPolicy.supports(model, arena.obs.dtype)
     net = model.encoder.net  # Flatten, Linear, ReLU, Linear, ReLU

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.learner import Learner, LearnerRuntime
 from fastrl.learner.process import FullSlots
-from fastrl.metrics import read_learner_stats
-from fastrl.process_utils import ProcessExit
-from fastrl.shm import Arena, Control, trajectory_layout
-from fastrl.timing import Timers
+from fastrl.reporting.metrics import read_learner_stats
+from fastrl.ipc.child import ProcessExit
+from fastrl.ipc.arena import Arena, Control, trajectory_layout
+from fastrl.reporting.timers import Timers
 from tests.small_learners import make_dqn, stream_batches
 from tests.test_learner import random_batch
 from tests.test_learner_gather import B, OBS, random_arena

@@ -1,11 +1,11 @@
 """A script that calls fastrl.train() outside `if __name__ == "__main__":` is refused in one line
-before any child starts (spawned children re-run the script; see fastrl.main_guard)."""
+before any child starts (spawned children re-run the script; see fastrl.run.main_guard)."""
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from fastrl.main_guard import unguarded_main_call
+from fastrl.run.main_guard import unguarded_main_call
 
 
 def run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
@@ -16,7 +16,7 @@ def run_script(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
 
 def test_the_guard_is_told_apart_from_a_top_level_call(tmp_path):
     done = run_script(tmp_path, """\
-        from fastrl.main_guard import unguarded_main_call
+        from fastrl.run.main_guard import unguarded_main_call
         def train_like():
             return unguarded_main_call()
         top = train_like()
@@ -28,8 +28,8 @@ def test_the_guard_is_told_apart_from_a_top_level_call(tmp_path):
 
 def test_an_unguarded_train_call_stops_before_any_process_or_file(tmp_path):
     done = run_script(tmp_path, """\
-        from fastrl.config import build_config
-        from fastrl.runner import train
+        from fastrl.config.schema import build_config
+        from fastrl.run.training import train
         train(build_config("cartpole-appo", {"train_for_env_steps": 10_000}), run_dir="run")
         """)
     assert done.returncode != 0

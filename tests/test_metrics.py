@@ -4,8 +4,8 @@ import time
 
 import numpy as np
 
-from fastrl.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
-from fastrl.shm import Arena, trajectory_layout
+from fastrl.reporting.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
+from fastrl.ipc.arena import Arena, trajectory_layout
 
 
 def small_arena(num_workers: int) -> Arena:
@@ -48,7 +48,7 @@ def test_each_column_is_reported_under_its_key():
 
 
 def test_the_reports_kept_in_memory_are_bounded(tmp_path, monkeypatch):
-    from fastrl import metrics
+    from fastrl.reporting import metrics
 
     monkeypatch.setattr(metrics, "HISTORY_REPORTS", 5)
     reporter = metrics.Reporter(small_arena(num_workers=1), tmp_path, frame_skip=1, target_env_steps=0,
@@ -65,8 +65,8 @@ def test_a_resumed_run_s_eta_counts_what_it_did_before_the_resume():
     600 env steps were done before the resume."""
     import re
 
-    from fastrl.metrics import Reporter
-    from fastrl.shm import Control
+    from fastrl.reporting.metrics import Reporter
+    from fastrl.ipc.arena import Control
 
     def eta(target_env_steps: int, target_seconds: float) -> float:
         arena = small_arena(num_workers=1)
@@ -93,7 +93,7 @@ def test_help_says_how_the_budgets_count_with_resume():
 
 
 def test_a_report_that_stop_when_accepts_counts_as_the_budget_reached():
-    from fastrl.metrics import Reporter
+    from fastrl.reporting.metrics import Reporter
 
     arena = small_arena(num_workers=1)
     seen = []
@@ -113,7 +113,7 @@ def test_a_report_soon_after_the_last_averages_the_episodes_of_both():
     """The report a run writes as it stops can follow the one before by a moment and hold a couple
     of episodes: on their own they would be the run's last figure (a sweep's value, a benchmark's
     final). A report that follows by less than half the interval averages both reports' episodes."""
-    from fastrl.metrics import Reporter
+    from fastrl.reporting.metrics import Reporter
 
     arena = small_arena(num_workers=1)
 

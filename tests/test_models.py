@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.learner import Trajectories, make_learner
-from fastrl.models import LOG_STD_RANGE, ActorCritic, DuelingQNetwork, GaussianHead, bounded_log_std, build_model
+from fastrl.models.networks import LOG_STD_RANGE, ActorCritic, DuelingQNetwork, GaussianHead, bounded_log_std, build_model
 from tests.small_learners import ACTION_SPACE, OBS_SPACE, dqn_config, perturb
 
 BOX_ACTIONS = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -96,7 +96,7 @@ def test_the_initial_std_is_the_configured_one(log_std):
 
 
 def test_the_initial_log_std_range_is_the_heads_bound():
-    from fastrl.config import RANGES, ConfigError
+    from fastrl.config.schema import RANGES, ConfigError
     assert (RANGES["model.initial_log_std"].low, RANGES["model.initial_log_std"].high) == LOG_STD_RANGE
     with pytest.raises(ConfigError, match=r"'model.initial_log_std' must be in \(-5.0, 2.0\), got 2.0"):
         build_config("mujoco-appo", {"model.initial_log_std": 2.0})
@@ -117,7 +117,7 @@ def test_gaussian_log_probs_and_entropy_match_torch_normal_at_the_bounded_std():
 
 
 def test_pixels_scaled_in_one_pass_equal_the_cast_then_the_scaling():
-    from fastrl.encoders import scale_obs
+    from fastrl.models.encoders import scale_obs
     pixels = torch.arange(256, dtype=torch.uint8).reshape(4, 8, 8)
     expected = pixels.to(torch.float32) * (1.0 / 255.0)
     scaled = scale_obs(pixels, 1.0 / 255.0)

@@ -1,11 +1,11 @@
-"""The scripted opponents of fastrl-eval --opponent (fastrl/opponents.py): found by name or
+"""The scripted opponents of fastrl-eval --opponent (fastrl/multiagent/opponents.py): found by name or
 MODULE:CALLABLE, seeded, and the one-ply Connect Four player's rule on boards made by hand."""
 import numpy as np
 import pytest
 from gymnasium import spaces
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
-from fastrl.opponents import (ConnectFourOnePly, OpponentError, RandomLegal, checked_action, find_opponent,
+from fastrl.multiagent.opponents import (ConnectFourOnePly, OpponentError, RandomLegal, checked_action, find_opponent,
                               make_opponent)
 from tests import user_modules
 
@@ -86,9 +86,9 @@ def test_one_ply_beats_random_at_connect_four_by_a_wide_margin():
 
 
 def test_a_module_path_names_an_opponent_and_an_opponent_class_is_made_with_the_spaces_and_seed():
-    assert find_opponent("fastrl.opponents:ConnectFourOnePly") is ConnectFourOnePly
+    assert find_opponent("fastrl.multiagent.opponents:ConnectFourOnePly") is ConnectFourOnePly
     assert find_opponent("random") is RandomLegal
-    made = make_opponent(find_opponent("fastrl.opponents:RandomLegal"), C4_OBS, spaces.Discrete(7), seed=5)
+    made = make_opponent(find_opponent("fastrl.multiagent.opponents:RandomLegal"), C4_OBS, spaces.Discrete(7), seed=5)
     assert isinstance(made, RandomLegal) and made.action_space == spaces.Discrete(7)
 
     def plain(observation, agent):
@@ -100,8 +100,8 @@ def test_a_module_path_names_an_opponent_and_an_opponent_class_is_made_with_the_
 @pytest.mark.parametrize("spec, message", [
     ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor MODULE:CALLABLE"),
     ("no_such_module_x:fn", "cannot import 'no_such_module_x'"),
-    ("fastrl.opponents:no_such_fn", "module 'fastrl.opponents' has no 'no_such_fn'"),
-    ("fastrl.opponents:BUILT_IN", "is not callable (type dict)"),
+    ("fastrl.multiagent.opponents:no_such_fn", "module 'fastrl.multiagent.opponents' has no 'no_such_fn'"),
+    ("fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),
 ])
 def test_an_opponent_that_cannot_be_found_is_one_line(spec, message):
     with pytest.raises(OpponentError) as error:

@@ -1,5 +1,5 @@
 """PettingZoo ParallelEnvs, every agent a row of its worker's batch under one shared policy
-(fastrl/envs/pettingzoo_backend.py)."""
+(fastrl/envs/multiagent/pettingzoo_backend.py)."""
 import collections
 import contextlib
 import io
@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from fastrl.cli import eval_main, train_main
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
-from fastrl.envs.pettingzoo_backend import PettingZooSplits
+from fastrl.envs.multiagent.pettingzoo_backend import PettingZooSplits
 from fastrl.learner import VTraceLearner, gather_trajectories
-from fastrl.models import build_model
-from fastrl.runner import train
-from fastrl.spaces import ObsLayout, UnsupportedSpace
+from fastrl.models.networks import build_model
+from fastrl.run.training import train
+from fastrl.envs.spaces import ObsLayout, UnsupportedSpace
 from tests import user_modules
 from tests.pettingzoo_envs import CueGame
 from tests.test_rollout import run_worker
@@ -216,7 +216,7 @@ def test_action_masks_come_per_agent_and_evaluation_counts_each_agent_once():
     layout = ObsLayout(spec.observation_space)
     assert layout.mask is not None
     model = build_model(spec.observation_space, spec.action_space, cfg.model, algo="appo")
-    from fastrl.policy_eval import evaluate_policy
+    from fastrl.evaluation.episodes import evaluate_policy
 
     env = make_episode_env(cfg, 7, seed=3)
     assert env.num_envs == 9  # three games: the fewest that hold 7 agent rows

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fastrl.cli import plot_main
-from fastrl.config import build_config, to_toml
-from fastrl.learning_curves import group_by_seed, load_run, read_metrics, seed_band, series
+from fastrl.config.schema import build_config, to_toml
+from fastrl.reporting.curves import group_by_seed, load_run, read_metrics, seed_band, series
 
 
 def make_run(path, rows, **overrides):
@@ -183,10 +183,10 @@ def member_rows(members, steps=(1000, 2000, 3000)):
 
 def drawn_figure(monkeypatch):
     """The figure plot_learning_curves saves, kept open for the test."""
-    import fastrl.learning_curves
+    import fastrl.reporting.curves
 
     figures = []
-    monkeypatch.setattr(fastrl.learning_curves, "save", lambda plt, fig, path: (figures.append(fig),
+    monkeypatch.setattr(fastrl.reporting.curves, "save", lambda plt, fig, path: (figures.append(fig),
                                                                                   fig.savefig(path)))
     return figures
 

@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli import train_main
-from fastrl.config import ConfigError, build_config
+from fastrl.config.schema import ConfigError, build_config
 from fastrl.envs import probe_env
-from fastrl.inference import InferenceBatcher
-from fastrl.metrics import WorkerTiming
-from fastrl.models import build_model, num_state_values, state_to_flat
-from fastrl.policy_map import policy_map
-from fastrl.preflight import arena_layout, run_policies
-from fastrl.rollout import RolloutWorker, make_worker_env
-from fastrl.run_plan import RunError
-from fastrl.runner import train
-from fastrl.shm import Arena, WeightBuffer
-from fastrl.slots import serial_slots
+from fastrl.sampling.batcher import InferenceBatcher
+from fastrl.reporting.metrics import WorkerTiming
+from fastrl.models.networks import build_model, num_state_values, state_to_flat
+from fastrl.multiagent.policy_map import policy_map
+from fastrl.run.preflight import arena_layout, run_policies
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
+from fastrl.run.plan import RunError
+from fastrl.run.training import train
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.slots import serial_slots
 from tests import user_modules
 
 GAMES = "fastrl.envs.toy:AgreementGames"

@@ -1,4 +1,4 @@
-"""fastrl-eval --opponent (fastrl.policy_eval.evaluate_against): the policy in one seat, a scripted
+"""fastrl-eval --opponent (fastrl.evaluation.episodes.evaluate_against): the policy in one seat, a scripted
 opponent in the others, the policy's seat rotating; win, draw and loss rates overall and per seat,
 in turn-based and parallel games, with a video too; one-line errors. Run directories are made by
 hand (config.toml and a checkpoint of an untrained model), so no training is needed, except for
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl import policy_eval
-from fastrl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from fastrl.evaluation import episodes as policy_eval
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import eval_main
-from fastrl.config import build_config, to_toml
+from fastrl.config.schema import build_config, to_toml
 from fastrl.envs import probe_env
-from fastrl.models import build_model
-from fastrl.policy_eval import evaluate_against, load_run_model
-from fastrl.runner import train
+from fastrl.models.networks import build_model
+from fastrl.evaluation.episodes import evaluate_against, load_run_model
+from fastrl.run.training import train
 from tests import user_modules
 from tests.test_cli_errors import one_line_error, untrained_state
 
@@ -158,7 +158,7 @@ def always_the_first_square(observation, agent):
     (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor "
                           "MODULE:CALLABLE"),
     (TIC_TAC_TOE, "no_such_module_x:fn", "cannot import 'no_such_module_x'"),
-    (TIC_TAC_TOE, "fastrl.opponents:BUILT_IN", "is not callable (type dict)"),
+    (TIC_TAC_TOE, "fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),
     (TIC_TAC_TOE, "tests.test_policy_eval:always_the_first_square",
      "chose action 0 for 'player_"),
     (TIC_TAC_TOE, "connect_four_one_ply", "connect_four_one_ply plays PettingZoo's connect_four_v3"),

@@ -5,8 +5,8 @@ import os
 import psutil
 import pytest
 
-from fastrl.config import ConfigError, build_config
-from fastrl.runner import train
+from fastrl.config.schema import ConfigError, build_config
+from fastrl.run.training import train
 
 
 def thread_niceness(pid: int) -> set[int]:

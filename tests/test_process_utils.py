@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fastrl.process_utils import ProcessExit, ReadablePipes, make_channels
-from fastrl.shm import Control
+from fastrl.ipc.child import ProcessExit, ReadablePipes, make_channels
+from fastrl.ipc.arena import Control
 
 
 def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():
@@ -94,7 +94,7 @@ def test_readable_pipes_wait_blocks_until_timeout_and_stops_on_the_stop_flag():
 CHILD_BLAS_THREADS = """
 import json, os, numpy
 from threadpoolctl import threadpool_info
-from fastrl.process_utils import configure_child
+from fastrl.ipc.child import configure_child
 configure_child(os.getppid(), False)
 print(json.dumps([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]))
 """
@@ -112,7 +112,7 @@ def test_a_child_process_runs_numpys_blas_on_one_thread():
 
 CHILD_STARTS_A_PROCESS = """
 import os, signal, subprocess
-from fastrl.process_utils import configure_child
+from fastrl.ipc.child import configure_child
 configure_child(os.getppid(), False)
 os.kill(os.getpid(), signal.SIGTERM)  # the child itself lives on
 started = subprocess.Popen(["sleep", "30"])

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fastrl.cli import train_main
-from fastrl.config import ConfigError, ReplayConfig, build_config, validate
-from fastrl.policy_eval import evaluate_run
+from fastrl.config.schema import ConfigError, ReplayConfig, build_config, validate
+from fastrl.evaluation.episodes import evaluate_run
 from fastrl.learner import R2D2Learner, make_learner
 from fastrl.learner.base import unroll
 from fastrl.learner.losses import inverse_value_rescale, sequence_priorities, value_rescale
-from fastrl.replay import SequenceBatch, SequenceReplay
+from fastrl.replay.buffer import SequenceBatch, SequenceReplay
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -185,7 +185,7 @@ def test_the_device_path_samples_into_its_staging_buffer_and_reads_back_once_per
     buffer, a gradient step makes one copy to the device and two host reads (the gradient norm,
     then the priorities with the statistics), and it computes what the CPU path computes."""
     from fastrl.learner import Trajectories
-    from fastrl.sync_counter import SyncCounter, optimizer_steps
+    from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
     cfg = r2d2_config(**{"replay.replay_ratio": 1.0})
     learners = []
     for device_path in (False, True):

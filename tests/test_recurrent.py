@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import ConfigError, build_config
-from fastrl.recurrent import RecurrentCore
+from fastrl.config.schema import ConfigError, build_config
+from fastrl.models.recurrent import RecurrentCore
 from fastrl.envs import probe_env
 from fastrl.envs.toy import MemoryEnv
-from fastrl.policy_eval import evaluate_run
-from fastrl.inference import InferenceBatcher, request_cursors
+from fastrl.evaluation.episodes import evaluate_run
+from fastrl.sampling.batcher import InferenceBatcher, request_cursors
 from fastrl.learner.batch import Trajectories, gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner
-from fastrl.models import num_state_values, state_to_flat
-from fastrl.rollout import RolloutWorker, make_worker_env
-from fastrl.runner import arena_layout, train
-from fastrl.shm import Arena, WeightBuffer
-from fastrl.slots import worker_slot_ids
+from fastrl.models.networks import num_state_values, state_to_flat
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
+from fastrl.run.training import arena_layout, train
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.slots import worker_slot_ids
 
 ATOL = 1e-5
 MEMORY_LENGTH = 5  # MemoryEnv: an episode is 5 steps, then the autoreset step: 6 rows per episode
@@ -96,7 +96,7 @@ def test_episode_start_zeroes_the_state_like_separate_unrolls(kind, layers):
 
 class LockstepRun:
     """Rollout workers and the inference batcher over one private arena, driven in lockstep as
-    fastrl.runner's serial mode does, with the learner's weights published. Records what the
+    fastrl.run.training's serial mode does, with the learner's weights published. Records what the
     batcher computed for every slot row and, for every forward pass, the state each env acted with."""
 
     def __init__(self, cfg, seed: int = 0):
@@ -534,7 +534,7 @@ def test_a_new_core_keeps_a_cue_for_its_memory_steps(kind):
 
 
 def test_a_resume_may_change_how_new_cores_start():
-    from fastrl.config import weights_mismatch
+    from fastrl.config.schema import weights_mismatch
 
     saved = build_config("cartpole-appo", {"model.core": "lstm"}).to_dict()
     asked = build_config("cartpole-appo", {"model.core": "lstm", "model.core_memory_steps": 8})

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from fastrl.kernels import nstep_targets
-from fastrl.config import ReplayConfig
-from fastrl.replay import ReplayRatio, SequenceReplay, TransitionReplay
-from fastrl.replay_codec import LZ4FrameStore
+from fastrl.config.schema import ReplayConfig
+from fastrl.replay.buffer import ReplayRatio, SequenceReplay, TransitionReplay
+from fastrl.replay.storage import LZ4FrameStore
 
 FRAME = (8, 8)
 GAMMA = 0.9

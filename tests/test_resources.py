@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl import preflight, resources
+from fastrl.run import preflight, resources
 from fastrl.cli import train_main
-from fastrl.config import build_config
-from fastrl.models import build_model, state_bytes
-from fastrl.resources import ResourceError, check_memmap_dir, check_shared_memory, replay_ram_bytes
-from fastrl.runner import RunError, RunResult, train
+from fastrl.config.schema import build_config
+from fastrl.models.networks import build_model, state_bytes
+from fastrl.run.resources import ResourceError, check_memmap_dir, check_shared_memory, replay_ram_bytes
+from fastrl.run.training import RunError, RunResult, train
 from tests.test_cli_errors import one_line_error
 
 Usage = namedtuple("Usage", "total used free")
@@ -26,7 +26,7 @@ def test_an_arena_larger_than_dev_shm_names_both_sizes_and_the_docker_fix(monkey
 def test_train_checks_dev_shm_before_starting_a_process(monkeypatch, tmp_path):
     monkeypatch.setattr(resources.shutil, "disk_usage", lambda path: Usage(2**10, 0, 2**10))
     started = []
-    monkeypatch.setattr("fastrl.runner.run_parallel", lambda *a, **k: started.append(1))
+    monkeypatch.setattr("fastrl.run.training.run_parallel", lambda *a, **k: started.append(1))
     cfg = build_config("cartpole-appo", {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 64,
                                               "learner.batch_size": 2048})
     with pytest.raises(RunError, match="shared memory"):
@@ -94,7 +94,7 @@ def _train_refusing_starts(monkeypatch, args, build=build_model):
     started, built = [], []
     monkeypatch.setattr("psutil.virtual_memory", lambda: SixtyFourGiB)
     for mode in ("parallel", "serial"):
-        monkeypatch.setattr(f"fastrl.runner.run_{mode}",
+        monkeypatch.setattr(f"fastrl.run.training.run_{mode}",
                             lambda plan, console, mode=mode: started.append(mode) or RunResult(plan.run_dir))
 
     def recorded_build(*a, **k):

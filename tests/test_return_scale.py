@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.learner.return_scale import ReturnScale
 from fastrl.learner.vtrace import VTraceLearner
 
@@ -195,7 +195,7 @@ def rank_batches(rank: int) -> list:
 def train_one_rank(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    from fastrl import distributed
+    from fastrl.distributed import process_group as distributed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from fastrl.checkpoint import list_checkpoints, write_checkpoint_file
+from fastrl.files.checkpoint import list_checkpoints, write_checkpoint_file
 from fastrl.cli import train_main
-from fastrl.config import build_config, load_run_config
-from fastrl.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
-from fastrl.runner import RunError, train
+from fastrl.config.schema import build_config, load_run_config
+from fastrl.files.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
+from fastrl.run.training import RunError, train
 
 TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
         "learner.batch_size": 512, "train_for_env_steps": 4096, "report_every_s": 0.2}
@@ -134,7 +134,7 @@ def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):  # tests run as root, where chmod cannot take write access away
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("fastrl.run_dir.tempfile.NamedTemporaryFile", refuse)
+    monkeypatch.setattr("fastrl.files.run_dir.tempfile.NamedTemporaryFile", refuse)
     with pytest.raises(RunDirError, match=r"cannot write into run directory '.*run' \(Permission denied\); "
                                           r"pass a writable --run-dir") as info:
         check_run_dir(tmp_path / "run", resume=False, overwrite=False)
@@ -246,7 +246,7 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(finished_run,
 
 def hold_lock(run_dir, seconds):
     """Another process that holds ``run_dir``'s lock (as a running fastrl-train does) for ``seconds``."""
-    code = ("import sys, time; from fastrl.run_dir import check_run_dir; "
+    code = ("import sys, time; from fastrl.files.run_dir import check_run_dir; "
             "lock = check_run_dir(sys.argv[1], False, True); print('held', flush=True); time.sleep(float(sys.argv[2]))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "held\n"
@@ -397,10 +397,10 @@ def test_overwrite_checks_every_path_before_it_deletes_one(tmp_path):
 
 
 def test_the_writers_never_follow_a_link_made_during_the_run(tmp_path):
-    from fastrl.checkpoint import CheckpointError, save_checkpoint
-    from fastrl.console import Console
-    from fastrl.metrics import MetricsWriteError, Reporter
-    from fastrl.wandb_logger import _save_run_id
+    from fastrl.files.checkpoint import CheckpointError, save_checkpoint
+    from fastrl.reporting.console import Console
+    from fastrl.reporting.metrics import MetricsWriteError, Reporter
+    from fastrl.reporting.wandb_logger import _save_run_id
 
     from .test_metrics import small_arena
 
@@ -442,7 +442,7 @@ def test_budgets_and_clocks_continue_across_a_resume(finished_run, tmp_path):
     import json
     import shutil
 
-    from fastrl.checkpoint import load_checkpoint
+    from fastrl.files.checkpoint import load_checkpoint
 
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

@@ -1,4 +1,4 @@
-"""The slot protocol (fastrl.slots): the request byte, the free and full queues in one process, and
+"""The slot protocol (fastrl.ipc.slots): the request byte, the free and full queues in one process, and
 the same protocol over the pipes of a run."""
 import os
 from multiprocessing import Pipe
@@ -6,14 +6,14 @@ from multiprocessing import Pipe
 import numpy as np
 import pytest
 
-from fastrl.config import ConfigError, build_config
+from fastrl.config.schema import ConfigError, build_config
 from fastrl.learner.process import FullSlots
-from fastrl.process_utils import WorkerChannels
-from fastrl.rollout import worker_slots
-from fastrl.shm import Arena, trajectory_layout
-from fastrl.slots import (MAX_SPLITS, NOT_THIS_GENERATION, REQUEST_VALUES, RequestCodec, SlotsExhausted, WorkerSlots,
+from fastrl.ipc.child import WorkerChannels
+from fastrl.sampling.rollout_worker import worker_slots
+from fastrl.ipc.arena import Arena, trajectory_layout
+from fastrl.ipc.slots import (MAX_SPLITS, NOT_THIS_GENERATION, REQUEST_VALUES, RequestCodec, SlotsExhausted, WorkerSlots,
                           request_ids, serial_slots, worker_slot_ids)
-from fastrl.timing import Timers
+from fastrl.reporting.timers import Timers
 
 WORKERS, ENVS, SLOTS_PER_ENV = 2, 2, 3
 PER_WORKER = ENVS * SLOTS_PER_ENV

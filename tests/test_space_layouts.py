@@ -1,5 +1,5 @@
 """Spaces taken exactly as declared: inside fastrl every action and observation is flat and
-zero-based (fastrl.spaces), and the env gets its actions in the declared shape, dtype and
+zero-based (fastrl.envs.spaces), and the env gets its actions in the declared shape, dtype and
 ``start``. The toy envs of tests/space_envs.py raise on any other action, so the runs below show
 that none reaches an env from the workers (batcher, in-worker and serial acting), DQN / R2D2's
 epsilon-greedy or fastrl-eval; the learner trains on the stored rows and the checkpoint evaluates."""
@@ -10,13 +10,13 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.checkpoint import list_checkpoints
+from fastrl.files.checkpoint import list_checkpoints
 from fastrl.cli import eval_main
-from fastrl.config import build_config
-from fastrl.policy_eval import load_run_model
-from fastrl.heads import action_head
-from fastrl.runner import train
-from fastrl.spaces import ActionLayout, ObsLayout
+from fastrl.config.schema import build_config
+from fastrl.evaluation.episodes import load_run_model
+from fastrl.models.heads import action_head
+from fastrl.run.training import train
+from fastrl.envs.spaces import ActionLayout, ObsLayout
 from tests.space_envs import ACTION_SPACES, BOX_HIGH, BOX_LOW, IllegalAction, check_exactly
 from tests.test_spaces import one_torch_thread  # noqa: F401  (autouse: the serial runs train on one thread here)
 from tests.test_train import assert_all_exited

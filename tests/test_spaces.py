@@ -1,4 +1,4 @@
-"""Composite spaces (fastrl.spaces, fastrl.heads, the leaf encoders, action masks): packed rows
+"""Composite spaces (fastrl.envs.spaces, fastrl.models.heads, the leaf encoders, action masks): packed rows
 round-trip exactly, unsupported spaces and broken masks fail in one clear line, factorized heads
 agree with torch.distributions part by part, images read the same in HWC and CHW, each leaf
 reaches its encoder, no masked action is ever sampled, every space kind trains end to end on
@@ -11,18 +11,18 @@ import torch
 from gymnasium import spaces
 from torch import distributions as D
 
-from fastrl.checkpoint import list_checkpoints
+from fastrl.files.checkpoint import list_checkpoints
 from fastrl.cli import train_main
-from fastrl.config import ModelConfig, build_config
-from fastrl.encoders import SmallCNN, image_encoder
+from fastrl.config.schema import ModelConfig, build_config
+from fastrl.models.encoders import SmallCNN, image_encoder
 from fastrl.envs import make_vec_env
 from fastrl.envs.toy import DictGridEnv, MaskedCueEnv, MatchComponentsEnv
-from fastrl.policy_eval import evaluate_run
-from fastrl.heads import MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead, action_head, bounded_log_std
-from fastrl.inference import epsilon_greedy
-from fastrl.models import ActorCritic, DuelingQNetwork
-from fastrl.runner import RunError, train
-from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace
+from fastrl.evaluation.episodes import evaluate_run
+from fastrl.models.heads import MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead, action_head, bounded_log_std
+from fastrl.sampling.batcher import epsilon_greedy
+from fastrl.models.networks import ActorCritic, DuelingQNetwork
+from fastrl.run.training import RunError, train
+from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace
 from tests.test_train import assert_all_exited, read_metrics
 
 TOY = "fastrl.envs.toy:"
@@ -497,7 +497,7 @@ def test_appo_solves_the_dict_grid(tmp_path):
 
 def test_placeholder_box_bounds_never_clip_actions():
     # envpool declares ViZDoom's and DeepMind Control's actions as [2.2e-308, 1.8e308]: "no bounds".
-    from fastrl.spaces import box_bounds
+    from fastrl.envs.spaces import box_bounds
 
     placeholder = spaces.Box(np.finfo(np.float64).tiny, np.finfo(np.float64).max, (3,), np.float64)
     low, high = box_bounds(placeholder)
@@ -510,8 +510,8 @@ def test_placeholder_box_bounds_never_clip_actions():
 
 
 def test_packed_float_leaves_are_normalized_by_the_models_statistics_before_encoding():
-    from fastrl.models import build_model
-    from fastrl.spaces import ObsLayout
+    from fastrl.models.networks import build_model
+    from fastrl.envs.spaces import ObsLayout
 
     space = spaces.Dict({"position": spaces.Box(-100, 100, (3,), np.float32), "room": spaces.Discrete(4)})
     model = build_model(space, spaces.Discrete(2), ModelConfig(normalize_obs=True), algo="appo")

@@ -1,4 +1,4 @@
-"""The stop at the end of a run (fastrl.supervisor): a straggler is killed with what it started."""
+"""The stop at the end of a run (fastrl.run.supervisor): a straggler is killed with what it started."""
 import multiprocessing
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from fastrl.supervisor import kill_with_descendants
+from fastrl.run.supervisor import kill_with_descendants
 
 
 def start_a_child_and_hang(queue) -> None:

@@ -14,14 +14,14 @@ import optuna
 import pytest
 
 from fastrl.cli import resolve_train_config, sweep_main, train_main, train_parser
-from fastrl.config import build_config
-from fastrl.shm import SEGMENT_PREFIX, pid_namespace
-from fastrl import sweep as sweep_module
-from fastrl import sweep_space
-from fastrl.config import ConfigError
-from fastrl.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
-from fastrl.sweep_space import configured, objective_keys, parse_param
-from fastrl.sweep_trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
+from fastrl.config.schema import build_config
+from fastrl.ipc.arena import SEGMENT_PREFIX, pid_namespace
+from fastrl.tuning import sweep as sweep_module
+from fastrl.tuning import search_space as sweep_space
+from fastrl.config.schema import ConfigError
+from fastrl.tuning.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
+from fastrl.tuning.search_space import configured, objective_keys, parse_param
+from fastrl.tuning.trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
 from tests.test_reliability import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_a_study_is_continued_only_by_the_sweep_that_started_it(tmp_path, capsys
 
 def test_a_study_another_sweep_is_running_is_refused(tmp_path, capsys):
     (tmp_path / "sweep").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fastrl.run_dir import RunDirLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from fastrl.files.run_dir import RunDirLock; "
                                "RunDirLock.take(sys.argv[1]).record_pid(); print(flush=True); time.sleep(60)",
                                str(tmp_path / "sweep")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

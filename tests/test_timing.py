@@ -1,15 +1,15 @@
 """Named timers: each block's seconds added to its name, on a clock the test sets."""
 import pytest
 
-import fastrl.timing
-from fastrl.timing import Timers
+import fastrl.reporting.timers
+from fastrl.reporting.timers import Timers
 
 
 @pytest.fixture
 def clock(monkeypatch):
     """A perf_counter that reads ``now[0]``: the test moves time by hand."""
     now = [100.0]
-    monkeypatch.setattr(fastrl.timing, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(fastrl.reporting.timers, "perf_counter", lambda: now[0])
     return now
 
 

@@ -1,4 +1,4 @@
-"""ViZDoom's gymnasium ids as a backend family (fastrl/envs/vizdoom_backend.py): ids that resolve
+"""ViZDoom's gymnasium ids as a backend family (fastrl/envs/backends/vizdoom_backend.py): ids that resolve
 with no factory, the engine resolution and frame skip chosen from env.resize and env.frame_skip,
 observations through fastrl's Dict path, and the one-line error without the package."""
 
@@ -10,8 +10,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from fastrl.config import build_config
-from fastrl.envs import ImageOptions, make_vec_env, probe_env, resolve_backend, vizdoom_backend
+from fastrl.config.schema import build_config
+from fastrl.envs import ImageOptions, make_vec_env, probe_env, resolve_backend
+from fastrl.envs.backends import vizdoom_backend
 
 needs_vizdoom = pytest.mark.skipif(importlib.util.find_spec("vizdoom") is None,
                                    reason="vizdoom is not installed (pip install 'fastrl[vizdoom]')")
@@ -244,8 +245,8 @@ def test_frame_skip_runs_in_the_engine():
 
 @needs_vizdoom
 def test_vizdoom_basic_profile_trains_and_counts_frames_by_the_skip(tmp_path):
-    from fastrl.config import build_config
-    from fastrl.runner import train
+    from fastrl.config.schema import build_config
+    from fastrl.run.training import train
 
     cfg = build_config("vizdoom-basic", {"serial": True, "env.num_workers": 1, "env.envs_per_worker": 2,
                                          "env.num_splits": 1, "learner.rollout": 8, "learner.batch_size": 16,

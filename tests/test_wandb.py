@@ -14,11 +14,11 @@ import time
 import pytest
 
 from fastrl.cli import train_main
-from fastrl.config import build_config, to_toml
-from fastrl.console import Console
-from fastrl.metrics import Reporter
-from fastrl import wandb_logger
-from fastrl.wandb_logger import RUN_ID_FILE, WANDB_DIR
+from fastrl.config.schema import build_config, to_toml
+from fastrl.reporting.console import Console
+from fastrl.reporting.metrics import Reporter
+from fastrl.reporting import wandb_logger
+from fastrl.reporting.wandb_logger import RUN_ID_FILE, WANDB_DIR
 from tests.test_metrics import small_arena
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
@@ -126,7 +126,7 @@ def test_a_video_is_logged_as_mp4(tmp_path, offline):
     pytest.importorskip("imageio_ffmpeg")
     from tests.test_video import PAINTED, toy_config, untrained_model
 
-    from fastrl.video import write_video
+    from fastrl.evaluation.video import write_video
 
     cfg = toy_config(PAINTED)
     video = write_video(cfg, untrained_model(cfg), tmp_path / "clip.mp4", episodes=1)["video"]
@@ -287,7 +287,7 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        f"import fastrl.wandb_logger\nfastrl.wandb_logger.CLOSE_WAIT_S = {close_wait_s}\n")
+        f"import fastrl.reporting.wandb_logger\nfastrl.wandb_logger.CLOSE_WAIT_S = {close_wait_s}\n")
     env = {**os.environ, "WANDB_MODE": "online", "WANDB_BASE_URL": server.url, "WANDB_API_KEY": "0" * 40,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

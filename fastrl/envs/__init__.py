@@ -28,13 +28,13 @@ from typing import Any
 
 import gymnasium
 
-from fastrl.envs import atari, vizdoom_backend
-from fastrl.envs.action_subset import ActionSubset, action_subset_error
+from fastrl.envs.backends import atari, vizdoom_backend
+from fastrl.envs.wrappers.action_subset import ActionSubset, action_subset_error
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
-from fastrl.envs.gym_backend import GymnasiumSplits
-from fastrl.envs.image_preprocessing import ImageOptions, check_applies, preprocessed
-from fastrl.envs.pettingzoo_backend import is_pettingzoo_id
-from fastrl.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
+from fastrl.envs.backends.gym_backend import GymnasiumSplits
+from fastrl.envs.wrappers.image_preprocessing import ImageOptions, check_applies, preprocessed
+from fastrl.envs.multiagent.pettingzoo_backend import is_pettingzoo_id
+from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
 from fastrl.user_code import load_callable
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")
@@ -52,7 +52,7 @@ class EnvSpec:
 
 
 def probe_env(cfg) -> EnvSpec:
-    """Spaces and frame skip of ``cfg.env`` (a fastrl.config.Config), from a one-env instance.
+    """Spaces and frame skip of ``cfg.env`` (a fastrl.config.schema.Config), from a one-env instance.
 
     A multi-agent env is probed as a worker's rows in its batches, which must hold whole games; it
     makes one game (the others are made at their first reset); a VecEnv class makes one game."""
@@ -75,7 +75,7 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
     """``num_envs`` envs of ``cfg.env`` in one batch, to play whole episodes (evaluation); for a
     multi-agent env, the fewest games that hold ``num_envs`` agent rows."""
     if is_pettingzoo_id(cfg.env.id):
-        from fastrl.envs.pettingzoo_backend import open_games
+        from fastrl.envs.multiagent.pettingzoo_backend import open_games
 
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             return with_action_subset(open_games(cfg.env.id, num_envs, seed, cfg.env.kwargs), cfg.env.id,
@@ -87,7 +87,7 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
             rows = vector.game_rows(**cfg.env.kwargs)
         num_envs = batch_size = -(-num_envs // rows) * rows
     elif resolve_backend(cfg.env.id, cfg.env.backend) == "envpool":
-        from fastrl.envs.envpool_backend import episode_layout
+        from fastrl.envs.backends.envpool_backend import episode_layout
 
         with naming_unknown_kwargs(cfg.env.id, cfg.env.kwargs):
             num_envs, batch_size = episode_layout(cfg.env.id, cfg.env.kwargs, num_envs)
@@ -98,10 +98,10 @@ def make_episode_env(cfg, num_envs: int, seed: int) -> VecEnv:
 
 def envpool_player_count(env_id: str, backend: str, env_kwargs: dict[str, Any]) -> int:
     """Players of one game of ``env_id`` if envpool serves it (envpool's multi-player tasks: every
-    player a row, fastrl/envs/envpool_players.py), else 1."""
+    player a row, fastrl/envs/multiagent/envpool_players.py), else 1."""
     if resolve_backend(env_id, backend) != "envpool":
         return 1
-    from fastrl.envs.envpool_backend import task_players
+    from fastrl.envs.backends.envpool_backend import task_players
 
     with naming_unknown_kwargs(env_id, env_kwargs):
         return task_players(env_id, env_kwargs)[0]
@@ -151,14 +151,14 @@ def make_vec_env(
     with naming_unknown_kwargs(env_id, env_kwargs):
         if backend == "envpool":
             # envpool is optional, and importing it loads every env family (seconds): only when used.
-            from fastrl.envs.envpool_backend import make_envpool_vec_env, task_options
+            from fastrl.envs.backends.envpool_backend import make_envpool_vec_env, task_options
 
             check_applies(preprocessing, env_id, "envpool", task_options(env_id) if preprocessing.asked() else ())
             env = make_envpool_vec_env(
                 env_id, num_envs, batch_size, seed, async_mode, num_threads, thread_affinity, env_kwargs
             )
         elif backend == "pettingzoo":
-            from fastrl.envs.pettingzoo_backend import make_pettingzoo_vec_env  # pettingzoo is optional
+            from fastrl.envs.multiagent.pettingzoo_backend import make_pettingzoo_vec_env  # pettingzoo is optional
 
             check_applies(preprocessing, env_id, "pettingzoo")
             env = make_pettingzoo_vec_env(env_id, num_envs, batch_size, seed, env_kwargs)
@@ -317,7 +317,7 @@ def _gymnasium_env_fn(
 
 def _check_spaces(env: VecEnv, env_id: str) -> None:
     """Fail now, in one line naming the space (and its key path), if fastrl cannot store the
-    observations or act in the action space (see fastrl.spaces)."""
+    observations or act in the action space (see fastrl.envs.spaces)."""
     try:
         check_action_mask(ObsLayout(env.observation_space), ActionLayout(env.action_space))
     except UnsupportedSpace as exc:

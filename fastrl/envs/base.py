@@ -27,7 +27,7 @@ from types import MappingProxyType
 import gymnasium
 import numpy as np
 
-from fastrl.spaces import ActionLayout
+from fastrl.envs.spaces import ActionLayout
 
 # (obs [B, *obs_shape], rewards float32 [B], terminated bool [B], truncated bool [B],
 #  env_ids int32 [B]) with B = batch_size.
@@ -70,8 +70,8 @@ class VecEnv(abc.ABC):
     Attributes:
         num_envs: envs in this group (one rollout worker owns one group).
         batch_size: envs returned by one `recv()`; `num_envs % batch_size == 0`.
-        observation_space: the observation space of ONE env (see fastrl.spaces.ObsLayout).
-        action_space: the action space of ONE env (see fastrl.spaces.ActionLayout).
+        observation_space: the observation space of ONE env (see fastrl.envs.spaces.ObsLayout).
+        action_space: the action space of ONE env (see fastrl.envs.spaces.ActionLayout).
         frame_skip: emulator frames per env step (4 for Atari, else 1); frames = steps * frame_skip.
         agents: a multi-agent env's agents of one game, in row order (game g holds rows
             ``g * n .. (g + 1) * n - 1``); () for a single-agent env. [policies] maps them to policies.
@@ -83,7 +83,7 @@ class VecEnv(abc.ABC):
             `episodes_begun[g] - 1` (self-play draws each game's seats by it).
         last_unplayed: the episodes the last `recv()` ended without a step: (rows int64 [k],
             returns float64 [k]) of the seats of a turn-based game that ended before their first
-            turn (fastrl/envs/turns.py); a game counts for every seat in it.
+            turn (fastrl/envs/multiagent/turns.py); a game counts for every seat in it.
     """
 
     num_envs: int
@@ -106,7 +106,7 @@ class VecEnv(abc.ABC):
 
         Args:
             actions: [len(env_ids), *action_layout.shape] rows as fastrl stores them: flat and
-                zero-based (fastrl.spaces.ActionLayout), converted to the space's declared
+                zero-based (fastrl.envs.spaces.ActionLayout), converted to the space's declared
                 shape, dtype and start here; Box actions may be unclipped Gaussian samples
                 (they are clipped to the bounds here).
             env_ids: int [len(env_ids)], ids returned by an earlier `recv()` and not yet sent.
@@ -152,7 +152,7 @@ class VecEnv(abc.ABC):
     def batches_in_flight(self) -> int:
         """Batches `recv()` can return before any of them is sent: every split's, `num_envs //
         batch_size`, unless some rows can step only once an earlier batch's actions came back
-        (turn-based games, see fastrl/envs/pettingzoo_turns.py)."""
+        (turn-based games, see fastrl/envs/multiagent/pettingzoo_turns.py)."""
         return self.num_envs // self.batch_size
 
     @functools.cached_property

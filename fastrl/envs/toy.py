@@ -162,7 +162,7 @@ def make_memory(length: int = 8, sides: bool = False) -> MemoryEnv:
 
 
 # ---------------------------------------------------------------------------------------------
-# Composite observation and action spaces (fastrl.spaces): a grid world with a Dict observation
+# Composite observation and action spaces (fastrl.envs.spaces): a grid world with a Dict observation
 # and an action mask, envs for each action space, observation forms, and broken masks for the
 # error paths. They raise IllegalAction when an action outside their action space, or one their
 # action_mask forbade, reaches them.

@@ -7,7 +7,7 @@
   network, replay-ratio loop and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
   transform, lag statistics, gradient step, state dict)
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
-  :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay, fastrl.models and
+  :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer, fastrl.models.networks and
   fastrl.kernels.
 
 ``fastrl.learner.Learner`` is the V-trace learner (appo / impala).

@@ -7,7 +7,7 @@ process shell (:mod:`fastrl.learner.runtime`) drives any of them the same way.
 On an accelerator the host queues work and waits only when it reads a result back, so the
 learners read as little as they can: statistics stay 0-d tensors until one read per ``train()``
 (:func:`read_stats`), and a gradient step reads one number, its gradient norm, which also says
-whether the step was finite (:mod:`fastrl.sync_counter` counts these reads in the tests).
+whether the step was finite (:mod:`fastrl.ipc.sync_counter` counts these reads in the tests).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import math
 import torch
 from torch import nn
 
-from ..config import Config
-from ..timing import Timers
+from ..config.schema import Config
+from ..reporting.timers import Timers
 from .batch import Trajectories
 from .precision import learner_precision
 
@@ -66,7 +66,7 @@ class BaseLearner:
     "float32" or "bfloat16"."""
 
     # Names of ``timers``, read as 0.0 until first timed: cumulative seconds that the host reports
-    # among the learner's metrics (fastrl.metrics.LEARNER_STATS).
+    # among the learner's metrics (fastrl.reporting.metrics.LEARNER_STATS).
     TIMERS = ("forward_backward_s", "vtrace_s", "optimizer_s")
 
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
@@ -94,7 +94,7 @@ class BaseLearner:
         self.skipped_updates = 0
         self.consecutive_skips = 0
         self.timers = Timers(*self.TIMERS)
-        # Data-parallel hook (fastrl.distributed.GradientAverager): averages gradients across
+        # Data-parallel hook (fastrl.distributed.process_group.GradientAverager): averages gradients across
         # ranks, given whether this rank's are finite; returns whether every rank's were.
         self.grad_sync = None
 

@@ -3,7 +3,7 @@ prioritized replay inside the learner.
 
 The actors are the rollout workers and the batcher that serve V-trace: the batcher acts
 epsilon-greedily on the dueling network's Q-values with one epsilon per env
-(:func:`fastrl.inference.apex_epsilons`). Full trajectory slots reach :meth:`DQNLearner.train`
+(:func:`fastrl.sampling.batcher.apex_epsilons`). Full trajectory slots reach :meth:`DQNLearner.train`
 as :class:`~fastrl.learner.Trajectories` batches. Every step enters the replay with a priority
 from its n-step TD error under the current networks (Ape-X computes it in the actor; here the
 learner holds the networks and the whole trajectory, so it is computed once, batched, on the
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Config
+from ..config.schema import Config
 from ..kernels import nstep_targets
-from ..models import build_model
-from ..replay import TransitionReplay
+from ..models.networks import build_model
+from ..replay.buffer import TransitionReplay
 from .batch import Trajectories
 from .losses import td_loss
 from .qlearning import PRIORITY_EPS, ReplayQLearner
@@ -32,7 +32,7 @@ from .replay_feed import add_trajectories
 
 class DQNLearner(ReplayQLearner):
     """Ape-X DQN: the online network ``model``, its ``target`` copy and a prioritized
-    :class:`~fastrl.replay.TransitionReplay`; driven like every learner of the family."""
+    :class:`~fastrl.replay.buffer.TransitionReplay`; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
                  device: torch.device | str = "cpu", device_path: bool | None = None):

@@ -11,16 +11,16 @@ import os
 import numpy as np
 import torch
 
-from .. import distributed
-from ..checkpoint import CheckpointError
-from ..config import Config
-from ..process_utils import ProcessExit, ReadablePipes, configure_child
-from ..rank_watch import PEER_FAILURE
-from ..shm import Arena, Control, set_error
-from ..policy_map import PolicyMap, policy_map
-from ..slots import PolicyQueues, slot_bytes, slot_ids_from
-from ..timing import Timers
-from .policies import PolicyRuntimes, make_policy_learners, restore_policies
+from ..distributed import process_group as distributed
+from ..files.checkpoint import CheckpointError
+from ..config.schema import Config
+from ..ipc.child import ProcessExit, ReadablePipes, configure_child
+from ..run.rank_heartbeat import PEER_FAILURE
+from ..ipc.arena import Arena, Control, set_error
+from ..multiagent.policy_map import PolicyMap, policy_map
+from ..ipc.slots import PolicyQueues, slot_bytes, slot_ids_from
+from ..reporting.timers import Timers
+from .policy_set import PolicyRuntimes, make_policy_learners, restore_policies
 from .runtime import NonFiniteTraining
 
 
@@ -72,7 +72,7 @@ class DistributedStop:
 
 
 class FullSlots:
-    """The learner's side of the slot protocol (fastrl.slots.PolicyQueues) over its ends of the
+    """The learner's side of the slot protocol (fastrl.ipc.slots.PolicyQueues) over its ends of the
     slot pipes, one pair per rollout worker (``channels``: full-slot pipes in, free-slot pipes
     out): full slot ids queued per policy in arrival order and taken a batch at a time; slots
     handed back to the worker that owns them once copied out (``release``)."""
@@ -116,10 +116,10 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                     policies: PolicyMap | None = None) -> None:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
     one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
-    checkpoint into (fastrl.distributed). ``run_dir_lock`` is the runner's lock on ``run_dir``
-    (fastrl.run_dir.RunDirLock): received, this process holds it too until it exits, so the final
+    checkpoint into (fastrl.distributed.process_group). ``run_dir_lock`` is the runner's lock on ``run_dir``
+    (fastrl.files.run_dir.RunDirLock): received, this process holds it too until it exits, so the final
     checkpoint it writes after the runner was killed still belongs to this run. ``policies``: the
-    run's (fastrl.learner.policies trains each); None, one policy."""
+    run's (fastrl.learner.policy_set trains each); None, one policy."""
     configure_child(parent_pid, cfg.retain_freed_memory)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
@@ -174,7 +174,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     except RuntimeError as exc:
         if not (parallel and distributed.is_peer_failure(exc)):
             raise
-        # The runner names the rank that went away (fastrl.rank_watch); the weights are those of
+        # The runner names the rank that went away (fastrl.run.rank_heartbeat); the weights are those of
         # the last update every rank made, so the final checkpoint below is sound.
         stopping.peer_lost = True
         set_error(arena, f"{PEER_FAILURE} ({str(exc).splitlines()[0][:200]})")

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Config
-from ..replay import ReplayRatio
+from ..config.schema import Config
+from ..replay.buffer import ReplayRatio
 from .base import BaseLearner
 from .batch import Trajectories
 

@@ -3,8 +3,8 @@ Learning"): the Ape-X actors with a recurrent dueling Q-network and a sequence r
 the recurrent state each sequence started with.
 
 The actors are the rollout workers and the batcher: epsilon-greedy on the recurrent Q-network,
-one epsilon per env (:func:`fastrl.inference.apex_epsilons`), each env's state in the arena.
-Every full trajectory slot enters a :class:`~fastrl.replay.SequenceReplay` with the state its
+one epsilon per env (:func:`fastrl.sampling.batcher.apex_epsilons`), each env's state in the arena.
+Every full trajectory slot enters a :class:`~fastrl.replay.buffer.SequenceReplay` with the state its
 first step was acted with; sequences of ``replay.sequence_length`` steps start every
 ``learner.rollout`` steps, at slot starts, so R2D2's overlapping 80-step sequences every 40 steps
 are ``replay.sequence_length = 80`` with ``learner.rollout = 40``. New sequences enter with the
@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import Config
-from ..device_io import BatchTransfer
+from ..config.schema import Config
+from ..ipc.device_io import BatchTransfer
 from ..kernels import nstep_targets
-from ..models import build_model
-from ..replay import SequenceBatch, SequenceReplay
+from ..models.networks import build_model
+from ..replay.buffer import SequenceBatch, SequenceReplay
 from .base import unroll
 from .batch import Trajectories
 from .losses import inverse_value_rescale, sequence_priorities, td_loss, value_rescale
@@ -42,7 +42,7 @@ from .replay_feed import add_trajectories
 
 class R2D2Learner(ReplayQLearner):
     """Recurrent Ape-X: the online network ``model``, its ``target`` copy and a prioritized
-    :class:`~fastrl.replay.SequenceReplay` with stored states; driven like every learner of the family."""
+    :class:`~fastrl.replay.buffer.SequenceReplay` with stored states; driven like every learner of the family."""
 
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
                  device: torch.device | str = "cpu", device_path: bool | None = None):

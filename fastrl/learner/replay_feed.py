@@ -14,7 +14,7 @@ def add_trajectories(replay, batch: Trajectories, rewards: torch.Tensor, env_ids
 
     ``fresh[b]`` marks an env's first trajectory since its worker (re)started: its episode did
     not continue the stream's last record, so the stream is restarted before that column
-    (:meth:`fastrl.replay.TransitionReplay.restart_streams`). ``per_step``: further ``[T, B, ...]``
+    (:meth:`fastrl.replay.buffer.TransitionReplay.restart_streams`). ``per_step``: further ``[T, B, ...]``
     numpy arrays for ``add`` (``priorities``, ``behaviour_logp``, ``states``)."""
     T, B = rewards.shape
     env_ids = np.asarray(env_ids, dtype=np.int64)

@@ -44,7 +44,7 @@ class ReturnScale:
         self.count = 0.0
         self.mean = 0.0
         self.var = 1.0
-        # Data-parallel hook (fastrl.distributed.join_data_parallel): this rank's batch moments
+        # Data-parallel hook (fastrl.distributed.process_group.join_data_parallel): this rank's batch moments
         # [3] float64 -> every rank's, [world_size, 3]. None: this process alone.
         self.gather: Callable[[np.ndarray], np.ndarray] | None = None
 

@@ -6,13 +6,13 @@ import time
 import numpy as np
 import torch
 
-from ..checkpoint import capture_rng, restore_rng, save_checkpoint
-from ..config import Config
-from ..device_io import pinned_empty
-from ..metrics import write_learner_stats
-from ..models import num_state_values, state_to_flat
-from ..shm import Control, WeightBuffer
-from ..timing import Timers
+from ..files.checkpoint import capture_rng, restore_rng, save_checkpoint
+from ..config.schema import Config
+from ..ipc.device_io import pinned_empty
+from ..reporting.metrics import write_learner_stats
+from ..models.networks import num_state_values, state_to_flat
+from ..ipc.arena import Control, WeightBuffer
+from ..reporting.timers import Timers
 from .base import BaseLearner
 from .staging import BatchFeed, Gathered
 
@@ -30,7 +30,7 @@ class LearnerRuntime:
         self.learner = learner
         self.run_dir = run_dir
         self.world_size = world_size
-        self.policy = policy  # its weight set and learner_stats row (fastrl.policy_map)
+        self.policy = policy  # its weight set and learner_stats row (fastrl.multiagent.policy_map)
         self.weights = WeightBuffer(arena, policy)
         # [P] weights as published. On the learner's device path they are gathered on the device
         # and reach this (pinned) buffer in one copy: one wait per publication, not one per tensor.
@@ -52,7 +52,7 @@ class LearnerRuntime:
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
 
     def trained_seconds(self) -> float:
-        """The runner's clocks (fastrl.metrics.Reporter.tick): what the time budget counts."""
+        """The runner's clocks (fastrl.reporting.metrics.Reporter.tick): what the time budget counts."""
         return float(self.arena.control[Control.TRAINED_MS]) / 1000
 
     def wall_time(self) -> float:

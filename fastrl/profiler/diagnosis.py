@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..metrics import INFERENCE_TIMINGS, LEARNER_STATS, WORKER_TIMINGS
+from ..reporting.metrics import INFERENCE_TIMINGS, LEARNER_STATS, WORKER_TIMINGS
 
 MIN_WINDOW_S = 0.5
 STARTUP_MARGIN = 1.2  # later runs may start slower than the first (more workers, more envs)
@@ -78,7 +78,7 @@ def _component(group: str, timing: str) -> str:
 def breakdown(report_a: dict, report_b: dict, num_workers: int) -> dict:
     """The component breakdown of the window between two reports of one run.
 
-    Reports hold cumulative component seconds (fastrl.metrics): ``rollout/*`` summed over the
+    Reports hold cumulative component seconds (fastrl.reporting.metrics): ``rollout/*`` summed over the
     ``num_workers`` rollout workers, ``inference/*`` of the batcher, ``learner/*`` of the learner.
     Returns shares of the window's wall time per process group (rollout shares are per worker:
     divided by ``num_workers``), keyed ``group/component`` without the ``_s``; ``*/other`` is the

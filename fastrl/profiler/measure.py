@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config import Config, validate
+from ..config.schema import Config, validate
 from .diagnosis import (MIN_WINDOW_S, STARTUP_MARGIN, Diagnosis, LateStart, ProfileError, breakdown, diagnose,
                         steady_window, window_measured)
 from .rawenv import measure_env
@@ -73,7 +73,7 @@ def measure_run(cfg: Config, seconds: float, warmup_s: float, sample_only: bool,
     result's ``startup_s`` is how long this run took to flow (an allowance for the next)."""
     # Imported here, not above: the runner imports torch, and the raw env processes import this
     # module and, like rollout workers, should not pay for torch.
-    from ..runner import train
+    from ..run.training import train
 
     if cfg.serial:
         raise ProfileError("serial=true runs everything in one process; the profiler measures the process layout: "
@@ -87,7 +87,7 @@ def measure_run(cfg: Config, seconds: float, warmup_s: float, sample_only: bool,
     with tempfile.TemporaryDirectory(prefix="fastrl-profile-") as tmp:
         run_dir = Path(tmp)
         with ProcessSampler(lambda: _read_pids(run_dir)) as sampler:
-            t0 = time.time()  # report wall_time counts from the train() call (fastrl.metrics)
+            t0 = time.time()  # report wall_time counts from the train() call (fastrl.reporting.metrics)
             reports = []
 
             def measured(report: dict) -> bool:

@@ -1,12 +1,12 @@
 """The profile's PNG (fastrl-profile --plot): throughput bars and the component breakdown, drawn
-with the helpers every fastrl figure shares (``fastrl.plotting``; ``PlotError`` and ``pyplot`` are
+with the helpers every fastrl figure shares (``fastrl.reporting.figures``; ``PlotError`` and ``pyplot`` are
 re-exported from there for ``fastrl.profiler``'s callers)."""
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
 
-from ..plotting import PlotError, engineering_axis, pyplot, save
+from ..reporting.figures import PlotError, engineering_axis, pyplot, save
 from .diagnosis import GROUPS, share_keys
 from .measure import ProfileResult
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import gymnasium
 import numpy as np
 
-from ..config import Config
-from ..process_utils import configure_child
-from ..rollout import make_worker_env
-from ..spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
+from ..config.schema import Config
+from ..ipc.child import configure_child
+from ..sampling.rollout_worker import make_worker_env
+from ..envs.spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
 
@@ -35,7 +35,7 @@ class EnvMeasurement:
 
 def random_action_table(space, batch_size: int, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` batches of uniform random actions as ``VecEnv.send`` takes them (flat and
-    zero-based, fastrl.spaces.ActionLayout): [count, batch_size, *layout.shape]. Box bounds that
+    zero-based, fastrl.envs.spaces.ActionLayout): [count, batch_size, *layout.shape]. Box bounds that
     are infinite are replaced by [-1, 1]."""
     if isinstance(space, gymnasium.spaces.Discrete):
         return rng.integers(0, space.n, size=(count, batch_size), dtype=np.int64)
@@ -53,7 +53,7 @@ def random_action_table(space, batch_size: int, count: int, rng: np.random.Gener
 def legal_random_actions(layout: ActionLayout, mask: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     """Uniform random actions among those ``mask`` allows, as ``VecEnv.send`` takes them (``[B]``
     for Discrete, ``[B, k]`` for MultiDiscrete): ``mask`` ``[B, ...]`` holds one flag per category of
-    each part (fastrl.spaces), ``uniform`` float ``[B, layout.num_logits]`` draws in [0, 1). A part
+    each part (fastrl.envs.spaces), ``uniform`` float ``[B, layout.num_logits]`` draws in [0, 1). A part
     with no legal category gets category 0."""
     scores = np.where(mask.reshape(len(mask), -1) != 0, uniform, -1.0)
     columns = [scores[:, part.param_slice].argmax(axis=1) for part in layout.parts]

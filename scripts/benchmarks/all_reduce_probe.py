@@ -1,5 +1,5 @@
 """One rank of ``scripts/bench.py scaling``'s all-reduce probe, launched by torchrun: the seconds
-one update's gradient all-reduce takes (fastrl.distributed.GradientAverager on the profile's
+one update's gradient all-reduce takes (fastrl.distributed.process_group.GradientAverager on the profile's
 model, on the device and over the network interface a training run would use) with nothing else
 running, so the figure is the link's cost alone, without waiting for a slower rank.
 
@@ -25,11 +25,11 @@ def main() -> None:
 
     import torch
 
-    from fastrl import distributed
-    from fastrl.config import build_config, parse_override
+    from fastrl.distributed import process_group as distributed
+    from fastrl.config.schema import build_config, parse_override
     from fastrl.envs import probe_env
-    from fastrl.models import build_model
-    from fastrl.preflight import resolve_device
+    from fastrl.models.networks import build_model
+    from fastrl.run.preflight import resolve_device
 
     cfg = build_config(args.profile, dict(parse_override(item) for item in args.set))
     spec = probe_env(cfg)

@@ -13,10 +13,10 @@ Each round times ``--calls`` train() calls after one warm-up call. With ``--comp
 also times the variant named, side by side, and the ratio of the medians is printed:
 
 - ``nchw-input``: the learner scales images into NCHW memory instead of straight into the NHWC
-  memory its channels-last conv weights use (fastrl.encoders.scale_obs).
+  memory its channels-last conv weights use (fastrl.models.encoders.scale_obs).
 - ``torch-ops``: the network's forward and backward passes, the categorical head's log-probs
   and entropies and APPO's loss by torch ops instead of numpy's BLAS and compiled kernels
-  (fastrl.mlp_policy, fastrl.heads, fastrl.learner.losses).
+  (fastrl.sampling.numpy_mlp, fastrl.models.heads, fastrl.learner.losses).
 
 ``--arithmetic`` also prints the floating-point work of one train() (torch's FlopCounterMode over
 the torch ops: a numpy/numba learner, CartPole's, is not counted), the rate the median call
@@ -32,14 +32,14 @@ import time
 
 import torch
 
-from fastrl import models
-from fastrl.allocator import retain_freed_memory
-from fastrl.config import build_config
-from fastrl.encoders import scale_obs
+from fastrl.models import networks as models
+from fastrl.ipc.allocator import retain_freed_memory
+from fastrl.config.schema import build_config
+from fastrl.models.encoders import scale_obs
 from fastrl.envs import probe_env
 from fastrl.learner import Trajectories, make_learner
 from fastrl.profiler import hardware
-from fastrl.spaces import ObsLayout
+from fastrl.envs.spaces import ObsLayout
 
 from .options import add_rounds, add_set, add_setup, load_setup, overrides
 
@@ -65,7 +65,7 @@ def random_batch(cfg, spec, seed: int) -> Trajectories:
 
 
 def nchw_scaling(obs, scale, dtype=torch.float32, channels_last=False):
-    """fastrl.encoders.scale_obs into NCHW memory, whatever the weights' memory format."""
+    """fastrl.models.encoders.scale_obs into NCHW memory, whatever the weights' memory format."""
     return scale_obs(obs, scale, dtype)
 
 

@@ -5,7 +5,7 @@ time to the promised threshold, median over seeds, and the learning curves.
     python scripts/bench.py learning --profile mujoco-appo --set device=cpu
     python scripts/bench.py learning --profile atari-appo --budget-seconds 3600 --seeds 1 --set device=cpu
 
-The promise is the profile's ``[expect]`` table (fastrl.config.ExpectConfig), e.g.
+The promise is the profile's ``[expect]`` table (fastrl.config.schema.ExpectConfig), e.g.
 
     [expect]
     metric = "episode_return_mean"
@@ -45,13 +45,13 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fastrl.config import ExpectConfig, build_config
+from fastrl.config.schema import ExpectConfig, build_config
 from fastrl.learner.runtime import NonFiniteTraining
-from fastrl.learning_curves import EVAL_KEYS, EVAL_X, metrics_rows, plot_learning_curves
-from fastrl.plotting import pyplot
+from fastrl.reporting.curves import EVAL_KEYS, EVAL_X, metrics_rows, plot_learning_curves
+from fastrl.reporting.figures import pyplot
 from fastrl.profiler import hardware
-from fastrl.run_dir import holds_run
-from fastrl.runner import RunError, train
+from fastrl.files.run_dir import holds_run
+from fastrl.run.training import RunError, train
 
 from .options import add_set, overrides
 from .threshold import first_reaching, is_number, median_to_threshold
@@ -87,7 +87,7 @@ def _number(text: str) -> float:
 
 
 def profile_promise(profile: str, expect: ExpectConfig) -> Promise:
-    """The promise of a profile's ``[expect]`` table (fastrl.config validated its form);
+    """The promise of a profile's ``[expect]`` table (fastrl.config.schema validated its form);
     PromiseError (one line naming the profile) when it states none."""
     if not expect.stated:
         raise PromiseError(f"profile '{profile}' states no promise: add an [expect] table (metric, threshold, "

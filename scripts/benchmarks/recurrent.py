@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import tempfile
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.profiler import hardware
-from fastrl.runner import train
+from fastrl.run.training import train
 
 from .options import add_set, load_setup, overrides
 from .threshold import first_reaching, median_to_threshold

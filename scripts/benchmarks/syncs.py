@@ -3,7 +3,7 @@
     python scripts/bench.py syncs [--device cpu|cuda] [--calls 3]
 
 Each component runs once to warm up (the optimizers make their state on their first step), then
-``--calls`` times under :class:`fastrl.sync_counter.SyncCounter`. With ``--device cuda`` the
+``--calls`` times under :class:`fastrl.ipc.sync_counter.SyncCounter`. With ``--device cuda`` the
 counts are what the GPU really waits for; on the CPU they are what it would wait for if every
 tensor but a non-fused Adam's step counters lived on an accelerator. That is an upper bound
 (the batcher's CPU-only numba sampler reads its logits as numpy, a GPU samples in torch), and
@@ -16,14 +16,14 @@ import copy
 import numpy as np
 import torch
 
-from fastrl.config import build_config
+from fastrl.config.schema import build_config
 from fastrl.envs import probe_env
-from fastrl.inference import InferenceBatcher
+from fastrl.sampling.batcher import InferenceBatcher
 from fastrl.learner import DQNLearner, R2D2Learner, Trajectories, VTraceLearner
-from fastrl.models import num_state_values, state_to_flat
-from fastrl.runner import arena_layout
-from fastrl.shm import Arena, WeightBuffer
-from fastrl.sync_counter import SyncCounter, optimizer_steps
+from fastrl.models.networks import num_state_values, state_to_flat
+from fastrl.run.training import arena_layout
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
 
 
 def random_trajectories(cfg, spec, seed: int) -> Trajectories:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from fastrl.config import build_config
-from fastrl.policy_eval import evaluate_run
+from fastrl.config.schema import build_config
+from fastrl.evaluation.episodes import evaluate_run
 from fastrl.profiler import hardware, profile
-from fastrl.runner import train
+from fastrl.run.training import train
 
 from .options import load_setup
 from .threshold import first_reaching, median_to_threshold

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from fastrl.config import build_config
-from fastrl.learning_curves import metrics_rows
+from fastrl.config.schema import build_config
+from fastrl.reporting.curves import metrics_rows
 from fastrl.profiler import hardware
 
 from .options import add_rounds, add_set, overrides

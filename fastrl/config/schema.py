@@ -1,0 +1,1068 @@
+"""Configuration: dataclasses with defaults, profile loading, ``--set`` overrides, validation.
+
+A config has top-level keys (``device``, ``seed``, ...) and one section per table (``env``,
+``model``, ``learner``, ``replay``, ``eval``, ``inference``, ``logging``, ``expect``). Profiles in
+``profiles/*.toml`` use the same shape; ``--set section.key=value`` overrides one key, parsed by the
+field's declared type.
+
+Each key is declared once, on its dataclass field, with :func:`key`: its default, the values it
+allows (a :class:`Range` or :class:`Choices`), the algorithms that read it and its help. ``KEYS``
+collects them; ``check_section`` checks a section against them, ``validate`` every section and then
+the rules between keys, before any process starts; ``fastrl-train --list-keys`` and docs/config.md
+(fastrl.config.reference) print them.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from dataclasses import MISSING, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import tomli_w
+
+from ..ipc.arena import MAX_EVAL_OPPONENTS
+from ..ipc.slots import MAX_SPLITS
+
+DEFAULT_PROFILE = "cartpole-appo"
+ALGOS = ("appo", "impala", "dqn", "r2d2")
+VTRACE = ("appo", "impala")  # actor-critics learning from fresh trajectories through V-trace
+Q_LEARNERS = ("dqn", "r2d2")  # value-based: epsilon-greedy actors, a replay every batch goes through
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration problem; the message is one line that names the fix."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key allows: ``low`` to ``high``, each end included unless open.
+    NaN and infinities are never inside (no key means infinity)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value) -> bool:
+        if not (isinstance(value, int) or math.isfinite(value)):
+            return False
+        above = self.low < value if self.low_open else self.low <= value
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.low == -math.inf and self.high == math.inf:
+            return "finite"
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The values a string key allows: one of ``names``."""
+
+    names: tuple[str, ...]
+
+    def __contains__(self, value) -> bool:
+        return value in self.names
+
+    def __str__(self) -> str:
+        return f"one of {', '.join(self.names)}"
+
+
+@dataclass(frozen=True)
+class DeviceNames:
+    """The device names a key allows: ``names`` and ``cuda:N`` for any N; ``text`` says them."""
+
+    names: tuple[str, ...]
+    text: str
+
+    def __contains__(self, value) -> bool:
+        return isinstance(value, str) and (value in self.names or (value.startswith("cuda:") and value[5:].isdigit()))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+POLICY_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a policy's name is part of metric keys and file names
+POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
+FINITE = Range(-math.inf)
+# A duration beyond any run; the bound keeps datetime.timedelta (dist_timeout_s) from overflowing.
+SECONDS = Range(0, 10**9, low_open=True)
+SECONDS_OR_OFF = Range(0, 10**9)
+# Units of one layer: beyond this, one layer's weight matrix alone outgrows any host (65536^2
+# float32 is 16 GiB).
+LAYER_WIDTH = Range(1, 65536)
+# The smallest side the image encoders read, and below which [C, H, W] with W <= 4 would look
+# channels-last; the largest beyond an 8K screen.
+IMAGE_SIDE = Range(7, 8192)
+# Sizes and counts: each bound is far beyond any real run, so that a slip of the keyboard
+# (env.frame_stack=1000000000) is refused here in one line rather than as a MemoryError while the
+# env is probed, before the memory checks (fastrl.run.resources) can size the run.
+THREADS = Range(1, 1024)  # processes or threads on one machine: more than any has cores
+ENV_COUNT = Range(1, 2**16)  # envs one process steps
+FRAMES = Range(1, 256)  # frames skipped or stacked per observation
+STEPS = Range(1, 2**16)  # env steps of one trajectory or replayed sequence
+BATCH = Range(1, 2**24)  # env steps or transitions in one batch
+EPISODES = Range(1, 10**6)  # episodes one evaluation plays or one objective averages
+REPLAY_RECORDS = Range(1, 10**9)  # records in a replay: 500 times Ape-X's 2 million
+ANY_ACTION = Range(-2**31, 2**31 - 1)  # a Discrete space's values: the env's space bounds them further
+RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
+
+
+def key(default, *, help: str, allowed: Range | Choices | DeviceNames | None = None,
+        algos: tuple[str, ...] = ALGOS, unread: Range | None = None, saved_default=MISSING):
+    """A config field declared once: its ``default``, the ``allowed`` values (for a list, each
+    entry's), the ``algos`` that read it, and its ``help``. ``unread``, if given, is what is allowed
+    instead under an algorithm that does not read the key (else ``allowed`` holds everywhere).
+    ``saved_default``, if given, is what a saved config (a run's config.toml, a checkpoint's) that
+    lacks the key stands for: runs from before the key did otherwise than ``default``."""
+    metadata = {"allowed": allowed, "algos": algos, "help": help, "unread": unread, "saved_default": saved_default}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class EnvConfig:
+    """The environments: which, made by which backend, and how they are spread over the rollout
+    worker processes."""
+
+    id: str = key("CartPole-v1", help="envpool task id, gymnasium id, `module:callable` factory of one env, or "
+                            "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module, or a turn-based AEC one)")
+    backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
+                       help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
+    num_workers: int = key(2, allowed=THREADS, help="rollout worker processes")
+    envs_per_worker: int = key(256, allowed=ENV_COUNT, help="envs each worker steps; a multiple of env.num_splits; "
+                                                                  "for a multi-agent env, agent rows (a split holds whole games; a "
+                                                                  "turn-based game of n seats needs env.num_splits a "
+                                                                  "multiple of n)")
+    # A request travels as one byte (fastrl.ipc.slots): MAX_SPLITS keeps two generation tags, so that a
+    # restarted worker ignores replies meant for the one it replaced.
+    num_splits: int = key(2, allowed=Range(1, MAX_SPLITS),
+                          help="double buffering: the worker steps one split of its envs while another waits for "
+                               "actions")
+    async_mode: bool = key(False, help="envpool's async send/recv inside each worker")
+    num_threads: int = key(0, allowed=Range(0, THREADS.high), help="envpool threads per worker; 0 = envpool's default")
+    thread_affinity: bool = key(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
+    kwargs: dict = key({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
+    info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
+                                        "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
+                                        "and factory envs")
+    actions: list[int] = key([], allowed=ANY_ACTION,
+                             help="the Discrete env's actions the policy chooses among, as the env numbers them "
+                                  "(a minimal action set); [] = all of them")
+    # Image preprocessing of gymnasium and factory envs (fastrl.envs.wrappers.image_preprocessing); envpool's
+    # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
+    frame_skip: int = key(1, allowed=FRAMES,
+                          help="repeat each action this many env frames, rewards summed, never past an episode's "
+                               "end; frames = env steps x frame_skip")
+    resize: list[int] = key([], allowed=IMAGE_SIDE, help="[height, width] of image observations (cv2 INTER_AREA); "
+                                                          "[] keeps their size")
+    grayscale: bool = key(False, help="image observations as one luminance channel (cv2 RGB2GRAY)")
+    frame_stack: int = key(1, allowed=FRAMES,
+                           help="the last n frames of an image observation stacked along channels (CHW, oldest "
+                                "first); an episode's first frame fills the stack")
+    image_keys: list[str] = key([], help="the leaves of a Dict observation preprocessed as images (key paths joined "
+                                         "by '.'); [] = every uint8 [height, width, channels] leaf, channels 1, 3 "
+                                         "or 4")
+
+
+@dataclass
+class ModelConfig:
+    """The network: its encoder, an optional recurrent core, and the heads the algorithm needs."""
+
+    kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple",
+                                             "impala_resnet")),
+                    help="the encoder; auto: an MLP for vectors, a small CNN for images")
+    hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH,
+                                  help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")
+    activation: str = key("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")
+    normalize_obs: bool = key(False, help="running mean/std normalization of float observations, kept in the model")
+    core: str = key("none", allowed=Choices(("none", "lstm", "gru")), algos=("appo", "impala", "r2d2"),
+                    help="a recurrent core between the encoder and the heads (dqn refuses one: use r2d2)")
+    core_size: int = key(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
+                         help="units of each recurrent layer")
+    core_layers: int = key(1, allowed=Range(1, 64), algos=("appo", "impala", "r2d2"), help="recurrent layers")
+    core_memory_steps: int = key(64, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"),
+                                 help="the horizon a new core keeps memories for (chrono initialization: each "
+                                      "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
+                                      "which halves a memory every step")
+    image_trunk: str = key("relu", allowed=Choices(("relu", "mlp")), saved_default="mlp",
+                           help="a Dict observation with image leaves (or code grids) read by CNNs: relu joins "
+                                "their features and the other leaves in one ReLU layer as wide as the CNNs' "
+                                "features; mlp in the MLP of model.hidden_sizes and model.activation (what a "
+                                "saved run without this key reads as)")
+    encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
+    # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
+    separate_critic: bool = key(False, algos=VTRACE,
+                                help="feed-forward only: the value head gets its own encoder (same shape) instead "
+                                     "of sharing the policy's")
+    # Inside fastrl.models.heads.LOG_STD_RANGE, which clamps the log-std the network outputs.
+    initial_log_std: float = key(0.0, allowed=Range(-5.0, 2.0, low_open=True, high_open=True), algos=VTRACE,
+                                 help="Box actions: the Gaussian policy's log-std at the start (0: std 1, the "
+                                      "action range's width)")
+
+
+@dataclass
+class LearnerConfig:
+    """The learning algorithm and its hyperparameters."""
+
+    algo: str = key("appo", allowed=Choices(ALGOS),
+                    help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X) or r2d2 "
+                         "(recurrent Ape-X)")
+    rollout: int = key(32, allowed=STEPS,
+                       help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
+    batch_size: int = key(8192, allowed=BATCH, help="env steps per learner batch; a multiple of learner.rollout")
+    num_epochs: int = key(1, allowed=Range(1, 1000), algos=VTRACE, help="passes over each batch")
+    num_minibatches: int = key(1, allowed=AT_LEAST_1, algos=VTRACE,
+                               help="minibatches each pass splits the batch's trajectories into")
+    lr: float = key(3e-4, allowed=POSITIVE, help="Adam's learning rate")
+    lr_decay: bool = key(True, help="decay the learning rate linearly to 0 over the run's budget")
+    adam_eps: float = key(1e-5, allowed=POSITIVE, help="Adam's epsilon")
+    gamma: float = key(0.99, allowed=UNIT, help="discount factor")
+    vtrace_lambda: float = key(1.0, allowed=UNIT, algos=VTRACE, help="V-trace's lambda (trace decay)")
+    clip_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's rho-bar: clips the value target's "
+                                                                   "importance weights")
+    clip_c: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's c-bar: clips the traces")
+    clip_pg_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE,
+                             help="clips the policy gradient's importance weights")
+    ppo_clip: float = key(0.2, allowed=POSITIVE, algos=("appo",), help="PPO's surrogate clip range")
+    value_coef: float = key(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
+    entropy_coef: float = key(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
+    # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
+    max_grad_norm: float = key(0.5, allowed=POSITIVE, help="gradients are clipped to this global norm")
+    normalize_advantages: bool = key(True, algos=("appo",),
+                                     help="advantages to zero mean and unit std over each minibatch's valid steps")
+    normalize_returns: bool = key(False, algos=VTRACE,
+                                  help="divide rewards by the running std of the discounted return (per env stream, "
+                                       "pooled over torch.distributed ranks)")
+    reward_clip: float = key(0.0, allowed=NON_NEGATIVE,
+                             help="0 = off; else rewards are clipped to [-reward_clip, reward_clip]")
+    reward_scale: float = key(1.0, allowed=POSITIVE, help="rewards are multiplied by this")
+    max_policy_lag: int = key(100, allowed=NON_NEGATIVE, algos=VTRACE,
+                              help="transitions acted by a policy this many updates older are masked out of the loss")
+    max_consecutive_skips: int = key(50, allowed=AT_LEAST_1, help="non-finite updates in a row before the run stops")
+    burn_in: int = key(0, allowed=NON_NEGATIVE, algos=VTRACE,
+                       help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
+    torch_threads: int = key(1, allowed=THREADS, help="torch's intra-op threads in the learner")
+    # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
+    precision: str = key("float32", allowed=Choices(("float32", "bfloat16", "auto")),
+                         help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, V-trace "
+                              "and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
+    # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/sampling/numpy_mlp.py
+    # NumpyMLPActorCritic; docs/results.md has the measured gain).
+    numpy_mlp: bool = key(True, algos=VTRACE,
+                          help="on a CPU in float32, a plain MLP actor-critic over discrete actions trains through "
+                               "numpy and numba")
+    # Ape-X (Horgan et al. 2018): env i of N acts epsilon-greedily with
+    # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
+    epsilon: float = key(0.4, allowed=UNIT, algos=Q_LEARNERS, unread=FINITE,
+                         help="the base exploration rate: env i of N acts with epsilon ** (1 + epsilon_alpha * i / "
+                              "(N - 1))")
+    epsilon_alpha: float = key(7.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS, unread=FINITE,
+                               help="how fast the exploration rate falls over the envs")
+    target_update_every: int = key(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
+                                   help="gradient steps between target-network copies")
+    double_q: bool = key(True, algos=Q_LEARNERS,
+                         help="the online network picks the bootstrap action, the target network rates it")
+
+
+@dataclass
+class ReplayConfig:
+    """The learner's replay memory: storage, prioritized sampling, how much. fastrl.replay.buffer's
+    TransitionReplay and SequenceReplay take it as it is; what the learner decides (gamma, the
+    sequence length) they take as arguments. dqn and r2d2 replay every batch; appo and impala
+    replay when replay.vtrace_fraction > 0."""
+
+    capacity: int = key(1_000_000, allowed=REPLAY_RECORDS, help="records (env steps) kept, over all envs of this learner")
+    min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high), help="records stored before the first replayed batch")
+    alpha: float = key(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
+    beta: float = key(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
+    n_step: int = key(3, allowed=Range(1, 1000), algos=Q_LEARNERS, help="steps summed before bootstrapping")
+    frame_stack: int = key(1, allowed=FRAMES,
+                           help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
+    compress: str = key("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
+    memmap_dir: str = key("", help="a directory: raw frames in a scratch file there (beyond RAM); \"\" keeps them in "
+                                   "RAM")
+    threads: int = key(2, allowed=THREADS, help="threads that copy and (de)compress frames")
+    batch_size: int = key(512, allowed=BATCH, algos=Q_LEARNERS,
+                          help="transitions (r2d2: sequences) per gradient step")
+    replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS,
+                              help="transitions sampled per env step added; > 0")
+    vtrace_fraction: float = key(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
+                                 help="share of each batch drawn from replayed trajectories")
+    sequence_length: int = key(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
+    burn_in: int = key(40, allowed=NON_NEGATIVE, algos=("r2d2",),
+                       help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
+
+
+# Research code builds replays by hand from this name (fastrl.replay.buffer's docstring shows how).
+ReplaySettings = ReplayConfig
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during training: its own envs, the latest published weights, off the hot path."""
+
+    every_s: float = key(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
+    episodes: int = key(10, allowed=EPISODES, help="complete episodes per evaluation")
+    deterministic: bool = key(True, algos=VTRACE,
+                              help="argmax / mean actions (a Q-learner always acts greedily)")
+    num_envs: int = key(10, allowed=ENV_COUNT,
+                        help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
+    video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
+                               help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
+    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply "
+                                        f"or MODULE:CALLABLE, as fastrl-eval --opponent), each played "
+                                        f"eval.episodes episodes an evaluation by the first policy, every seat in "
+                                        f"turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
+                                        f"{MAX_EVAL_OPPONENTS}")
+
+
+@dataclass
+class InferenceConfig:
+    """The inference batcher's policy."""
+
+    compile: bool = key(False, help="pad each batch to one of a few sizes and run the policy through torch.compile "
+                                    "(CUDA graphs on a GPU); the first batches of each size pay the compile")
+    device: str = key("", allowed=DeviceNames(("", "cpu"), "'' (the run's device), cpu or cuda:N"),
+                      help="where the batcher runs the policy; cuda:N (one process, not under torchrun) keeps its "
+                           "small batches off the learner's GPU")
+    numpy_mlp: bool = key(True, algos=VTRACE,
+                          help="on a CPU, a plain MLP policy over discrete actions acts through numpy and numba "
+                               "instead of torch ops")
+    # For small networks whose batches are already large (CartPole's 512 envs a request), where
+    # the round trip and the batcher's loop cost more than the forward pass.
+    in_workers: bool = key(False, help="each rollout worker runs the policy on its own CPU and no batcher process "
+                                       "runs (serial mode acts inline either way)")
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go besides metrics.jsonl and TensorBoard."""
+
+    wandb: bool = key(False, help="log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)")
+    wandb_project: str = key("fastrl", help="the W&B project")
+    wandb_entity: str = key("", help="the W&B entity; \"\" = your default")
+    wandb_group: str = key("", help="the W&B group; \"\" = no group")
+
+
+@dataclass
+class PoliciesConfig:
+    """The run's policies and which one acts for, and trains on, each agent's rows
+    (docs/multiagent.md). Each policy has its own weights, learner, checkpoints and metrics."""
+
+    names: list[str] = key(["main"], help="the run's policies; with mapping=per_agent leave it at the default: "
+                                          "each policy is named after its agent")
+    mapping: str = key("shared", help="agent -> policy: shared (every agent -> the first of policies.names), "
+                                      "per_agent (one policy per agent), or module:fn, fn(agent_id) -> a policy name")
+
+
+@dataclass
+class SelfPlayConfig:
+    """Self-play against a league of frozen snapshots of the policy (docs/multiagent.md): per game
+    the policy plays one seat drawn at random and a snapshot every other seat; snapshot rows are
+    never trained on."""
+
+    enabled: bool = key(False, help="play against the league of the policy's own snapshots (a multi-agent env, "
+                                    "one policy)")
+    snapshot_every: int = key(100, allowed=AT_LEAST_1, help="learner updates between snapshots")
+    max_snapshots: int = key(8, allowed=Range(1, 64), help="snapshots kept in the league; the oldest goes first")
+    latest_prob: float = key(0.5, allowed=UNIT, help="chance a game's opponent is the newest snapshot; otherwise "
+                                                     "one of the others, drawn by prioritized fictitious self-play")
+    pfsp_power: float = key(2.0, allowed=NON_NEGATIVE,
+                            help="PFSP weights each older snapshot (1 - win rate against it) ** pfsp_power "
+                                 "(0: uniform)")
+    pfsp_window: int = key(100, allowed=AT_LEAST_1,
+                           help="PFSP's win rate against a snapshot counts the policy's latest games against "
+                                "it, at most this many (a policy that improves leaves its early losses behind)")
+
+
+# What pbt.objective may name besides "info/<key>", an env info number (INFO_PREFIX + the key).
+PBT_OBJECTIVES = ("episode_return_mean", "eval_return_mean")
+INFO_PREFIX = "info/"
+INFO_KEY = re.compile(r"[A-Za-z0-9_.-]+")  # an info key is part of metric keys: info/<key>
+
+
+def objective_info_key(objective: str) -> str | None:
+    """The env info key a pbt.objective of the form info/<key> names; None for any other."""
+    return objective[len(INFO_PREFIX):] if objective.startswith(INFO_PREFIX) else None
+
+
+PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
+               "learner.max_grad_norm", "learner.gamma")
+# What members may start apart in (pbt.start): keys only a member's own learner updates read. The
+# workers, the batcher and the arena follow the run's config, and a copy needs equal shapes.
+PBT_MEMBER_KEYS = PBT_MUTABLE + ("learner.num_epochs", "learner.lr_decay", "learner.adam_eps",
+                                 "learner.vtrace_lambda", "learner.clip_rho", "learner.clip_c", "learner.clip_pg_rho",
+                                 "learner.normalize_advantages", "learner.reward_clip", "learner.reward_scale",
+                                 "learner.max_policy_lag")
+
+
+@dataclass
+class PBTConfig:
+    """Population-based training (docs/pbt.md): ``population`` members share the rollout workers,
+    each game acted and trained by one member with its own learner and hyperparameters; every
+    ``period_env_steps`` the bottom members copy a top member and perturb its hyperparameters."""
+
+    population: int = key(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
+    period_env_steps: int = key(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
+    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE, help="env steps before the first exploit (at the later of this and "
+                                                      "pbt.period_env_steps)")
+    fraction: float = key(0.25, allowed=Range(0, 0.5, low_open=True),
+                          help="the bottom fraction copies the top fraction (at least one member each)")
+    margin_relative: float = key(0.05, allowed=NON_NEGATIVE,
+                                 help="a bottom member copies only when the top one leads by this share of "
+                                      "the top's |objective| ...")
+    margin_absolute: float = key(0.0, allowed=NON_NEGATIVE, help="... and by at least this much")
+    objective: str = key("episode_return_mean",
+                         help="what ranks members: episode_return_mean (their episodes' mean return since their "
+                              "last copy, at most the newest pbt.objective_episodes), eval_return_mean (their "
+                              "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
+                              "episodes' end, averaged as the return is)")
+    objective_episodes: int = key(100, allowed=EPISODES, help="a member's newest episodes its objective averages")
+    mutable: list[str] = key(list(PBT_MUTABLE[:5]),
+                             help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
+    perturb: list[float] = key([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
+                                                                    "these, drawn uniformly")
+    reset_prob: float = key(0.05, allowed=UNIT, help="chance a mutable value goes back to its start value instead")
+    control: bool = key(False, help="member 0 never copies nor mutates: a control run inside the population")
+    jitter: float = key(0.0, allowed=Range(0, 1, high_open=True),
+                        help="members 1.. start each mutable value not set in pbt.start multiplied by "
+                             "exp(u), u uniform in [-jitter, jitter]")
+    start: dict = key({}, help="start values per member: {\"learner.lr\" = [v0, v1, ...]} (one value per member); "
+                               "on the command line --set pbt.start.learner.lr=[v0,v1,...]")
+
+
+@dataclass
+class ExpectConfig:
+    """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
+    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
+    scripts/bench.py learning checks it; training never reads it. All empty: no promise."""
+
+    metric: str = key("", help="the metrics.jsonl key the promise is about")
+    threshold: float = key(0.0, allowed=FINITE, help="the value the metric reaches")
+    budget_env_steps: int = key(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
+    budget_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="within this much wall time (or budget_env_steps)")
+    hardware: str = key("", help="what the budget holds on; required with budget_seconds")
+
+    @property
+    def stated(self) -> bool:
+        return self != ExpectConfig()
+
+
+@dataclass
+class Config:
+    """A run: where it trains, for how long, how it keeps going; and one section per table."""
+
+    device: str = key("auto", allowed=RUN_DEVICES,
+                      help="where the learner (and the batcher, unless inference.device) runs; auto: a GPU if one "
+                           "is visible")
+    seed: int = key(0, allowed=Range(0, 2**32 - 1), help="seeds envs, networks and samplers (numpy takes 32 bits)")
+    train_for_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE,
+                                   help="stop at this many env steps, a resumed run's earlier ones included; "
+                                        "0 = no step limit")
+    train_for_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
+                                                                     "0 = no time limit")
+    slots_per_env: int = key(3, allowed=Range(2, 256),
+                             help="trajectory slots per env: one filling, the rest queued for the learner")
+    report_every_s: float = key(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
+    checkpoint_every_s: float = key(300.0, allowed=SECONDS, help="seconds between checkpoints")
+    keep_checkpoints: int = key(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
+    max_worker_restarts: int = key(10, allowed=NON_NEGATIVE,
+                                   help="rollout worker crashes tolerated within restart_window_s")
+    restart_window_s: float = key(300.0, allowed=SECONDS, help="the window max_worker_restarts counts crashes in")
+    dist_timeout_s: float = key(120.0, allowed=SECONDS,
+                                help="torch.distributed collectives wait this long for a peer, then fail (a rank "
+                                     "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
+                                     "an elastic restart waits this long for rank 0's decision, and rank 0 half "
+                                     "of it for the dead attempt's last process")
+    serial: bool = key(False, help="everything in one process, for debugging")
+    sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
+    retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "
+                                               "(fastrl.ipc.allocator): no page faults per batch, resident memory stays "
+                                               "at its peak")
+    # Linux's range; an unprivileged process may only raise it. It pays where a CPU learner bounds
+    # training (atari-appo on a CPU: 1.23x) and costs where the actors' round trips do
+    # (atari-appo-cpu, cartpole-appo): see fastrl.ipc.child.configure_child.
+    actor_niceness: int = key(0, allowed=Range(0, 19),
+                              help="added to the rollout workers' and the batcher's niceness, so that when cores "
+                                   "are short the learner comes first")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    expect: ExpectConfig = field(default_factory=ExpectConfig)
+    policies: PoliciesConfig = field(default_factory=PoliciesConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
+    pbt: PBTConfig = field(default_factory=PBTConfig)
+
+    @property
+    def info_keys(self) -> tuple[str, ...]:
+        """The env info keys recorded at every episode's end: env.info_keys, and the one a
+        population's pbt.objective names (info/<key>)."""
+        objective = objective_info_key(self.pbt.objective) if self.pbt.population else None
+        return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else [])]))
+
+    @property
+    def trajectories_per_batch(self) -> int:
+        return self.learner.batch_size // self.learner.rollout
+
+    @property
+    def total_envs(self) -> int:
+        return self.env.num_workers * self.env.envs_per_worker
+
+    @property
+    def num_slots(self) -> int:
+        return self.total_envs * self.slots_per_env
+
+    @property
+    def slots_per_worker(self) -> int:
+        """The block of slots each rollout worker owns (fastrl.ipc.slots)."""
+        return self.env.envs_per_worker * self.slots_per_env
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "replay": ReplayConfig,
+            "eval": EvalConfig, "inference": InferenceConfig, "logging": LoggingConfig, "expect": ExpectConfig,
+            "policies": PoliciesConfig, "selfplay": SelfPlayConfig, "pbt": PBTConfig}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key as declared with :func:`key`; ``name`` is ``section.field`` (``field`` at the top level)."""
+
+    name: str
+    type: typing.Any
+    default: typing.Any
+    allowed: Range | Choices | DeviceNames | None
+    algos: tuple[str, ...]
+    help: str
+    unread: Range | None
+    saved_default: typing.Any = MISSING
+
+    @property
+    def default_when_saved(self):
+        """What a saved config that lacks this key stands for."""
+        return self.default if self.saved_default is MISSING else self.saved_default
+
+    def allowed_under(self, algo: str | None):
+        """The values allowed when ``algo`` runs (None: as if an algorithm that reads the key)."""
+        if self.unread is not None and algo is not None and algo not in self.algos:
+            return self.unread
+        return self.allowed
+
+    def check(self, value, algo: str | None = None) -> None:
+        """Raise ConfigError (one line: the key, what it allows, the value) for a value outside it."""
+        allowed = self.allowed_under(algo)
+        if allowed is None:
+            return
+        if isinstance(value, list):
+            if not all(v in allowed for v in value):
+                raise ConfigError(f"config key '{self.name}' entries must be {allowed}, got {value!r}")
+        elif value not in allowed:
+            shown = f"'{value}'" if isinstance(value, str) else repr(value)
+            raise ConfigError(f"config key '{self.name}' must be {allowed}, got {shown}")
+
+
+def _declared_keys(cls, prefix: str) -> dict[str, Key]:
+    hints = typing.get_type_hints(cls)
+    keys = {}
+    for f in dataclasses.fields(cls):
+        if cls is Config and f.name in SECTIONS:
+            continue
+        if "help" not in f.metadata:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with fastrl.config.schema.key()")
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        keys[prefix + f.name] = Key(prefix + f.name, hints[f.name], default, f.metadata["allowed"],
+                                    f.metadata["algos"], f.metadata["help"], f.metadata["unread"],
+                                    f.metadata["saved_default"])
+    return keys
+
+
+# Every config key, top-level keys first, then section by section in declaration order.
+KEYS = {**_declared_keys(Config, ""),
+        **{name: k for section, cls in SECTIONS.items() for name, k in _declared_keys(cls, f"{section}.").items()}}
+# Every numeric key's allowed values (for a list key: each entry's).
+RANGES = {name: k.allowed for name, k in KEYS.items() if isinstance(k.allowed, Range)}
+
+
+def _unknown_key_error(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(KEYS), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}; run `fastrl-train --list-keys` for all keys")
+
+
+def _coerce(key: str, value, annotation):
+    """Return ``value`` converted to ``annotation`` (from TOML or a --set string), or raise."""
+    origin = typing.get_origin(annotation)
+    from_string = isinstance(value, str) and annotation is not str
+    try:
+        if annotation is bool:
+            if from_string:
+                lowered = value.strip().lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return lowered in ("true", "1", "yes")
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if annotation is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if from_string:
+                value = float(value.replace("_", "")) if "e" in value.lower() else int(value.replace("_", ""))
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError
+                value = int(value)
+            if not isinstance(value, int):
+                raise ValueError
+            return value
+        if annotation is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value.replace("_", "")) if from_string else float(value)
+        if annotation is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+        if origin is list:
+            (item_type,) = typing.get_args(annotation)
+            if from_string:
+                value = _list_from_string(value)
+            if not isinstance(value, (list, tuple)):
+                raise ValueError
+            return [_coerce(key, v.strip() if isinstance(v, str) else v, item_type) for v in value]
+        if annotation is dict or origin is dict:
+            if from_string:
+                value = tomllib.loads(f"v = {value}")["v"]
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+    except (ValueError, TypeError, tomllib.TOMLDecodeError):
+        pass
+    type_name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"config key '{key}' expects {type_name}, got {value!r}")
+
+
+def _list_from_string(text: str) -> list:
+    """A --set list: TOML (``["random", "my_bots:greedy"]``, as config.toml writes it), or bare
+    comma-separated items (``[random,my_bots:greedy]``, ``[64,64]``)."""
+    try:
+        parsed = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = None
+    return parsed if isinstance(parsed, list) else [v for v in text.strip("[] ").split(",") if v.strip()]
+
+
+def set_key(cfg: Config, key: str, value) -> None:
+    """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked; ``pbt.start.KEY`` sets
+    KEY's start values per member (a list of KEY's type), ``pbt.start`` the whole table of them."""
+    if key.startswith(PBT_START):
+        _set_start_values(cfg, key[len(PBT_START):], value)
+        return
+    if key == PBT_START_TABLE:
+        _set_start_table(cfg, value)
+        return
+    declared = KEYS.get(key)
+    if declared is None:
+        raise _unknown_key_error(key)
+    set_value(cfg, key, _coerce(key, value, declared.type))
+
+
+def get_value(cfg: Config, key: str):
+    """The value of ``section.key`` (or a top-level key) on ``cfg``, as stored."""
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(cfg, section) if section else cfg, name)
+
+
+def set_value(cfg: Config, key: str, value) -> None:
+    """Store ``value`` at ``section.key`` unchecked (set_key checks what the user gives)."""
+    section, _, name = key.rpartition(".")
+    setattr(getattr(cfg, section) if section else cfg, name, value)
+
+
+PBT_START_TABLE = "pbt.start"
+PBT_START = PBT_START_TABLE + "."
+
+
+def _set_start_table(cfg: Config, table) -> None:
+    """``pbt.start`` replaced by ``table`` (a profile's [pbt.start] or --set 'pbt.start={...}'),
+    each of its keys checked as ``pbt.start.KEY`` is."""
+    cfg.pbt.start = {}
+    for key, values in _coerce(PBT_START_TABLE, table, dict).items():
+        _set_start_values(cfg, key, values)
+
+
+def _set_start_values(cfg: Config, key: str, values) -> None:
+    declared = KEYS.get(key)
+    if key not in PBT_MEMBER_KEYS:
+        raise ConfigError(f"pbt.start.{key}: members start apart only in keys their own learner reads: "
+                          f"{', '.join(PBT_MEMBER_KEYS)}")
+    if not isinstance(values, (list, tuple, str)):
+        raise ConfigError(f"pbt.start.{key} takes one value per member ([v0, v1, ...]), got {values!r}")
+    per_member = _coerce(f"pbt.start.{key}", values, list[declared.type])
+    for value in per_member:
+        declared.check(value, cfg.learner.algo)
+    cfg.pbt.start = {**cfg.pbt.start, key: per_member}
+
+
+def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
+    """Apply a nested dict (a parsed profile or config.toml) onto ``cfg``."""
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and not prefix and key in SECTIONS:
+            apply_dict(cfg, value, prefix=f"{key}.")
+        else:
+            set_key(cfg, full, value)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects section.key=value, got '{text}' (example: --set learner.lr=1e-3)")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.name[: -len(".toml")] for p in resources.files("fastrl.profiles").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load_profile(name: str) -> Config:
+    """Load a named profile (profiles/NAME.toml) or a path to a TOML file."""
+    path = Path(name)
+    if path.suffix == ".toml" and path.exists():
+        source = path
+    else:
+        source = resources.files("fastrl.profiles") / f"{name}.toml"
+        if not source.is_file():
+            close = difflib.get_close_matches(name, available_profiles(), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"unknown profile '{name}': {hint}available: {', '.join(available_profiles())}")
+    return config_from_toml(source, f"profile '{name}'")
+
+
+def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: bool = False) -> Config:
+    """The config in ``source`` (a Path or a package resource), top-level keys ``ignored`` left
+    out; with ``saved`` (a run's own config.toml) a key it lacks has its ``Key.default_when_saved``.
+    ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not TOML in
+    UTF-8 or holds a key or value that no config takes."""
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{label} is not valid TOML: {exc}; correct it") from None
+    for key in ignored:
+        data.pop(key, None)
+    cfg = Config()
+    try:
+        apply_dict(cfg, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    if saved:
+        present = flat_config(data)
+        for name, declared in KEYS.items():
+            if name not in present and declared.saved_default is not MISSING:
+                set_key(cfg, name, declared.saved_default)
+    return cfg
+
+
+def build_config(profile: str = DEFAULT_PROFILE, overrides: dict | None = None) -> Config:
+    """A profile with ``overrides`` ({"learner.lr": 1e-3, ...}) applied, validated."""
+    cfg = load_profile(profile)
+    for key, value in (overrides or {}).items():
+        set_key(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def check_section(settings, section: str, algo: str | None = None) -> None:
+    """Raise ConfigError for the first key of one section outside the values it allows.
+
+    ``settings`` is a section's dataclass (``section`` "env", "model", "learner", ...), or a whole
+    Config with ``section = ""`` for its top-level keys; ``algo`` is the run's learner.algo (a key
+    declared with ``unread`` allows that instead under an algorithm that does not read it), None
+    to check every key as read. validate() checks every section with it; classes that take a
+    section directly (fastrl.replay.buffer's replays take a ReplayConfig) check theirs with it too, so
+    research code that builds one by hand gets the same errors.
+    """
+    prefix = f"{section}." if section else ""
+    for f in dataclasses.fields(settings):
+        declared = KEYS.get(prefix + f.name)
+        if declared is not None:  # None: a section of Config, checked on its own
+            declared.check(getattr(settings, f.name), algo)
+
+
+def is_device_name(name: str) -> bool:
+    """auto (a GPU if one is visible), cpu, cuda or cuda:N: the devices a run or an evaluation takes."""
+    return name in RUN_DEVICES
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError for values that cannot work, before any process starts."""
+    check_section(cfg, "", cfg.learner.algo)
+    for section in SECTIONS:
+        check_section(getattr(cfg, section), section, cfg.learner.algo)
+    if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
+        raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
+    if cfg.env.envs_per_worker % cfg.env.num_splits:
+        raise ConfigError(
+            f"env.envs_per_worker ({cfg.env.envs_per_worker}) must be divisible by env.num_splits "
+            f"({cfg.env.num_splits})")
+    if cfg.env.resize and len(cfg.env.resize) != 2:
+        raise ConfigError(f"env.resize is [height, width] (or [] to keep the size), got {cfg.env.resize!r}")
+    if cfg.learner.batch_size % cfg.learner.rollout:
+        raise ConfigError(
+            f"learner.batch_size ({cfg.learner.batch_size}) must be a multiple of learner.rollout "
+            f"({cfg.learner.rollout})")
+    if cfg.trajectories_per_batch % cfg.learner.num_minibatches:
+        raise ConfigError(
+            f"learner.batch_size / learner.rollout ({cfg.trajectories_per_batch} trajectories) must be "
+            f"divisible by learner.num_minibatches ({cfg.learner.num_minibatches})")
+    _validate_replay(cfg)
+    _validate_core(cfg)
+    _validate_expect(cfg.expect)
+    if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
+        raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
+                          f"in float32: set learner.precision=float32 (or auto)")
+    if cfg.learner.normalize_returns and cfg.learner.algo in Q_LEARNERS:
+        raise ConfigError(f"learner.normalize_returns is for appo/impala; {cfg.learner.algo} keeps rewards in its "
+                          f"replay as they arrived: set learner.normalize_returns=false (learner.reward_scale scales "
+                          f"them)")
+    if cfg.inference.compile and cfg.serial:
+        raise ConfigError("inference.compile serves the inference process; serial mode runs the policy eagerly: "
+                          "set serial=false or inference.compile=false")
+    if cfg.inference.in_workers and (cfg.inference.compile or cfg.inference.device not in ("", "cpu")):
+        raise ConfigError("inference.in_workers runs the policy eagerly on each worker's CPU: set "
+                          "inference.compile=false and inference.device='' (or in_workers=false for the batcher)")
+    if cfg.eval.video_every_s and not cfg.eval.every_s:
+        raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
+                          "(e.g. --set eval.every_s=60)")
+    _validate_eval_opponents(cfg)
+    _validate_policies(cfg)
+    _validate_info_keys(cfg)
+    _validate_pbt(cfg)
+    # The learner collects a batch while every env keeps one slot filling: more trajectories per
+    # batch than the queued slots can ever hold would deadlock the run.
+    queued = cfg.total_envs * (cfg.slots_per_env - 1)
+    if cfg.trajectories_per_batch > queued:
+        raise ConfigError(
+            f"learner.batch_size needs {cfg.trajectories_per_batch} trajectories but the envs can queue "
+            f"only {queued} (num_workers x envs_per_worker x (slots_per_env - 1)); lower learner.batch_size "
+            f"to <= {queued * cfg.learner.rollout} or add envs/slots")
+
+
+def _validate_core(cfg: Config) -> None:
+    model, lcfg = cfg.model, cfg.learner
+    if lcfg.algo == "r2d2" and model.core == "none":
+        raise ConfigError("learner.algo=r2d2 needs a recurrent core: set model.core=lstm or gru")
+    if lcfg.algo == "r2d2" and cfg.replay.burn_in >= cfg.replay.sequence_length:
+        raise ConfigError(f"replay.burn_in ({cfg.replay.burn_in}) must be < replay.sequence_length "
+                          f"({cfg.replay.sequence_length}): burn-in steps carry no loss")
+    if lcfg.algo == "r2d2" and lcfg.burn_in:
+        raise ConfigError("learner.burn_in is for appo/impala; r2d2 burns in replay.burn_in steps of each sequence")
+    if model.core != "none" and lcfg.algo == "dqn":
+        raise ConfigError(f"model.core={model.core} needs a sequence learner: use learner.algo=r2d2 (recurrent "
+                          f"Ape-X DQN) instead of dqn, or model.core=none")
+    if lcfg.burn_in and model.core == "none":
+        raise ConfigError(f"learner.burn_in={lcfg.burn_in} only warms a recurrent state: set model.core=lstm or "
+                          f"gru, or learner.burn_in=0")
+    if lcfg.burn_in >= lcfg.rollout:
+        raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
+                          f"steps carry no loss, so some step of each trajectory must")
+    if model.separate_critic and lcfg.algo in Q_LEARNERS:
+        raise ConfigError(f"model.separate_critic is for learner.algo=appo or impala; {lcfg.algo}'s dueling "
+                          f"Q-network has no critic: set model.separate_critic=false")
+    if model.separate_critic and model.core != "none":
+        raise ConfigError(f"model.separate_critic needs a feed-forward model; with model.core={model.core} the "
+                          f"policy and value share the core: set model.separate_critic=false or model.core=none")
+
+
+# An opponent plays the game's own actions, which env.actions would renumber.
+OPPONENT_ACTIONS = ("{option} plays the game's own actions, and env.actions narrows the policy's to some of "
+                    "them: set env.actions = [] to play against an opponent")
+
+
+def _validate_eval_opponents(cfg: Config) -> None:
+    """eval.opponents' form; whether each can play the run's env is preflight's check."""
+    opponents = cfg.eval.opponents
+    if opponents and not cfg.eval.every_s:
+        raise ConfigError("eval.opponents are played in the evaluations during training: set eval.every_s > 0 too "
+                          "(e.g. --set eval.every_s=60)")
+    if opponents and cfg.env.actions:
+        raise ConfigError(OPPONENT_ACTIONS.format(option="eval.opponents"))
+    if len(opponents) > MAX_EVAL_OPPONENTS:
+        raise ConfigError(f"eval.opponents lists {len(opponents)} opponents and an evaluation plays at most "
+                          f"{MAX_EVAL_OPPONENTS}: drop some (fastrl-eval --opponent plays any one after training)")
+    if len(set(opponents)) != len(opponents):
+        raise ConfigError(f"eval.opponents lists an opponent twice ({opponents}): each is reported under its name "
+                          f"(eval/<opponent>/win_rate), so list each once")
+
+
+def _validate_policies(cfg: Config) -> None:
+    """The checks that need no env: names, mapping's form, self-play's one policy; ConfigError."""
+    pcfg = cfg.policies
+    if not pcfg.names:
+        raise ConfigError("policies.names is empty: name at least one policy (the default is [\"main\"])")
+    bad = [name for name in pcfg.names if not POLICY_NAME.fullmatch(name)]
+    if bad:
+        raise ConfigError(f"policies.names {bad[0]!r}: a policy name is letters, digits, '_', '-' and '.' (it names "
+                          f"metrics and checkpoint entries)")
+    if len(set(pcfg.names)) != len(pcfg.names):
+        raise ConfigError(f"policies.names lists a policy twice ({pcfg.names}): give each a name of its own")
+    if pcfg.mapping not in ("shared", "per_agent") and ":" not in pcfg.mapping:
+        raise ConfigError(f"policies.mapping={pcfg.mapping!r}: use shared, per_agent or module:fn (fn(agent_id) "
+                          f"returns a policy name)")
+    if pcfg.mapping == "shared" and len(pcfg.names) > 1:
+        raise ConfigError(f"policies.mapping=shared sends every agent to {pcfg.names[0]!r}, leaving "
+                          f"{', '.join(pcfg.names[1:])} unused: set policies.mapping to per_agent or module:fn")
+    if cfg.selfplay.enabled and (len(pcfg.names) > 1 or pcfg.mapping != "shared"):
+        raise ConfigError("selfplay.enabled plays one policy against its own snapshots: keep one policy "
+                          "(policies.mapping=shared)")
+
+
+def _validate_info_keys(cfg: Config) -> None:
+    bad = [k for k in cfg.env.info_keys if not INFO_KEY.fullmatch(k)]
+    if bad:
+        raise ConfigError(f"env.info_keys {bad[0]!r}: name a key of the env's info dict (letters, digits, '_', '-' "
+                          f"and '.'; it names the metric info/<key>)")
+    if len(set(cfg.env.info_keys)) != len(cfg.env.info_keys):
+        raise ConfigError(f"env.info_keys lists a key twice ({cfg.env.info_keys}): list each once")
+
+
+def _validate_pbt(cfg: Config) -> None:
+    pbt = cfg.pbt
+    info_key = objective_info_key(pbt.objective)
+    if pbt.objective not in PBT_OBJECTIVES and not (info_key and INFO_KEY.fullmatch(info_key)):
+        raise ConfigError(f"pbt.objective={pbt.objective!r} is not an objective: use {' or '.join(PBT_OBJECTIVES)}, "
+                          f"or info/<key> for a number the env reports in its info at an episode's end")
+    if pbt.population == 1:
+        raise ConfigError("pbt.population=1 is a single run: set 2 or more members, or 0 for no population")
+    if pbt.population == 0:
+        if pbt.start:
+            raise ConfigError("pbt.start sets members' start values: set pbt.population too")
+        return
+    if cfg.learner.algo not in VTRACE:
+        raise ConfigError(f"pbt trains appo/impala members; learner.algo={cfg.learner.algo} is not supported "
+                          f"with pbt.population yet: set learner.algo=appo")
+    if cfg.policies.names != ["main"] or cfg.policies.mapping != "shared" or cfg.selfplay.enabled:
+        raise ConfigError("pbt makes its members the run's policies: leave [policies] at its defaults and "
+                          "selfplay.enabled=false")
+    unknown = [k for k in pbt.mutable if k not in PBT_MUTABLE]
+    if unknown:
+        raise ConfigError(f"pbt.mutable {unknown[0]!r} cannot be perturbed; pick from {', '.join(PBT_MUTABLE)}")
+    if not pbt.perturb:
+        raise ConfigError("pbt.perturb is empty: give the factors a mutable value is multiplied by, e.g. [0.8, 1.25]")
+    for key, values in pbt.start.items():
+        if len(values) != pbt.population:
+            raise ConfigError(f"pbt.start.{key} has {len(values)} values for {pbt.population} members: give one "
+                              f"per member")
+    if pbt.objective == "eval_return_mean" and not cfg.eval.every_s:
+        raise ConfigError("pbt.objective=eval_return_mean ranks members by their evaluations during training, which "
+                          "are off: set eval.every_s > 0 (e.g. --set eval.every_s=60)")
+
+
+def _validate_expect(expect: ExpectConfig) -> None:
+    """A promise, when a profile states one, names its metric, one budget, and the hardware a
+    wall-time budget holds on."""
+    if not expect.stated:
+        return
+    fields = "[expect] metric, threshold, budget_env_steps or budget_seconds, hardware"
+    if not expect.metric:
+        raise ConfigError(f"expect.metric is empty: name the metrics key the promise is about ({fields})")
+    if bool(expect.budget_env_steps) == bool(expect.budget_seconds):
+        raise ConfigError(f"[expect] needs exactly one budget, budget_env_steps or budget_seconds, got "
+                          f"{expect.budget_env_steps} and {expect.budget_seconds} ({fields})")
+    if expect.budget_seconds and not expect.hardware:
+        raise ConfigError("expect.budget_seconds is wall time: say which hardware it holds on with expect.hardware "
+                          "(e.g. \"2-core CPU\")")
+
+
+def _validate_replay(cfg: Config) -> None:
+    replay, lcfg = cfg.replay, cfg.learner
+    uses_replay = lcfg.algo in Q_LEARNERS or replay.vtrace_fraction > 0
+    if replay.vtrace_fraction > 0 and lcfg.algo in Q_LEARNERS:
+        raise ConfigError(f"replay.vtrace_fraction is for learner.algo=appo or impala; {lcfg.algo} replays every batch")
+    if lcfg.algo in Q_LEARNERS and replay.replay_ratio <= 0:
+        raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for {lcfg.algo}, got {replay.replay_ratio}")
+    # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.
+    held = replay.capacity // cfg.total_envs * cfg.total_envs
+    if uses_replay and replay.min_fill > held:
+        raise ConfigError(f"replay.min_fill ({replay.min_fill}) exceeds the {held} records replay.capacity "
+                          f"({replay.capacity}) holds for {cfg.total_envs} envs: sampling could never start; "
+                          f"lower replay.min_fill")
+    if uses_replay:
+        horizon = {"dqn": replay.n_step, "r2d2": replay.sequence_length}.get(lcfg.algo, lcfg.rollout)
+        per_env = replay.capacity // cfg.total_envs
+        if per_env < replay.frame_stack + horizon:
+            raise ConfigError(
+                f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
+                f"each needs >= frame_stack + {dict(dqn='n_step', r2d2='replay.sequence_length').get(lcfg.algo, 'learner.rollout')} = "
+                f"{replay.frame_stack + horizon}: raise replay.capacity")
+
+
+def to_toml(cfg: Config) -> str:
+    """The full resolved config as TOML: top-level keys first, then one table per section.
+    tomli_w quotes keys and escapes strings, so any env.kwargs made of TOML values round-trips."""
+    try:
+        return tomli_w.dumps(cfg.to_dict())
+    except TypeError as exc:  # only env.kwargs can hold values TOML has no type for (None, objects)
+        raise ConfigError(f"config.toml cannot hold env.kwargs {cfg.env.kwargs!r}: {exc}; use strings, "
+                          f"numbers, booleans, lists and tables") from None
+
+
+def flat_config(config: dict) -> dict:
+    """{"learner": {"lr": 0.001}} -> {"learner.lr": 0.001}; tables inside a section (env.kwargs)
+    stay one value, as they are one setting."""
+    flat = {}
+    for key, value in config.items():
+        if key in SECTIONS:
+            flat.update({f"{key}.{name}": setting for name, setting in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+# Config keys a checkpoint's weights depend on: a resumed or evaluated run must keep them.
+WEIGHTS_KEY_SECTIONS = ("model",)
+INIT_ONLY_KEYS = ("model.core_memory_steps",)  # how new weights start: a resume or an evaluation may differ
+WEIGHTS_KEYS = ("env.id", "env.kwargs", "env.actions", "env.frame_skip", "env.resize", "env.grayscale",
+                "env.frame_stack", "env.image_keys", "learner.algo")
+
+
+def weights_mismatch(saved: dict, cfg: Config, unread: tuple[str, ...] = ()) -> str:
+    """``key: saved -> asked`` for every key that shapes the weights and differs between
+    ``saved`` (a checkpoint's config, as Config.to_dict() wrote it) and ``cfg``; "" if none."""
+    before, now = flat_config(saved), flat_config(cfg.to_dict())
+    keys = [k for k in now if (k in WEIGHTS_KEYS or k.split(".")[0] in WEIGHTS_KEY_SECTIONS)
+            and k not in INIT_ONLY_KEYS and k not in unread]
+    # A key the saved config lacks was added since: that run had its default.
+    before = {k: before.get(k, KEYS[k].default_when_saved) for k in keys}
+    return ", ".join(f"{k}: {before[k]!r} -> {now[k]!r}" for k in keys if before[k] != now[k])
+
+
+def load_run_config(run_dir: Path) -> Config:
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
+    # Older run directories hold the promise as a line of text, `expected`: documentation that
+    # never changed a run, so it is not carried over.
+    return config_from_toml(path, f"'{path}'", ignored=("expected",), saved=True)

@@ -1,0 +1,1 @@
+"""Env backends: envpool, gymnasium (with Atari through ale-py) and ViZDoom."""

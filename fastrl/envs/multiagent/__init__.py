@@ -1,0 +1,1 @@
+"""Multi-agent adapters: PettingZoo's parallel and turn-based games, envpool's players."""

@@ -1,0 +1,1 @@
+"""Wrappers over any backend's envs: image preprocessing and action subsets."""

@@ -1,0 +1,1 @@
+"""Evaluation: episodes for ``fastrl-eval``, the evaluator process during training, videos."""

@@ -1,0 +1,1 @@
+"""Networks: encoders, recurrent cores, action heads and the models built from them."""

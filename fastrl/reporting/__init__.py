@@ -1,0 +1,1 @@
+"""Reporting: metrics, the console and train.log, W&B, timers, learning curves and figures."""

@@ -1,0 +1,189 @@
+"""The parallel run: the arena made, the children started, supervised and reported on until the
+budget is spent, then stopped in order.
+
+Process layout of one node::
+
+    runner (this process): arena owner, supervisor, metrics
+      rollout worker x W --request ids--> inference batcher --request ids--> back to the worker
+      rollout worker x W --full slot ids--> learner --free slot ids--> back to the worker
+      learner --weights + version (shared buffer)--> inference batcher
+
+(fastrl.ipc.slots is the protocol the slot and request ids follow.)
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+from ..distributed import process_group as distributed
+from ..reporting.console import Console
+from ..evaluation.evaluator import EvalResults, evaluator_process
+from ..sampling.batcher import inference_process
+from ..learner import learner_process
+from ..reporting.metrics import MetricsWriteError, Reporter
+from ..tuning.pbt import info_due_env_steps
+from ..ipc.child import make_channels
+from .rank_heartbeat import RankWatch
+from ..sampling.rollout_worker import rollout_process
+from .plan import RunError, RunPlan, RunResult
+from ..ipc.arena import Arena, Control, get_error
+from .supervisor import Supervisor, stop_processes
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def run_parallel(plan: RunPlan, console: Console) -> RunResult:
+    """Run ``plan`` in its processes until its budget is spent, a signal stops it, or a child's
+    failure does (RunError); the final report and checkpoint are written on every way out."""
+    cfg, dist_info = plan.cfg, plan.dist_info
+    result = RunResult(plan.run_dir)
+    # A terminal's hang-up goes to its whole process group. Ignored from here on, the children
+    # (and the resource tracker the arena starts) inherit the ignore through exec; the runner
+    # itself switches to a quiet console once they run.
+    previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_IGN)}
+    arena = supervisor = reporter = watch = None
+    clean = False
+    late_error = ""
+    try:
+        arena = plan.new_arena(shared=True)
+        eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
+        supervisor = _supervised_children(plan, mp.get_context("spawn"), arena, console)
+        previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
+        for p in supervisor.everyone():
+            p.start()
+        signal.signal(signal.SIGHUP, lambda signum, frame: console.hung_up())
+        supervisor.write_process_file()
+        aggregate = None
+        if dist_info.enabled:
+            distributed.init_group(dist_info, "runner", "cpu", cfg.dist_timeout_s)
+            aggregate = distributed.gather_counters
+            watch = RankWatch(dist_info, cfg.dist_timeout_s)
+        reporter = Reporter(arena, plan.run_dir if dist_info.is_main else None, plan.spec.frame_skip,
+                            cfg.train_for_env_steps, cfg.train_for_seconds, console, plan.launched_at, aggregate,
+                            *plan.clocks, policy_names=plan.policies.names, members=bool(plan.policies.members),
+                            info_keys=cfg.info_keys, info_due_env_steps=info_due_env_steps(cfg),
+                            objective=cfg.pbt.objective, league=plan.league_record(arena, dist_info.is_main),
+                            stop_when=plan.stop_when, report_every_s=cfg.report_every_s)
+        _supervise_until_done(plan, supervisor, reporter, eval_results, watch)
+        clean = True
+    except _Interrupted as exc:
+        console.notice(f"[fastrl] {exc}: stopping, writing a final checkpoint")
+    except MetricsWriteError as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:  # processes.json or TensorBoard events on a full disk, too many open pipes
+        raise RunError(f"cannot write {exc.filename or 'to the run directory'}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # RunError too: a child's failure may be a collective's with a peer that went away
+        if watch is None or not watch.explains(exc):
+            raise
+        raise watch.error() from None
+    finally:
+        # A second Ctrl-C while the children stop must not cut the stop short: they are ignored
+        # until the arena is gone (the learner is writing its final checkpoint meanwhile).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            # A last report is a collective in a distributed run: only when every rank gets there.
+            if reporter is not None and reporter.metrics_ok and (clean or not dist_info.enabled):
+                reporter.report({**supervisor.restart_counts(), **plan.restart_metrics, **eval_results.new()})
+        except (MetricsWriteError, OSError) as exc:
+            late_error = str(exc)
+        finally:
+            try:
+                if supervisor is not None:
+                    stop_processes(arena, supervisor.procs, console)
+                if arena is not None and arena.control[Control.ERROR]:
+                    # The learner's final checkpoint is written while the others stop: its error.
+                    late_error = get_error(arena)
+            finally:
+                if reporter is not None:
+                    result.reports = list(reporter.history)
+                    _close_quietly(reporter)
+                if watch is not None:
+                    watch.leave()
+                if dist_info.enabled:
+                    distributed.close_group()
+                if arena is not None:
+                    arena.close()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+    if late_error:
+        raise RunError(late_error)
+    return result
+
+
+def _supervised_children(plan: RunPlan, ctx, arena: Arena, console: Console) -> Supervisor:
+    """The run's child processes, made (not started) under a Supervisor that can make them again."""
+    cfg, dist_info, main = plan.cfg, plan.dist_info, plan.dist_info.is_main
+    parent = os.getpid()
+    # Children build their networks from the config (a user's model travels as it is): spawn
+    # writes each child's arguments into a pipe the parent itself keeps open, so a child that
+    # dies before reading megabytes of weights (e.g. a script without the __main__ guard)
+    # would leave the parent blocked in Process.start() for ever.
+    spaces = (plan.spec.observation_space, plan.spec.action_space)
+    in_workers = cfg.inference.in_workers
+    channels = make_channels(ctx, cfg.env.num_workers, batcher=not in_workers)
+
+    def make_worker(w: int, generation: int = 0):
+        # The runner keeps every pipe end open, so a dead worker never shows up as EOF
+        # elsewhere and its replacement reuses the same pipes.
+        return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
+                           args=(w, cfg, plan.layout, arena.name, channels.workers[w], parent, generation,
+                                 dist_info.rank, spaces if in_workers else None, plan.model if in_workers else None,
+                                 plan.policies))
+
+    procs = {
+        "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.device, channels.learner, parent,
+            plan.run_dir if main else None, plan.resume_state, dist_info, plan.lock, plan.policies))],
+        # inference.in_workers: each worker acts for itself, no batcher process.
+        "inference": [] if in_workers else [ctx.Process(target=inference_process, name="fastrl-inference", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.inference_device, channels.batcher, parent))],
+        "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
+    }
+    evaluator_failures, failures_out = ctx.Pipe(duplex=False)
+
+    def make_evaluator():
+        return ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.run_dir, parent, failures_out))
+
+    if cfg.eval.every_s and main:
+        procs["evaluator"] = [make_evaluator()]
+    process_file = "processes.json" if main else f"processes.rank{dist_info.rank}.json"
+    return Supervisor(cfg, arena, make_worker, procs, plan.run_dir, console, process_file, make_evaluator,
+                      evaluator_failures)
+
+
+def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Reporter,
+                          eval_results: EvalResults, watch: RankWatch | None = None) -> None:
+    """Watch the children and report every ``report_every_s`` until the budget is spent (with
+    several ranks: until they agree to stop, or ``watch`` finds that one went away)."""
+    cfg, distributed_run = plan.cfg, plan.dist_info.enabled
+    next_report = time.time() + cfg.report_every_s
+    while True:
+        if not distributed_run and reporter.budget_reached():
+            return
+        supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
+        if watch is not None and watch.lost:
+            raise watch.error()
+        if time.time() >= next_report:
+            reporter.report({**supervisor.restart_counts(), **plan.restart_metrics, **eval_results.new()})
+            next_report += cfg.report_every_s
+            # Distributed: every rank leaves at the same report, on the same aggregated figures.
+            if distributed_run and reporter.stop_agreed:
+                return
+
+
+def _close_quietly(reporter: Reporter) -> None:
+    """TensorBoard's writer flushes on close: on a full disk that must not mask how the run ended."""
+    try:
+        reporter.close()
+    except OSError:
+        pass

@@ -1,0 +1,154 @@
+"""Supervision of a run's processes: crashed rollout workers and a failed evaluator restarted,
+any other child's exit turned into the run's one-line RunError, and the stop in order at the end
+(the learner given time for its final checkpoint, stragglers killed)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections import deque
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import psutil
+
+from ..config.schema import Config
+from ..reporting.console import Console
+from ..evaluation.evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
+from ..evaluation.evaluator import given_up_notice, restarted_notice
+from ..files.run_dir import write_atomic
+from .plan import RunError
+from ..ipc.arena import Arena, Control, get_error
+
+SHUTDOWN_GRACE_S = 15.0
+
+
+class Supervisor:
+    """Watches the children: restarts crashed rollout workers, and the evaluator (an observer: up
+    to EVALUATOR_MAX_RESTARTS times, then the run goes on without it); stops the run on anything
+    else. ``evaluator_failures`` is the read end of the pipe every evaluator says its failure on."""
+
+    def __init__(self, cfg: Config, arena: Arena, make_worker, procs: dict, run_dir: Path | None,
+                 console: Console, process_file: str = "processes.json", make_evaluator=None,
+                 evaluator_failures=None):
+        self.cfg = cfg
+        self.console = console
+        self.arena = arena
+        self.make_worker = make_worker
+        self.procs = procs
+        self.run_dir = run_dir
+        self.process_file = process_file
+        self.make_evaluator = make_evaluator
+        self.evaluator_failures = evaluator_failures
+        self.restart_times: deque[float] = deque()
+        self.restarts = {"rollout": 0, "evaluator": 0}
+        self.generations = [0] * len(procs["rollout"])
+
+    def restart_counts(self) -> dict:
+        """The metrics' restart counters (evaluator_restarts where this rank evaluates)."""
+        counts = {"worker_restarts": self.restarts["rollout"]}
+        if "evaluator" in self.procs:
+            counts["evaluator_restarts"] = self.restarts["evaluator"]
+        return counts
+
+    def everyone(self) -> list:
+        return [p for group in self.procs.values() for p in group]
+
+    def write_process_file(self) -> None:
+        """processes.json: every pid of the run by role, the runner's too (for the profiler and
+        ``scripts/bench.py soak``; the directory's lock is what marks it in use, fastrl.files.run_dir)."""
+        if self.run_dir is not None:
+            pids = {role: [p.pid for p in group] for role, group in self.procs.items()}
+            write_atomic(self.run_dir / self.process_file, json.dumps({**pids, "runner": [os.getpid()]}))
+
+    def watch(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a child to exit; handle it. Raises RunError to stop the run."""
+        dead = wait([p.sentinel for p in self.everyone()], timeout=timeout)
+        if self.arena.control[Control.ERROR]:
+            raise RunError(get_error(self.arena))
+        for p in [p for p in self.everyone() if p.sentinel in dead]:
+            p.join(1.0)  # reap it, so that exitcode is known
+            if p in self.procs["rollout"]:
+                self.restart_worker(self.procs["rollout"].index(p), p)
+            elif p in self.procs.get("evaluator", ()):
+                self.restart_evaluator(p)
+            else:
+                raise RunError(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
+                               f"(the last checkpoint is kept)")
+
+    def restart_worker(self, w: int, dead) -> None:
+        now = time.time()
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > self.cfg.restart_window_s:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.cfg.max_worker_restarts:
+            raise RunError(f"rollout workers crashed {len(self.restart_times)} times within "
+                           f"{self.cfg.restart_window_s:.0f} s (last: {dead.name}, exit code {dead.exitcode}); "
+                           f"stopping (raise max_worker_restarts to tolerate more, or fix the env)")
+        self.generations[w] += 1
+        replacement = self.make_worker(w, self.generations[w])
+        self._replace("rollout", w, replacement)
+        self.console.notice(f"[fastrl] {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}; restarted as "
+                            f"pid {replacement.pid} (restart {self.restarts['rollout']})")
+
+    def restart_evaluator(self, dead) -> None:
+        """Start a new evaluator, or after EVALUATOR_MAX_RESTARTS go on without one (one notice)."""
+        failure = f"{dead.name} (pid {dead.pid}) {self._evaluator_failure(dead)}"
+        if self.restarts["evaluator"] >= EVALUATOR_MAX_RESTARTS:
+            self.procs["evaluator"] = []
+            self.write_process_file()
+            self.console.notice(given_up_notice(failure, EVALUATOR_MAX_RESTARTS))
+            return
+        replacement = self.make_evaluator()
+        self._replace("evaluator", 0, replacement)
+        self.console.notice(restarted_notice(failure, f"pid {replacement.pid}", self.restarts["evaluator"],
+                                             EVALUATOR_MAX_RESTARTS))
+
+    def _evaluator_failure(self, dead) -> str:
+        """The line a dead evaluator sent (fastrl.evaluation.evaluator.failure_line), else how it ended."""
+        said = None
+        while self.evaluator_failures.poll():
+            said = self.evaluator_failures.recv()
+        if said is not None:
+            return f"failed ({said})"
+        if dead.exitcode is not None and dead.exitcode < 0:
+            return f"was killed by {signal.Signals(-dead.exitcode).name}"
+        return f"exited with code {dead.exitcode}"
+
+    def _replace(self, role: str, index: int, replacement) -> None:
+        replacement.start()
+        self.procs[role][index] = replacement
+        self.restarts[role] += 1
+        self.write_process_file()
+
+
+def stop_processes(arena: Arena, procs: dict, console: Console) -> None:
+    """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
+    arena.control[Control.STOP] = 1
+    deadline = time.time() + SHUTDOWN_GRACE_S
+    for role in ("rollout", "inference", "evaluator", "learner"):
+        for p in procs.get(role, ()):
+            if p.pid is not None:
+                p.join(max(0.1, deadline - time.time()))
+    for group in procs.values():
+        for p in group:
+            if p.pid is not None and p.is_alive():
+                console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {SHUTDOWN_GRACE_S:.0f} s; "
+                               f"killed" + (" before its final checkpoint" if p.name == "fastrl-learner" else ""))
+                kill_with_descendants(p)
+
+
+def kill_with_descendants(process) -> None:
+    """Kill ``process`` (a multiprocessing.Process) and the processes it started: an env's own
+    processes (ViZDoom's engines) outlive a killed worker otherwise, orphaned."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    process.kill()
+    process.join(5)
+    for child in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()

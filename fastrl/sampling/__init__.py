@@ -1,0 +1,1 @@
+"""Sampling: rollout worker processes and the central inference batcher."""

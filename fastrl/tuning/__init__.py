@@ -1,0 +1,1 @@
+"""Tuning: population-based training and fastrl-sweep (its search space and trials)."""
