@@ -19,6 +19,6 @@ def __getattr__(name: str):
         from .run.training import train
         return train
     if name == "build_config":
-        from .config.schema import build_config
+        from .config import build_config
         return build_config
     raise AttributeError(f"module 'fastrl' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .config.schema import DEFAULT_PROFILE, ConfigError, available_profiles
+from .config import DEFAULT_PROFILE, ConfigError, available_profiles
 from .reporting.console import write_best_effort
 from .reporting.metrics import finite_or_null
 
@@ -75,7 +75,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train_config(args):
-    from .config.schema import Config, build_config, load_run_config, parse_override, set_key, validate
+    from .config import Config, build_config, load_run_config, parse_override, set_key, validate
 
     if args.resume:
         if not args.run_dir:
@@ -278,8 +278,8 @@ def sweep_main(argv=None) -> int:
     args = sweep_parser().parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        from .tuning.sweep import SweepSpec, run_sweep
         from .tuning.search_space import parse_param
+        from .tuning.sweep import SweepSpec, run_sweep
 
         spec = SweepSpec(profile=args.profile, env=args.env, overrides=args.overrides,
                          params=[parse_param(text) for text in args.params], objective=args.objective,

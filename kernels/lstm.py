@@ -16,10 +16,8 @@ episode starts); ``w_hh [4H, H]``, ``b_hh [4H]``.
 """
 from __future__ import annotations
 
-
 import numba
 import numpy as np
-
 
 # exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln(2) / 2: ln 2 in two parts (Cody & Waite)
 # keeps r exact, a degree-7 Taylor polynomial gives exp(r) to float32 precision (relative error

@@ -5,7 +5,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.learner import DQNLearner, Trajectories
 from tests.autoreset import nstep_episodes_reference
 

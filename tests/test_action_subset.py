@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
 from fastrl.evaluation.video import open_rendered_env
 
@@ -63,7 +63,7 @@ def test_a_pettingzoo_game_is_evaluated_with_the_actions_it_trains_with():
 
 
 def test_an_opponent_is_refused_beside_a_subset_of_actions():
-    from fastrl.config.schema import ConfigError
+    from fastrl.config import ConfigError
     from fastrl.evaluation.episodes import evaluate_against
 
     settings = {"env.id": "pettingzoo:tests.pettingzoo_envs", "env.actions": [0, 1], "eval.every_s": 10.0}

@@ -3,9 +3,9 @@ import gymnasium
 import numpy as np
 import torch
 
-from fastrl.config.schema import build_config
-from fastrl.learner import make_learner
+from fastrl.config import build_config
 from fastrl.envs.spaces import ObsLayout
+from fastrl.learner import make_learner
 from tests.scripts import load_benchmark
 
 

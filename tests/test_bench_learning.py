@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastrl.config.schema import ExpectConfig, available_profiles, build_config, to_toml
+from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
 from tests.scripts import load_benchmark, load_script
 
 bench = load_benchmark("learning")

@@ -2,7 +2,7 @@
 profile, a setup file is read as a profile is (sections as tables), and a bad one fails in one line."""
 import pytest
 
-from fastrl.config.schema import ConfigError, build_config
+from fastrl.config import ConfigError, build_config
 from tests.scripts import load_benchmark
 
 options = load_benchmark("options")

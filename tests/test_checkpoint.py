@@ -10,8 +10,17 @@ import pytest
 import torch
 
 from fastrl.files import checkpoint
-from fastrl.files.checkpoint import (CheckpointError, capture_rng, list_checkpoints, load_checkpoint, load_latest_checkpoint,
-                               load_model_state, model_fit_check, restore_rng, save_checkpoint)
+from fastrl.files.checkpoint import (
+    CheckpointError,
+    capture_rng,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest_checkpoint,
+    load_model_state,
+    model_fit_check,
+    restore_rng,
+    save_checkpoint,
+)
 from fastrl.learner import restore_learner
 
 

@@ -4,11 +4,11 @@ and a checkpoint of an untrained model), so no training is needed."""
 import pytest
 import torch
 
+from fastrl.cli import eval_main, train_main
+from fastrl.config import build_config, to_toml
+from fastrl.envs import probe_env
 from fastrl.evaluation import episodes as policy_eval
 from fastrl.files.checkpoint import best_checkpoint_path, save_checkpoint, write_checkpoint_file
-from fastrl.cli import eval_main, train_main
-from fastrl.config.schema import build_config, to_toml
-from fastrl.envs import probe_env
 from fastrl.models.networks import build_model
 
 COUNTDOWN = "fastrl.envs.toy:make_countdown"

@@ -4,8 +4,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.models.encoders import LeafEncoder
 from fastrl.envs.spaces import CodeGrid, ObsLayout
+from fastrl.models.encoders import LeafEncoder
 
 
 def _grid_space() -> spaces.Dict:

@@ -4,8 +4,17 @@ import tomllib
 import pytest
 import tomli_w
 
-from fastrl.config.schema import (Config, ConfigError, available_profiles, build_config, load_profile, load_run_config,
-                           set_key, to_toml, validate)
+from fastrl.config import (
+    Config,
+    ConfigError,
+    available_profiles,
+    build_config,
+    load_profile,
+    load_run_config,
+    set_key,
+    to_toml,
+    validate,
+)
 from tests.small_learners import dqn_config
 
 
@@ -233,8 +242,8 @@ def test_out_of_range_values_name_the_key_the_range_and_the_value(key, value):
 
 
 def test_a_size_beyond_any_run_is_one_line_before_the_env_is_made(tmp_path, capsys, monkeypatch):
-    from fastrl.run import preflight
     from fastrl.cli import train_main
+    from fastrl.run import preflight
 
     monkeypatch.setattr(preflight, "probe_env", None)  # never reached
     code = train_main(["--env", "tests.image_envs:make_step_image_env", "--set", "env.frame_stack=1000000000",
@@ -273,7 +282,7 @@ def test_keys_only_q_learners_read_take_any_finite_value_elsewhere(profile):
 
 
 def test_a_section_built_by_hand_is_checked_by_the_same_rules():
-    from fastrl.config.schema import ReplayConfig, check_section
+    from fastrl.config import ReplayConfig, check_section
 
     check_section(ReplayConfig(), "replay")
     with pytest.raises(ConfigError, match=r"^config key 'replay.alpha' must be >= 0, got -1.0$"):
@@ -287,7 +296,7 @@ def test_a_section_built_by_hand_is_checked_by_the_same_rules():
 
 
 def test_every_numeric_key_has_a_range():
-    from fastrl.config.schema import KEYS, RANGES
+    from fastrl.config import KEYS, RANGES
 
     cfg = Config()
 
@@ -364,7 +373,7 @@ def test_docs_config_md_is_current():
 
 
 def test_docs_config_md_has_one_row_per_key_with_its_declaration():
-    from fastrl.config.schema import KEYS
+    from fastrl.config import KEYS
     from fastrl.config.reference import markdown
 
     rows = {line.split(" | ")[0].strip("|` "): line for line in markdown().splitlines() if line.startswith("| `")}
@@ -377,7 +386,7 @@ def test_docs_config_md_has_one_row_per_key_with_its_declaration():
 
 def test_list_keys_prints_each_key_with_its_default_allowed_values_readers_and_help(capsys):
     from fastrl.cli import train_main
-    from fastrl.config.schema import KEYS
+    from fastrl.config import KEYS
 
     assert train_main(["--list-keys"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -389,7 +398,7 @@ def test_list_keys_prints_each_key_with_its_default_allowed_values_readers_and_h
 
 
 def test_every_key_is_declared_with_its_help_and_readers():
-    from fastrl.config.schema import ALGOS, KEYS, _declared_keys
+    from fastrl.config import ALGOS, KEYS, _declared_keys
 
     for name, declared in KEYS.items():
         assert declared.help and declared.algos and set(declared.algos) <= set(ALGOS), name

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from fastrl.files.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import eval_main, train_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.distributed.process_group import DistInfo, attempt_prefix
 from fastrl.envs import probe_env
-from fastrl.run.preflight import RESUME_KEY, build_template, check_request, load_resume_state, run_policies
+from fastrl.files.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.run.plan import RunError
+from fastrl.run.preflight import RESUME_KEY, build_template, check_request, load_resume_state, run_policies
 from tests.test_elastic import agent_store  # noqa: F401 (the fixture: a store standing in for torchrun's agent's)
 
 

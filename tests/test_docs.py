@@ -99,7 +99,7 @@ def test_docs_metrics_md_is_current():
 @pytest.mark.slow  # a training run, a few seconds
 def test_every_key_a_short_run_writes_is_declared(tmp_path):
     """A serial run with evaluation and an env info key: its metrics.jsonl keys, each declared."""
-    from fastrl.config.schema import build_config
+    from fastrl.config import build_config
     from fastrl.reporting.metrics import declared
     from fastrl.run.training import train
 
@@ -120,7 +120,7 @@ def test_the_keys_a_config_turns_on_are_declared():
     lists them per config), and the league's own report."""
     import numpy as np
 
-    from fastrl.config.schema import SelfPlayConfig, build_config
+    from fastrl.config import SelfPlayConfig, build_config
     from fastrl.reporting.metrics import declared
     from fastrl.tuning.search_space import objective_keys
 

@@ -12,15 +12,25 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fastrl.config import build_config
 from fastrl.distributed import process_group as distributed
-from fastrl.config.schema import build_config
 from fastrl.learner import PRIORITY_EPS, DQNLearner, Learner, Trajectories, make_learner
 from fastrl.models.networks import DuelingQNetwork
 from fastrl.replay.buffer import ReplayRatio
 from tests.device_copies import DeviceCopies
-from tests.small_learners import (ACTION_SPACE, OBS_SPACE, E, T, dqn_config, make_dqn, perturb,
-                                  reference_windows, same_weights, stream_batches, vtrace_replay_config)
-
+from tests.small_learners import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    E,
+    T,
+    dqn_config,
+    make_dqn,
+    perturb,
+    reference_windows,
+    same_weights,
+    stream_batches,
+    vtrace_replay_config,
+)
 
 # ---------------------------------------------------------------- the DQN learner
 

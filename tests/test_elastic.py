@@ -12,13 +12,13 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from fastrl.run import elastic
-from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.distributed.process_group import DistInfo
-from fastrl.run.rank_heartbeat import RankWatch
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.files.run_dir import ELASTIC_RECORD, RunDirError, check_run_dir
-from fastrl.run.plan import RunError
 from fastrl.ipc.arena import SHM_DIR, segment_creator
+from fastrl.run import elastic
+from fastrl.run.plan import RunError
+from fastrl.run.rank_heartbeat import RankWatch
 
 
 def free_port() -> int:

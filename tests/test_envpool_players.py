@@ -4,11 +4,11 @@ import envpool
 import numpy as np
 import pytest
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
-from fastrl.models.networks import build_model
 from fastrl.envs.spaces import ObsLayout
 from fastrl.evaluation.video import record_frames
+from fastrl.models.networks import build_model
 from tests.test_rollout import run_worker
 from tests.test_turn_based import check_self_play_trains_and_evaluates
 

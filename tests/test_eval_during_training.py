@@ -15,16 +15,16 @@ import psutil
 import pytest
 import torch
 
-from fastrl.evaluation import evaluator as evaluator_module
-from fastrl.run import supervisor as supervisor_module
-from fastrl.files.checkpoint import BEST_CHECKPOINT, best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.cli import train_main
-from fastrl.config.schema import ConfigError, build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
+from fastrl.evaluation import evaluator as evaluator_module
 from fastrl.evaluation.evaluator import EvalResults, EvalStats, Evaluator
-from fastrl.models.networks import build_model, num_state_values, state_to_flat
-from fastrl.run.training import arena_layout, train
+from fastrl.files.checkpoint import BEST_CHECKPOINT, best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.models.networks import build_model, num_state_values, state_to_flat
+from fastrl.run import supervisor as supervisor_module
+from fastrl.run.training import arena_layout, train
 from tests import user_modules
 from tests.test_cli_errors import one_line_error
 from tests.test_reliability import metrics
@@ -178,7 +178,7 @@ def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_
 
 
 def test_clips_need_evaluation_on():
-    from fastrl.config.schema import ConfigError
+    from fastrl.config import ConfigError
 
     with pytest.raises(ConfigError, match="eval.every_s"):
         build_config("cartpole-appo", {"eval.video_every_s": 30.0})

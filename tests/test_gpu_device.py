@@ -7,11 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.config.schema import ConfigError, build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.distributed.process_group import DistInfo
-from fastrl.learner import policy_set as policies, process
-from fastrl.models.networks import build_model
 from fastrl.files.run_dir import LOCK_FILE
+from fastrl.learner import policy_set as policies
+from fastrl.learner import process
+from fastrl.models.networks import build_model
 from fastrl.run.training import RunError, resolve_device, train
 
 OBS_SPACE = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -7,10 +7,10 @@ import cv2
 import numpy as np
 import pytest
 
-from fastrl.config.schema import ConfigError, build_config, weights_mismatch
+from fastrl.config import ConfigError, build_config, weights_mismatch
 from fastrl.envs import ImageOptions, make_vec_env, probe_env
 from fastrl.envs.wrappers.image_preprocessing import PreprocessedEnv
-from tests.image_envs import SteppedPastTheEnd, StepImageEnv, frame
+from tests.image_envs import StepImageEnv, SteppedPastTheEnd, frame
 
 IMAGE_ENV = "tests.image_envs:make_step_image_env"
 

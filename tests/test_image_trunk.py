@@ -7,13 +7,13 @@ import torch
 from gymnasium import spaces
 
 from fastrl import train
-from fastrl.files.checkpoint import save_checkpoint
-from fastrl.config.schema import build_config, load_run_config, to_toml, weights_mismatch
-from fastrl.models.encoders import LeafEncoder
+from fastrl.config import build_config, load_run_config, to_toml, weights_mismatch
 from fastrl.envs import probe_env
-from fastrl.models.networks import build_model, keys_it_ignores
-from fastrl.evaluation.episodes import load_run_model
 from fastrl.envs.spaces import ObsLayout
+from fastrl.evaluation.episodes import load_run_model
+from fastrl.files.checkpoint import save_checkpoint
+from fastrl.models.encoders import LeafEncoder
+from fastrl.models.networks import build_model, keys_it_ignores
 
 SCREEN_AND_STEP = spaces.Dict({"screen": spaces.Box(0, 255, (16, 32, 3), np.uint8),
                                "step": spaces.Box(-np.inf, np.inf, (1,), np.float32)})

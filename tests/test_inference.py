@@ -10,15 +10,21 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastrl.config.schema import build_config
-from fastrl.ipc.device_io import BatchTransfer
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.sampling.batcher import (InferenceBatcher, apex_epsilons, batch_buckets, batcher_epsilons, epsilon_greedy,
-                              padded_size)
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.device_io import BatchTransfer
 from fastrl.learner import Learner, LearnerRuntime
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.sampling.batcher import (
+    InferenceBatcher,
+    apex_epsilons,
+    batch_buckets,
+    batcher_epsilons,
+    epsilon_greedy,
+    padded_size,
+)
 
 aten = torch.ops.aten
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.learner import Learner, Trajectories, gather_trajectories
 from fastrl.learner.precision import cpu_flags, learner_precision
 from tests.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config

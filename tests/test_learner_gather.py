@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
+from fastrl.ipc.arena import Arena, trajectory_layout
 from fastrl.learner import Learner, LearnerRuntime
 from fastrl.learner.batch import BatchStaging, gather_trajectories
 from fastrl.models.networks import num_state_values
-from fastrl.ipc.arena import Arena, trajectory_layout
 from tests.device_copies import DeviceCopies
 
 T, NUM_SLOTS, B = 5, 12, 4

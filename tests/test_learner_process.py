@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
+from fastrl.ipc.arena import Arena, Control, trajectory_layout
+from fastrl.ipc.child import ProcessExit
 from fastrl.learner import Learner, LearnerRuntime
 from fastrl.learner.process import FullSlots
 from fastrl.reporting.metrics import read_learner_stats
-from fastrl.ipc.child import ProcessExit
-from fastrl.ipc.arena import Arena, Control, trajectory_layout
 from fastrl.reporting.timers import Timers
 from tests.small_learners import make_dqn, stream_batches
 from tests.test_learner import random_batch
-from tests.test_learner_gather import B, OBS, random_arena
+from tests.test_learner_gather import OBS, B, random_arena
 
 
 def two_workers():

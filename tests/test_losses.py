@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.kernels import vtrace
 from fastrl.learner import Learner, appo_loss, impala_loss, td_loss, vtrace_targets
 from fastrl.learner.losses import sequence_priorities

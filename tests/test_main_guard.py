@@ -28,7 +28,7 @@ def test_the_guard_is_told_apart_from_a_top_level_call(tmp_path):
 
 def test_an_unguarded_train_call_stops_before_any_process_or_file(tmp_path):
     done = run_script(tmp_path, """\
-        from fastrl.config.schema import build_config
+        from fastrl.config import build_config
         from fastrl.run.training import train
         train(build_config("cartpole-appo", {"train_for_env_steps": 10_000}), run_dir="run")
         """)

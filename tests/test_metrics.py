@@ -4,8 +4,8 @@ import time
 
 import numpy as np
 
-from fastrl.reporting.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
 from fastrl.ipc.arena import Arena, trajectory_layout
+from fastrl.reporting.metrics import INFERENCE_TIMINGS, WORKER_TIMINGS, BatcherTiming, WorkerTiming, read_timings
 
 
 def small_arena(num_workers: int) -> Arena:
@@ -65,8 +65,8 @@ def test_a_resumed_run_s_eta_counts_what_it_did_before_the_resume():
     600 env steps were done before the resume."""
     import re
 
-    from fastrl.reporting.metrics import Reporter
     from fastrl.ipc.arena import Control
+    from fastrl.reporting.metrics import Reporter
 
     def eta(target_env_steps: int, target_seconds: float) -> float:
         arena = small_arena(num_workers=1)

@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.learner import Trajectories, make_learner
-from fastrl.models.networks import LOG_STD_RANGE, ActorCritic, DuelingQNetwork, GaussianHead, bounded_log_std, build_model
+from fastrl.models.networks import (
+    LOG_STD_RANGE,
+    ActorCritic,
+    DuelingQNetwork,
+    GaussianHead,
+    bounded_log_std,
+    build_model,
+)
 from tests.small_learners import ACTION_SPACE, OBS_SPACE, dqn_config, perturb
 
 BOX_ACTIONS = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -96,7 +103,7 @@ def test_the_initial_std_is_the_configured_one(log_std):
 
 
 def test_the_initial_log_std_range_is_the_heads_bound():
-    from fastrl.config.schema import RANGES, ConfigError
+    from fastrl.config import RANGES, ConfigError
     assert (RANGES["model.initial_log_std"].low, RANGES["model.initial_log_std"].high) == LOG_STD_RANGE
     with pytest.raises(ConfigError, match=r"'model.initial_log_std' must be in \(-5.0, 2.0\), got 2.0"):
         build_config("mujoco-appo", {"model.initial_log_std": 2.0})

@@ -5,8 +5,14 @@ import pytest
 from gymnasium import spaces
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
-from fastrl.multiagent.opponents import (ConnectFourOnePly, OpponentError, RandomLegal, checked_action, find_opponent,
-                              make_opponent)
+from fastrl.multiagent.opponents import (
+    ConnectFourOnePly,
+    OpponentError,
+    RandomLegal,
+    checked_action,
+    find_opponent,
+    make_opponent,
+)
 from tests import user_modules
 
 C4_OBS = spaces.Dict({"action_mask": spaces.Box(0, 1, (7,), np.int8),

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.cli import sweep_main, train_main
-from fastrl.config.schema import PBT_MUTABLE, ConfigError, build_config
+from fastrl.config import PBT_MUTABLE, ConfigError, build_config
 from fastrl.envs import probe_env
+from fastrl.evaluation.evaluator import EvalStats, MemberEvalStats
+from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
+from fastrl.ipc.arena import EPISODE_RING, Arena, WeightBuffer
 from fastrl.learner.policy_set import PolicyRuntimes, make_policy_learners
 from fastrl.models.networks import num_state_values
-from fastrl.evaluation.evaluator import EvalStats, MemberEvalStats
-from fastrl.tuning.pbt import MAX_GAMMA, Population, member_configs
 from fastrl.multiagent.policy_map import policy_map
-from fastrl.run.preflight import arena_layout, check_request
 from fastrl.run.plan import RunError
+from fastrl.run.preflight import arena_layout, check_request
 from fastrl.run.training import train
-from fastrl.ipc.arena import EPISODE_RING, Arena, WeightBuffer
+from fastrl.tuning.pbt import MAX_GAMMA, Population, member_configs
 from tests.test_learner import random_batch
 from tests.test_policies import assert_same_state, one_line, read_metrics
 from tests.test_rollout import countdown_config, run_worker

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from fastrl.cli import eval_main, train_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
 from fastrl.envs.multiagent.pettingzoo_backend import PettingZooSplits
+from fastrl.envs.spaces import ObsLayout, UnsupportedSpace
 from fastrl.learner import VTraceLearner, gather_trajectories
 from fastrl.models.networks import build_model
 from fastrl.run.training import train
-from fastrl.envs.spaces import ObsLayout, UnsupportedSpace
 from tests import user_modules
 from tests.pettingzoo_envs import CueGame
 from tests.test_rollout import run_worker

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fastrl.cli import plot_main
-from fastrl.config.schema import build_config, to_toml
+from fastrl.config import build_config, to_toml
 from fastrl.reporting.curves import group_by_seed, load_run, read_metrics, seed_band, series
 
 

@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli import train_main
-from fastrl.config.schema import ConfigError, build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
-from fastrl.sampling.batcher import InferenceBatcher
-from fastrl.reporting.metrics import WorkerTiming
-from fastrl.models.networks import build_model, num_state_values, state_to_flat
-from fastrl.multiagent.policy_map import policy_map
-from fastrl.run.preflight import arena_layout, run_policies
-from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
-from fastrl.run.plan import RunError
-from fastrl.run.training import train
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.ipc.arena import Arena, WeightBuffer
 from fastrl.ipc.slots import serial_slots
+from fastrl.models.networks import build_model, num_state_values, state_to_flat
+from fastrl.multiagent.policy_map import policy_map
+from fastrl.reporting.metrics import WorkerTiming
+from fastrl.run.plan import RunError
+from fastrl.run.preflight import arena_layout, run_policies
+from fastrl.run.training import train
+from fastrl.sampling.batcher import InferenceBatcher
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
 from tests import user_modules
 
 GAMES = "fastrl.envs.toy:AgreementGames"

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.evaluation import episodes as policy_eval
-from fastrl.files.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import eval_main
-from fastrl.config.schema import build_config, to_toml
+from fastrl.config import build_config, to_toml
 from fastrl.envs import probe_env
-from fastrl.models.networks import build_model
+from fastrl.evaluation import episodes as policy_eval
 from fastrl.evaluation.episodes import evaluate_against, load_run_model
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from fastrl.models.networks import build_model
 from fastrl.run.training import train
 from tests import user_modules
 from tests.test_cli_errors import one_line_error, untrained_state

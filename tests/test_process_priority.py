@@ -5,7 +5,7 @@ import os
 import psutil
 import pytest
 
-from fastrl.config.schema import ConfigError, build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.run.training import train
 
 

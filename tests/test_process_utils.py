@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fastrl.ipc.child import ProcessExit, ReadablePipes, make_channels
 from fastrl.ipc.arena import Control
+from fastrl.ipc.child import ProcessExit, ReadablePipes, make_channels
 
 
 def test_each_worker_end_is_joined_to_its_own_batcher_and_learner_end():

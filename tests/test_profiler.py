@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from fastrl import profiler
-from fastrl.profiler import sampling
 from fastrl.cli import profile_main
-from fastrl.config.schema import build_config, validate
-from fastrl.run.training import train
+from fastrl.config import build_config, validate
 from fastrl.envs.spaces import ActionLayout
+from fastrl.profiler import sampling
+from fastrl.run.training import train
 
 # cartpole-appo, small: 2 workers x 32 envs, batches of 1024 env steps.
 # The batcher process acting, as most profiles run: its figures are among those checked.

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastrl.cli import train_main
-from fastrl.config.schema import ConfigError, ReplayConfig, build_config, validate
+from fastrl.config import ConfigError, ReplayConfig, build_config, validate
 from fastrl.evaluation.episodes import evaluate_run
 from fastrl.learner import R2D2Learner, make_learner
 from fastrl.learner.base import unroll
@@ -184,8 +184,8 @@ def test_the_device_path_samples_into_its_staging_buffer_and_reads_back_once_per
     """R2D2's device path (forced on the CPU): the sampled observations land in the staging
     buffer, a gradient step makes one copy to the device and two host reads (the gradient norm,
     then the priorities with the statistics), and it computes what the CPU path computes."""
-    from fastrl.learner import Trajectories
     from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
+    from fastrl.learner import Trajectories
     cfg = r2d2_config(**{"replay.replay_ratio": 1.0})
     learners = []
     for device_path in (False, True):

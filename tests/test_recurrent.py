@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.schema import ConfigError, build_config
-from fastrl.models.recurrent import RecurrentCore
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.envs.toy import MemoryEnv
 from fastrl.evaluation.episodes import evaluate_run
-from fastrl.sampling.batcher import InferenceBatcher, request_cursors
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.slots import worker_slot_ids
 from fastrl.learner.batch import Trajectories, gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner
 from fastrl.models.networks import num_state_values, state_to_flat
-from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
+from fastrl.models.recurrent import RecurrentCore
 from fastrl.run.training import arena_layout, train
-from fastrl.ipc.arena import Arena, WeightBuffer
-from fastrl.ipc.slots import worker_slot_ids
+from fastrl.sampling.batcher import InferenceBatcher, request_cursors
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
 
 ATOL = 1e-5
 MEMORY_LENGTH = 5  # MemoryEnv: an episode is 5 steps, then the autoreset step: 6 rows per episode
@@ -534,7 +534,7 @@ def test_a_new_core_keeps_a_cue_for_its_memory_steps(kind):
 
 
 def test_a_resume_may_change_how_new_cores_start():
-    from fastrl.config.schema import weights_mismatch
+    from fastrl.config import weights_mismatch
 
     saved = build_config("cartpole-appo", {"model.core": "lstm"}).to_dict()
     asked = build_config("cartpole-appo", {"model.core": "lstm", "model.core_memory_steps": 8})

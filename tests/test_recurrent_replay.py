@@ -6,7 +6,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.learner import Learner, Trajectories
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -10,11 +10,11 @@ import psutil
 import pytest
 import torch
 
-from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli import train_main
-from fastrl.config.schema import build_config
-from fastrl.run.training import RunError, train
+from fastrl.config import build_config
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.ipc.arena import SEGMENT_PREFIX, pid_namespace, remove_stale_segments
+from fastrl.run.training import RunError, train
 
 pytestmark = pytest.mark.slow  # every test here is a live run, killed, crashed or starved on purpose
 

@@ -6,8 +6,8 @@ from collections import deque
 import numpy as np
 import pytest
 
+from fastrl.config import ReplayConfig
 from fastrl.kernels import nstep_targets
-from fastrl.config.schema import ReplayConfig
 from fastrl.replay.buffer import ReplayRatio, SequenceReplay, TransitionReplay
 from fastrl.replay.storage import LZ4FrameStore
 

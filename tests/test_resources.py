@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.run import preflight, resources
 from fastrl.cli import train_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.models.networks import build_model, state_bytes
+from fastrl.run import preflight, resources
 from fastrl.run.resources import ResourceError, check_memmap_dir, check_shared_memory, replay_ram_bytes
 from fastrl.run.training import RunError, RunResult, train
 from tests.test_cli_errors import one_line_error

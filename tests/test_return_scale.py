@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.learner.return_scale import ReturnScale
 from fastrl.learner.vtrace import VTraceLearner
 

@@ -4,13 +4,13 @@ from collections import deque
 import numpy as np
 import pytest
 
-from fastrl.config.schema import build_config
-from fastrl.reporting.metrics import read_timings
-from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.run.training import arena_layout
 from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import worker_slot_ids
+from fastrl.reporting.metrics import read_timings
+from fastrl.run.training import arena_layout
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
 
 
 def countdown_config(**overrides):

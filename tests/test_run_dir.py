@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from fastrl.files.checkpoint import list_checkpoints, write_checkpoint_file
 from fastrl.cli import train_main
-from fastrl.config.schema import build_config, load_run_config
+from fastrl.config import build_config, load_run_config
+from fastrl.files.checkpoint import list_checkpoints, write_checkpoint_file
 from fastrl.files.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
 from fastrl.run.training import RunError, train
 

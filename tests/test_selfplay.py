@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.files.checkpoint import load_latest_checkpoint, write_checkpoint_file
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.sampling.batcher import InferenceBatcher
-from fastrl.multiagent.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots, snapshot_path
-from fastrl.reporting.metrics import WorkerTiming
-from fastrl.models.networks import build_model, num_state_values
-from fastrl.multiagent.policy_map import policy_map
-from fastrl.run.preflight import arena_layout
-from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env, worker_policies
-from fastrl.run.training import train
+from fastrl.files.checkpoint import load_latest_checkpoint, write_checkpoint_file
 from fastrl.ipc.arena import Arena, WeightBuffer
 from fastrl.ipc.slots import PolicyQueues, serial_slots
+from fastrl.models.networks import build_model, num_state_values
+from fastrl.multiagent.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots, snapshot_path
+from fastrl.multiagent.policy_map import policy_map
+from fastrl.reporting.metrics import WorkerTiming
+from fastrl.run.preflight import arena_layout
+from fastrl.run.training import train
+from fastrl.sampling.batcher import InferenceBatcher
+from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env, worker_policies
 from tests.test_policies import forced_policy_weights, games_config
 
 COUNT_GAME = "pettingzoo:tests.turn_based_envs"

@@ -6,14 +6,23 @@ from multiprocessing import Pipe
 import numpy as np
 import pytest
 
-from fastrl.config.schema import ConfigError, build_config
-from fastrl.learner.process import FullSlots
-from fastrl.ipc.child import WorkerChannels
-from fastrl.sampling.rollout_worker import worker_slots
+from fastrl.config import ConfigError, build_config
 from fastrl.ipc.arena import Arena, trajectory_layout
-from fastrl.ipc.slots import (MAX_SPLITS, NOT_THIS_GENERATION, REQUEST_VALUES, RequestCodec, SlotsExhausted, WorkerSlots,
-                          request_ids, serial_slots, worker_slot_ids)
+from fastrl.ipc.child import WorkerChannels
+from fastrl.ipc.slots import (
+    MAX_SPLITS,
+    NOT_THIS_GENERATION,
+    REQUEST_VALUES,
+    RequestCodec,
+    SlotsExhausted,
+    WorkerSlots,
+    request_ids,
+    serial_slots,
+    worker_slot_ids,
+)
+from fastrl.learner.process import FullSlots
 from fastrl.reporting.timers import Timers
+from fastrl.sampling.rollout_worker import worker_slots
 
 WORKERS, ENVS, SLOTS_PER_ENV = 2, 2, 3
 PER_WORKER = ENVS * SLOTS_PER_ENV

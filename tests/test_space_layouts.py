@@ -10,13 +10,13 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from fastrl.files.checkpoint import list_checkpoints
 from fastrl.cli import eval_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
+from fastrl.envs.spaces import ActionLayout, ObsLayout
 from fastrl.evaluation.episodes import load_run_model
+from fastrl.files.checkpoint import list_checkpoints
 from fastrl.models.heads import action_head
 from fastrl.run.training import train
-from fastrl.envs.spaces import ActionLayout, ObsLayout
 from tests.space_envs import ACTION_SPACES, BOX_HIGH, BOX_LOW, IllegalAction, check_exactly
 from tests.test_spaces import one_torch_thread  # noqa: F401  (autouse: the serial runs train on one thread here)
 from tests.test_train import assert_all_exited

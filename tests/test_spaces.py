@@ -11,18 +11,25 @@ import torch
 from gymnasium import spaces
 from torch import distributions as D
 
-from fastrl.files.checkpoint import list_checkpoints
 from fastrl.cli import train_main
-from fastrl.config.schema import ModelConfig, build_config
-from fastrl.models.encoders import SmallCNN, image_encoder
+from fastrl.config import ModelConfig, build_config
 from fastrl.envs import make_vec_env
+from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace
 from fastrl.envs.toy import DictGridEnv, MaskedCueEnv, MatchComponentsEnv
 from fastrl.evaluation.episodes import evaluate_run
-from fastrl.models.heads import MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead, action_head, bounded_log_std
-from fastrl.sampling.batcher import epsilon_greedy
+from fastrl.files.checkpoint import list_checkpoints
+from fastrl.models.encoders import SmallCNN, image_encoder
+from fastrl.models.heads import (
+    MASKED_LOGIT,
+    BernoulliHead,
+    CategoricalHead,
+    FactorizedHead,
+    action_head,
+    bounded_log_std,
+)
 from fastrl.models.networks import ActorCritic, DuelingQNetwork
 from fastrl.run.training import RunError, train
-from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace
+from fastrl.sampling.batcher import epsilon_greedy
 from tests.test_train import assert_all_exited, read_metrics
 
 TOY = "fastrl.envs.toy:"
@@ -510,8 +517,8 @@ def test_placeholder_box_bounds_never_clip_actions():
 
 
 def test_packed_float_leaves_are_normalized_by_the_models_statistics_before_encoding():
-    from fastrl.models.networks import build_model
     from fastrl.envs.spaces import ObsLayout
+    from fastrl.models.networks import build_model
 
     space = spaces.Dict({"position": spaces.Box(-100, 100, (3,), np.float32), "room": spaces.Discrete(4)})
     model = build_model(space, spaces.Discrete(2), ModelConfig(normalize_obs=True), algo="appo")

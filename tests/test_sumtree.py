@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from fastrl.kernels import SumTree
-from fastrl.kernels import sumtree
+from fastrl.kernels import SumTree, sumtree
 
 
 def apply_updates(priorities, indices, values):

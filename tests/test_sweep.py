@@ -14,13 +14,12 @@ import optuna
 import pytest
 
 from fastrl.cli import resolve_train_config, sweep_main, train_main, train_parser
-from fastrl.config.schema import build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.ipc.arena import SEGMENT_PREFIX, pid_namespace
-from fastrl.tuning import sweep as sweep_module
 from fastrl.tuning import search_space as sweep_space
-from fastrl.config.schema import ConfigError
-from fastrl.tuning.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
+from fastrl.tuning import sweep as sweep_module
 from fastrl.tuning.search_space import configured, objective_keys, parse_param
+from fastrl.tuning.sweep import BEST_PROFILE, PRUNE_RUNGS, Sweep, SweepSpec, check_spec, open_study
 from fastrl.tuning.trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess, group_members
 from tests.test_reliability import wait_for
 

@@ -4,9 +4,9 @@ import gymnasium
 import numpy as np
 import torch
 
-from fastrl.config.schema import build_config
-from fastrl.learner import Learner
+from fastrl.config import build_config
 from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
+from fastrl.learner import Learner
 from tests.test_learner import random_batch
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli import eval_main, train_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.run.training import train
 
 pytestmark = pytest.mark.slow  # end to end, every test: a training run, or fastrl-train / fastrl-eval started
@@ -262,8 +262,8 @@ def test_atari_apex_runs_on_stacked_frames(tmp_path):
 
 
 def test_stop_when_is_refused_for_a_run_of_several_ranks_before_anything_is_written(tmp_path, monkeypatch):
-    from fastrl.run import training as runner
     from fastrl.distributed.process_group import DistInfo
+    from fastrl.run import training as runner
 
     monkeypatch.setattr(runner, "check_request", lambda cfg, run_dir, resume: DistInfo(rank=0, world_size=2))
     with pytest.raises(runner.RunError, match="stop_when stops a single node's run: with several ranks, end the "

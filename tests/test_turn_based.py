@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from fastrl.cli import eval_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_vec_env, probe_env
-from fastrl.run.training import train
 from fastrl.envs.spaces import UnsupportedSpace
+from fastrl.run.training import train
 from tests.test_rollout import run_worker
 from tests.turn_based_envs import move_rewards
 

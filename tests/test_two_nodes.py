@@ -13,8 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fastrl.distributed.process_group import (
+    SOCKET_INTERFACE_VARS,
+    InterfaceError,
+    interface_to,
+    route_collectives_to_master,
+)
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.distributed.process_group import SOCKET_INTERFACE_VARS, InterfaceError, interface_to, route_collectives_to_master
 from tests.scripts import load_benchmark
 
 netns = load_benchmark("netns")

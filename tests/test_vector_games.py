@@ -6,7 +6,7 @@ import collections
 import numpy as np
 import pytest
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
 from fastrl.envs.toy import AgreementGames
 from tests.test_rollout import run_worker

@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint, write_checkpoint_file
 from fastrl.cli import eval_main
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.models.networks import build_model
-from fastrl.run.training import train
 from fastrl.evaluation import video as video_module
 from fastrl.evaluation.video import VideoError, record_frames, write_video
+from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint, write_checkpoint_file
+from fastrl.models.networks import build_model
+from fastrl.run.training import train
 
 needs_imageio = pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
                                    reason="the [video] extra (imageio, imageio-ffmpeg) is not installed")

@@ -10,7 +10,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import ImageOptions, make_vec_env, probe_env, resolve_backend
 from fastrl.envs.backends import vizdoom_backend
 
@@ -245,7 +245,7 @@ def test_frame_skip_runs_in_the_engine():
 
 @needs_vizdoom
 def test_vizdoom_basic_profile_trains_and_counts_frames_by_the_skip(tmp_path):
-    from fastrl.config.schema import build_config
+    from fastrl.config import build_config
     from fastrl.run.training import train
 
     cfg = build_config("vizdoom-basic", {"serial": True, "env.num_workers": 1, "env.envs_per_worker": 2,

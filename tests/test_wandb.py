@@ -14,10 +14,10 @@ import time
 import pytest
 
 from fastrl.cli import train_main
-from fastrl.config.schema import build_config, to_toml
+from fastrl.config import build_config, to_toml
+from fastrl.reporting import wandb_logger
 from fastrl.reporting.console import Console
 from fastrl.reporting.metrics import Reporter
-from fastrl.reporting import wandb_logger
 from fastrl.reporting.wandb_logger import RUN_ID_FILE, WANDB_DIR
 from tests.test_metrics import small_arena
 
@@ -124,9 +124,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, offline):
 @needs_wandb
 def test_a_video_is_logged_as_mp4(tmp_path, offline):
     pytest.importorskip("imageio_ffmpeg")
-    from tests.test_video import PAINTED, toy_config, untrained_model
-
     from fastrl.evaluation.video import write_video
+    from tests.test_video import PAINTED, toy_config, untrained_model
 
     cfg = toy_config(PAINTED)
     video = write_video(cfg, untrained_model(cfg), tmp_path / "clip.mp4", episodes=1)["video"]

@@ -29,12 +29,12 @@ from typing import Any
 import gymnasium
 
 from fastrl.envs.backends import atari, vizdoom_backend
-from fastrl.envs.wrappers.action_subset import ActionSubset, action_subset_error
-from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.backends.gym_backend import GymnasiumSplits
-from fastrl.envs.wrappers.image_preprocessing import ImageOptions, check_applies, preprocessed
+from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.multiagent.pettingzoo_backend import is_pettingzoo_id
 from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
+from fastrl.envs.wrappers.action_subset import ActionSubset, action_subset_error
+from fastrl.envs.wrappers.image_preprocessing import ImageOptions, check_applies, preprocessed
 from fastrl.user_code import load_callable
 
 BACKENDS = ("auto", "envpool", "gymnasium", "factory")

@@ -6,15 +6,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files.checkpoint import (CheckpointError, CheckpointMismatch, best_checkpoint_path, load_checkpoint,
-                         load_latest_checkpoint, load_model_state)
-from ..config.schema import OPPONENT_ACTIONS, Q_LEARNERS, Config, ConfigError, is_device_name, load_run_config, weights_mismatch
+from ..config import (
+    OPPONENT_ACTIONS,
+    Q_LEARNERS,
+    Config,
+    ConfigError,
+    is_device_name,
+    load_run_config,
+    weights_mismatch,
+)
 from ..envs import make_episode_env, probe_env
 from ..envs.multiagent.pettingzoo_games import Games
+from ..envs.spaces import ObsLayout
+from ..files.checkpoint import (
+    CheckpointError,
+    CheckpointMismatch,
+    best_checkpoint_path,
+    load_checkpoint,
+    load_latest_checkpoint,
+    load_model_state,
+)
 from ..models.networks import action_head, build_model, keys_it_ignores
 from ..multiagent.opponents import checked_action, find_opponent, make_opponent, opponent_name
 from ..multiagent.policy_map import policy_map
-from ..envs.spaces import ObsLayout
 
 
 class PolicyActions:

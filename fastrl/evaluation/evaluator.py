@@ -33,18 +33,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files.checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
-from ..config.schema import Config, ConfigError
+from ..config import Config, ConfigError
 from ..envs import EnvSpec
 from ..envs.multiagent.pettingzoo_backend import is_pettingzoo_id
-from .episodes import check_opponent_seats, evaluate_against, evaluate_policy
-from ..reporting.metrics import OPPONENT_STATS
-from ..models.networks import build_model
-from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
-from ..ipc.weights import PublishedWeights
-from ..ipc.child import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
+from ..files.checkpoint import CheckpointError, best_checkpoint_path, load_checkpoint, write_checkpoint_file
 from ..files.run_dir import make_dir
 from ..ipc.arena import Arena, total_env_steps
+from ..ipc.child import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
+from ..ipc.weights import PublishedWeights
+from ..models.networks import build_model
+from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
+from ..reporting.metrics import OPPONENT_STATS
+from .episodes import check_opponent_seats, evaluate_against, evaluate_policy
 from .video import VideoError, remove_partial_videos, write_video  # imageio itself is imported only to write
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config.schema import Config
+from ..config import Config
 from ..envs import resolve_backend
 from ..envs.base import VecEnv
 from ..multiagent.opponents import find_opponent

@@ -21,12 +21,13 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from ..config.schema import MAX_EVAL_OPPONENTS
+
 SEGMENT_PREFIX = "fastrl_"
 SHM_DIR = "/dev/shm"
 _ALIGN = 64
 EPISODE_RING = 4096  # finished episodes remembered per worker between two reports
 # eval.opponents' bound: each opponent evaluated during training has a row of eval_opponent_stats.
-MAX_EVAL_OPPONENTS = 8
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..config.schema import MAX_SPLITS  # REQUEST_VALUES // 2: at least two generation tags
+
 REQUEST_VALUES = 256  # a request travels as one byte
-MAX_SPLITS = REQUEST_VALUES // 2  # at least two generation tags
 SLOT_ID_DTYPE = np.int32  # slot ids on the pipes
 NOT_THIS_GENERATION = -1  # RequestCodec.requests: a byte another generation of the worker sent
 

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from .device_io import pinned_empty, view_flat
 from ..models.networks import num_state_values, state_tensors
 from .arena import Arena, WeightBuffer
+from .device_io import pinned_empty, view_flat
 
 TORN_READ_RETRY_S = 0.001  # the learner is writing the buffer just read: it is done within moments
 

@@ -16,11 +16,11 @@ from .base import BaseLearner
 from .batch import Trajectories, gather_trajectories
 from .dqn import PRIORITY_EPS, DQNLearner
 from .factory import LEARNERS, make_learner
-from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
 from .process import learner_process
 from .r2d2 import R2D2Learner
 from .replay_feed import add_trajectories
+from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
 from .vtrace import VTraceLearner
 
 Learner = VTraceLearner

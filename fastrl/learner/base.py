@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from ..config.schema import Config
+from ..config import Config
 from ..reporting.timers import Timers
 from .batch import Trajectories
 from .precision import learner_precision

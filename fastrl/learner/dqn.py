@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.schema import Config
+from ..config import Config
 from ..kernels import nstep_targets
 from ..models.networks import build_model
 from ..replay.buffer import TransitionReplay
@@ -29,6 +29,7 @@ from .batch import Trajectories
 from .losses import td_loss
 from .qlearning import PRIORITY_EPS, ReplayQLearner
 from .replay_feed import add_trajectories
+
 
 class DQNLearner(ReplayQLearner):
     """Ape-X DQN: the online network ``model``, its ``target`` copy and a prioritized

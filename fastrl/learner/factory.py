@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config.schema import Config
+from ..config import Config
 from .base import BaseLearner
 from .dqn import DQNLearner
 from .r2d2 import R2D2Learner

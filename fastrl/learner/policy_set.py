@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config.schema import Config, set_value
-from ..multiagent.league import League
-from ..tuning.pbt import Population, member_configs
-from ..multiagent.policy_map import PolicyMap
+from ..config import Config, set_value
 from ..ipc.arena import Arena
+from ..multiagent.league import League
+from ..multiagent.policy_map import PolicyMap
+from ..tuning.pbt import Population, member_configs
 from .base import BaseLearner
 from .factory import make_learner
 from .runtime import LearnerRuntime, restore_learner

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config.schema import Q_LEARNERS
+from ..config import Q_LEARNERS
 
 # x86 flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.schema import Config
+from ..config import Config
 from ..replay.buffer import ReplayRatio
 from .base import BaseLearner
 from .batch import Trajectories

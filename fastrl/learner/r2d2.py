@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.schema import Config
+from ..config import Config
 from ..ipc.device_io import BatchTransfer
 from ..kernels import nstep_targets
 from ..models.networks import build_model

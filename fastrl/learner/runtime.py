@@ -6,12 +6,12 @@ import time
 import numpy as np
 import torch
 
+from ..config import Config
 from ..files.checkpoint import capture_rng, restore_rng, save_checkpoint
-from ..config.schema import Config
-from ..ipc.device_io import pinned_empty
-from ..reporting.metrics import write_learner_stats
-from ..models.networks import num_state_values, state_to_flat
 from ..ipc.arena import Control, WeightBuffer
+from ..ipc.device_io import pinned_empty
+from ..models.networks import num_state_values, state_to_flat
+from ..reporting.metrics import write_learner_stats
 from ..reporting.timers import Timers
 from .base import BaseLearner
 from .staging import BatchFeed, Gathered

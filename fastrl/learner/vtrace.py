@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.schema import Config
-from ..sampling.numpy_mlp import NumpyMLPActorCritic
+from ..config import Config
+from ..envs.spaces import ActionLayout, ObsLayout
 from ..models.networks import action_head, build_model
 from ..replay.buffer import SequenceReplay
-from ..envs.spaces import ActionLayout, ObsLayout
+from ..sampling.numpy_mlp import NumpyMLPActorCritic
 from .base import BaseLearner, read_stats, unroll
 from .batch import Trajectories
 from .losses import appo_loss, impala_loss

@@ -16,9 +16,9 @@ import gymnasium
 import torch
 from torch.nn import functional as F
 
+from ..envs.spaces import ActionLayout
 from ..kernels import sample_categorical
 from ..kernels.torch_ops import CategoricalLogProbEntropy, kernels_take
-from ..envs.spaces import ActionLayout
 
 MASKED_LOGIT = torch.finfo(torch.float32).min
 

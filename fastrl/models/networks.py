@@ -24,13 +24,33 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config.schema import ModelConfig
-from .recurrent import RecurrentCore
-from .encoders import (NATURE_MIN_SIDE, ImpalaResNet, LeafEncoder, LeafNormalizer, MLPEncoder, NatureCNN,  # noqa: F401
-                       ObsNormalizer, SmallCNN, _orthogonal, image_encoder, scale_obs)
-from .heads import (LOG_STD_RANGE, MASKED_LOGIT, BernoulliHead, CategoricalHead, FactorizedHead,  # noqa: F401
-                    GaussianHead, action_head, bounded_log_std, raw_log_std)
+from ..config import ModelConfig
 from ..envs.spaces import ActionLayout, ObsLayout, check_action_mask, image_hw, is_channels_last
+from .encoders import (  # noqa: F401
+    NATURE_MIN_SIDE,
+    ImpalaResNet,
+    LeafEncoder,
+    LeafNormalizer,
+    MLPEncoder,
+    NatureCNN,
+    ObsNormalizer,
+    SmallCNN,
+    _orthogonal,
+    image_encoder,
+    scale_obs,
+)
+from .heads import (  # noqa: F401
+    LOG_STD_RANGE,
+    MASKED_LOGIT,
+    BernoulliHead,
+    CategoricalHead,
+    FactorizedHead,
+    GaussianHead,
+    action_head,
+    bounded_log_std,
+    raw_log_std,
+)
+from .recurrent import RecurrentCore
 
 
 def is_image(obs_space: gymnasium.spaces.Box) -> bool:

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import ConfigError, SelfPlayConfig
 from ..files.checkpoint import CheckpointError, warn, write_checkpoint_file
-from ..config.schema import ConfigError, SelfPlayConfig
 from ..files.run_dir import make_dir, write_atomic
 from ..ipc.arena import Arena, WeightBuffer
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.schema import Config, ConfigError
+from ..config import Config, ConfigError
 from ..user_code import first_line, load_callable
 
 SINGLE_AGENT = "agent"  # the agent id of a single-agent env's rows (what a mapping callable is given)

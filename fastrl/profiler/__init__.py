@@ -31,17 +31,50 @@ Modules, each importing only those above it:
 Heavy imports (torch, the runner) stay inside functions: the raw env processes import this
 package and, like rollout workers, should not pay for torch.
 """
-from .diagnosis import (BUSY, CPU_SATURATED, GROUPS, MIN_WINDOW_S, STARTUP_MARGIN, WAIT, Diagnosis, LateStart,
-                        ProfileError, breakdown, diagnose, share_keys, steady_window)
+from .diagnosis import (
+                        BUSY,
+                        CPU_SATURATED,
+                        GROUPS,
+                        MIN_WINDOW_S,
+                        STARTUP_MARGIN,
+                        WAIT,
+                        Diagnosis,
+                        LateStart,
+                        ProfileError,
+                        breakdown,
+                        diagnose,
+                        share_keys,
+                        steady_window,
+)
 from .main import command
-from .measure import (DEFAULT_SECONDS, STARTUP_ESTIMATE_S, ProfileResult, RunMeasurement, default_warmup,
-                      measure_run, measure_run_patiently, profile)
+from .measure import (
+                        DEFAULT_SECONDS,
+                        STARTUP_ESTIMATE_S,
+                        ProfileResult,
+                        RunMeasurement,
+                        default_warmup,
+                        measure_run,
+                        measure_run_patiently,
+                        profile,
+)
 from .plot import PlotError, plot_profile, pyplot
 from .rawenv import EnvMeasurement, legal_random_actions, measure_env, random_action_table
 from .report import format_autotune, format_report, write_json
 from .sampling import ProcessSampler, cores_used, cpu_count, gpu_query, hardware, parse_nvidia_smi
-from .tuning import (DEFAULT_BUDGET_S, DEFAULT_TRIAL_SECONDS, TUNED_KEYS, AutotuneResult, Autotuner, Trial,
-                     autotune, candidate_values, get_key, set_args, tuned_keys, with_settings)
+from .tuning import (
+                        DEFAULT_BUDGET_S,
+                        DEFAULT_TRIAL_SECONDS,
+                        TUNED_KEYS,
+                        Autotuner,
+                        AutotuneResult,
+                        Trial,
+                        autotune,
+                        candidate_values,
+                        get_key,
+                        set_args,
+                        tuned_keys,
+                        with_settings,
+)
 
 __all__ = [
     "BUSY", "CPU_SATURATED", "DEFAULT_BUDGET_S", "DEFAULT_SECONDS", "DEFAULT_TRIAL_SECONDS", "GROUPS",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.schema import build_config, parse_override
+from ..config import build_config, parse_override
 from .diagnosis import ProfileError
 from .measure import DEFAULT_SECONDS, profile
 from .plot import plot_profile, pyplot

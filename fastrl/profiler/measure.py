@@ -10,9 +10,18 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..config.schema import Config, validate
-from .diagnosis import (MIN_WINDOW_S, STARTUP_MARGIN, Diagnosis, LateStart, ProfileError, breakdown, diagnose,
-                        steady_window, window_measured)
+from ..config import Config, validate
+from .diagnosis import (
+    MIN_WINDOW_S,
+    STARTUP_MARGIN,
+    Diagnosis,
+    LateStart,
+    ProfileError,
+    breakdown,
+    diagnose,
+    steady_window,
+    window_measured,
+)
 from .rawenv import measure_env
 from .sampling import ProcessSampler, cores_used, cpu_count, hardware
 

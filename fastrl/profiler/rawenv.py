@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import gymnasium
 import numpy as np
 
-from ..config.schema import Config
+from ..config import Config
+from ..envs.spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
 from ..ipc.child import configure_child
 from ..sampling.rollout_worker import make_worker_env
-from ..envs.spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
 

@@ -6,7 +6,7 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..config.schema import Config, ConfigError, set_key, to_toml, validate
+from ..config import Config, ConfigError, set_key, to_toml, validate
 from ..envs import resolve_backend
 from .diagnosis import STARTUP_MARGIN, LateStart, ProfileError
 from .measure import STARTUP_ESTIMATE_S, check_durations, default_warmup, log_progress, measure_run

@@ -73,7 +73,7 @@ from fractions import Fraction
 import numba
 import numpy as np
 
-from ..config.schema import AT_LEAST_1, UNIT, ReplayConfig, check_section
+from ..config import AT_LEAST_1, UNIT, ReplayConfig, check_section
 from ..kernels import SumTree, nstep_windows
 from .storage import make_frame_store
 

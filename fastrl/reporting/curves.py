@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.schema import flat_config, load_run_config
+from ..config import flat_config, load_run_config
 from .figures import PlotError, engineering_axis, figure_path, pyplot, save
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}

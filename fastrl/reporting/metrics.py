@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.schema import INFO_PREFIX
-from .console import Console
+from ..config import INFO_PREFIX
 from ..files.run_dir import make_dir, open_for_append
 from ..ipc.arena import Arena, Control, new_episodes, total_env_steps
+from .console import Console
 from .wandb_logger import open_wandb_logger
 
 # Reports kept in memory for RunResult.reports (metrics.jsonl has every one): about 3 hours at the

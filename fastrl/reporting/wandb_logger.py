@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from ..config.schema import Config, ConfigError, load_run_config
+from ..config import Config, ConfigError, load_run_config
 from ..files.run_dir import make_dir, write_atomic
 
 WANDB_EXTRA = "pip install 'fastrl[wandb]'"

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..distributed import process_group as distributed
-from ..files.checkpoint import list_checkpoints
 from ..distributed.process_group import DistInfo
+from ..files.checkpoint import list_checkpoints
 from ..files.run_dir import ELASTIC_RECORD, LOCK_FILE, RunDirError, RunDirLock, lock_holder, write_atomic
 from .plan import RunError
 

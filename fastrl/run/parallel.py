@@ -18,17 +18,17 @@ import signal
 import time
 
 from ..distributed import process_group as distributed
-from ..reporting.console import Console
 from ..evaluation.evaluator import EvalResults, evaluator_process
-from ..sampling.batcher import inference_process
-from ..learner import learner_process
-from ..reporting.metrics import MetricsWriteError, Reporter
-from ..tuning.pbt import info_due_env_steps
-from ..ipc.child import make_channels
-from .rank_heartbeat import RankWatch
-from ..sampling.rollout_worker import rollout_process
-from .plan import RunError, RunPlan, RunResult
 from ..ipc.arena import Arena, Control, get_error
+from ..ipc.child import make_channels
+from ..learner import learner_process
+from ..reporting.console import Console
+from ..reporting.metrics import MetricsWriteError, Reporter
+from ..sampling.batcher import inference_process
+from ..sampling.rollout_worker import rollout_process
+from ..tuning.pbt import info_due_env_steps
+from .plan import RunError, RunPlan, RunResult
+from .rank_heartbeat import RankWatch
 from .supervisor import Supervisor, stop_processes
 
 

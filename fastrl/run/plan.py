@@ -7,14 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.schema import Config
+from ..config import Config
 from ..distributed.process_group import DistInfo
 from ..envs import EnvSpec
-from ..multiagent.league import LeagueRecord
-from ..reporting.metrics import saved_learner_stats, write_learner_stats
-from ..multiagent.policy_map import PolicyMap
 from ..files.run_dir import RunDirLock
 from ..ipc.arena import Arena, ArenaLayout, Control
+from ..multiagent.league import LeagueRecord
+from ..multiagent.policy_map import PolicyMap
+from ..reporting.metrics import saved_learner_stats, write_learner_stats
 
 
 class RunError(RuntimeError):

@@ -10,26 +10,40 @@ from pathlib import Path
 
 import torch
 
-from ..files.checkpoint import (CheckpointError, CheckpointMismatch, checkpoint_dir, load_checkpoint, load_latest_checkpoint,
-                         load_model_state, remove_partial_checkpoints, set_aside_newer_checkpoints)
-from ..config.schema import Config, ConfigError, to_toml, validate, weights_mismatch
-from ..distributed.process_group import (DistInfo, InterfaceError, hear_from_rank_0, route_collectives_to_master, tell_other_ranks,
-                          uses_agent_store)
+from ..config import Config, ConfigError, to_toml, validate, weights_mismatch
+from ..distributed.process_group import (
+    DistInfo,
+    InterfaceError,
+    hear_from_rank_0,
+    route_collectives_to_master,
+    tell_other_ranks,
+    uses_agent_store,
+)
 from ..envs import EnvSpec, probe_env
 from ..envs.multiagent.pettingzoo_backend import require_pettingzoo
-from ..evaluation.evaluator import check_eval_opponents
-from ..learner.policy_set import checkpoint_policies
-from .main_guard import unguarded_main_call
-from ..models.networks import build_model, keys_it_ignores, num_state_values, state_bytes
-from ..multiagent.policy_map import PolicyMap, check_slots_per_policy, policy_map
-from .resources import ResourceError, check_resources, model_memory_error
-from ..files.run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
-from .plan import RunError, RunPlan
-from ..ipc.arena import remove_stale_segments, trajectory_layout
 from ..envs.spaces import ActionLayout, ObsLayout
-from ..multiagent.league import prepare_league, require_rating_library
+from ..evaluation.evaluator import check_eval_opponents
 from ..evaluation.video import require_video_extra
+from ..files.checkpoint import (
+    CheckpointError,
+    CheckpointMismatch,
+    checkpoint_dir,
+    load_checkpoint,
+    load_latest_checkpoint,
+    load_model_state,
+    remove_partial_checkpoints,
+    set_aside_newer_checkpoints,
+)
+from ..files.run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
+from ..ipc.arena import remove_stale_segments, trajectory_layout
+from ..learner.policy_set import checkpoint_policies
+from ..models.networks import build_model, keys_it_ignores, num_state_values, state_bytes
+from ..multiagent.league import prepare_league, require_rating_library
+from ..multiagent.policy_map import PolicyMap, check_slots_per_policy, policy_map
 from ..reporting.wandb_logger import require_wandb
+from .main_guard import unguarded_main_call
+from .plan import RunError, RunPlan
+from .resources import ResourceError, check_resources, model_memory_error
 
 
 def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:

@@ -14,9 +14,9 @@ import shutil
 import numpy as np
 import psutil
 
-from ..config.schema import Q_LEARNERS, Config
-from ..ipc.arena import SHM_DIR
+from ..config import Q_LEARNERS, Config
 from ..envs.spaces import ObsLayout
+from ..ipc.arena import SHM_DIR
 
 # Per replay record besides its frame: action, reward, flags, generation, arrival priority and
 # the sum tree's two float64 nodes (fastrl.replay.buffer).

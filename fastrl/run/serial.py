@@ -10,16 +10,15 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from ..reporting.console import Console
-from ..evaluation.evaluator import (MAX_RESTARTS, EvalResults, Evaluator, failure_line, given_up_notice,
-                                   restarted_notice)
-from ..sampling.batcher import InferenceBatcher, batcher_epsilons
-from ..learner.policy_set import PolicyRuntimes, make_policy_learners, restore_policies
-from ..reporting.metrics import MetricsWriteError, Reporter, WorkerTiming
-from ..tuning.pbt import info_due_env_steps
-from ..sampling.rollout_worker import RolloutWorker, make_worker_env, worker_policies
-from .plan import RunError, RunPlan, RunResult
+from ..evaluation.evaluator import MAX_RESTARTS, EvalResults, Evaluator, failure_line, given_up_notice, restarted_notice
 from ..ipc.slots import SlotsExhausted, serial_slots
+from ..learner.policy_set import PolicyRuntimes, make_policy_learners, restore_policies
+from ..reporting.console import Console
+from ..reporting.metrics import MetricsWriteError, Reporter, WorkerTiming
+from ..sampling.batcher import InferenceBatcher, batcher_epsilons
+from ..sampling.rollout_worker import RolloutWorker, make_worker_env, worker_policies
+from ..tuning.pbt import info_due_env_steps
+from .plan import RunError, RunPlan, RunResult
 
 
 def run_serial(plan: RunPlan, console: Console) -> RunResult:

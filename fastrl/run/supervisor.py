@@ -14,13 +14,13 @@ from pathlib import Path
 
 import psutil
 
-from ..config.schema import Config
-from ..reporting.console import Console
+from ..config import Config
 from ..evaluation.evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
 from ..evaluation.evaluator import given_up_notice, restarted_notice
 from ..files.run_dir import write_atomic
-from .plan import RunError
 from ..ipc.arena import Arena, Control, get_error
+from ..reporting.console import Console
+from .plan import RunError
 
 SHUTDOWN_GRACE_S = 15.0
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import torch
 
-from ..reporting.console import Console
-from ..config.schema import Config
-from .elastic import ElasticAttempt, current_attempt
-from ..learner.precision import learner_precision
-from .parallel import run_parallel
-from .preflight import arena_layout, check_request, lock_run_dir, plan_run, resolve_device
+from ..config import Config
 from ..files.run_dir import remove_unused_run_dir
+from ..learner.precision import learner_precision
+from ..reporting.console import Console
+from .elastic import ElasticAttempt, current_attempt
+from .parallel import run_parallel
 from .plan import RunError, RunPlan, RunResult
+from .preflight import arena_layout, check_request, lock_run_dir, plan_run, resolve_device
 from .serial import run_serial
 
 __all__ = ["RunError", "RunResult", "arena_layout", "resolve_device", "train"]

@@ -21,17 +21,17 @@ import numba
 import numpy as np
 import torch
 
-from ..config.schema import Q_LEARNERS
-from ..reporting.metrics import BatcherTiming
+from ..config import Q_LEARNERS
 from ..distributed.process_group import DistInfo
-from ..models.heads import MASKED_LOGIT
-from ..ipc.device_io import BatchTransfer
-from .numpy_mlp import NumpyMLPPolicy
-from ..models.networks import ActorCritic, action_head, build_model
-from ..ipc.weights import PublishedWeights
-from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.arena import Arena, set_error
+from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
+from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
+from ..ipc.weights import PublishedWeights
+from ..models.heads import MASKED_LOGIT
+from ..models.networks import ActorCritic, action_head, build_model
+from ..reporting.metrics import BatcherTiming
+from .numpy_mlp import NumpyMLPPolicy
 
 
 def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:

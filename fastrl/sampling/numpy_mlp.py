@@ -28,9 +28,9 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..models.encoders import MLPEncoder
 from ..kernels.categorical import sample_rows
 from ..kernels.mlp import IDENTITY, RELU, TANH, activation_grad, bias_activation, narrow_dense, stack_output_grads
+from ..models.encoders import MLPEncoder
 from ..models.networks import ActorCritic
 
 ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}

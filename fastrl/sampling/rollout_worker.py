@@ -14,15 +14,15 @@ from typing import Callable
 import numba
 import numpy as np
 
-from ..config.schema import Config
+from ..config import Config
 from ..envs import ImageOptions, make_vec_env
-from ..multiagent.league import SelfPlaySeats
-from ..reporting.metrics import WorkerTiming
-from ..multiagent.policy_map import PolicyMap
-from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
-from ..ipc.arena import Arena, set_error
-from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from ..envs.spaces import ObsLayout
+from ..ipc.arena import Arena, set_error
+from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
+from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
+from ..multiagent.league import SelfPlaySeats
+from ..multiagent.policy_map import PolicyMap
+from ..reporting.metrics import WorkerTiming
 
 
 class RolloutWorker:

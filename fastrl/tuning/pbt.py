@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.schema import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
+from ..config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
 from ..evaluation.evaluator import MemberEvalStats, member_evaluations
 from ..files.run_dir import make_dir, open_for_append, write_atomic
 from ..ipc.arena import Arena, new_episodes, total_env_steps

@@ -18,10 +18,18 @@ import copy
 import math
 from dataclasses import dataclass
 
-from ..config.schema import INFO_PREFIX, KEYS, PBT_START, Config, ConfigError, Range, get_value, set_key, validate
+from ..config import INFO_PREFIX, KEYS, PBT_START, Config, ConfigError, Range, get_value, set_key, validate
 from ..evaluation.evaluator import OPPONENT_STATS
-from ..reporting.metrics import (EVALUATION, INFERENCE_TIMINGS, LEAGUE, LEARNER_STATS, POLICY, PROMOTED_LEARNER_STATS,
-                      REPORT, WORKER_TIMINGS)
+from ..reporting.metrics import (
+    EVALUATION,
+    INFERENCE_TIMINGS,
+    LEAGUE,
+    LEARNER_STATS,
+    POLICY,
+    PROMOTED_LEARNER_STATS,
+    REPORT,
+    WORKER_TIMINGS,
+)
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "intlog", "choice")
 NUMERIC = {"uniform": float, "loguniform": float, "int": int, "intlog": int}

@@ -44,9 +44,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.schema import Config, ConfigError, load_profile, parse_override, to_toml
-from ..reporting.console import write_best_effort
+from ..config import Config, ConfigError, load_profile, parse_override, to_toml
 from ..files.run_dir import LOCK_FILE, RunDirError, RunDirLock, remove_unused_run_dir, write_atomic
+from ..reporting.console import write_best_effort
 from .search_space import Param, check_objective, check_params, configured
 from .trial import OUTPUT_FILE, ObjectiveCurve, Rungs, TrialProcess
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 import statistics
 
-from fastrl.config.schema import DEFAULT_PROFILE, build_config
+from fastrl.config import DEFAULT_PROFILE, build_config
 from fastrl.envs.base import check_whole_games
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, check_durations

@@ -25,8 +25,8 @@ def main() -> None:
 
     import torch
 
+    from fastrl.config import build_config, parse_override
     from fastrl.distributed import process_group as distributed
-    from fastrl.config.schema import build_config, parse_override
     from fastrl.envs import probe_env
     from fastrl.models.networks import build_model
     from fastrl.run.preflight import resolve_device

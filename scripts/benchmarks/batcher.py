@@ -34,12 +34,12 @@ def measure(profile: str, calls: int) -> dict[str, float]:
     import torch
     from threadpoolctl import threadpool_limits
 
-    from fastrl.config.schema import build_config
+    from fastrl.config import build_config
     from fastrl.envs import probe_env
-    from fastrl.sampling.batcher import InferenceBatcher
+    from fastrl.ipc.arena import Arena, WeightBuffer
     from fastrl.models.networks import build_model, num_state_values, state_to_flat
     from fastrl.run.training import arena_layout
-    from fastrl.ipc.arena import Arena, WeightBuffer
+    from fastrl.sampling.batcher import InferenceBatcher
 
     torch.set_num_threads(1)
     threadpool_limits(1)

@@ -33,12 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import make_vec_env
 from fastrl.envs.backends.envpool_backend import episode_layout, task_players
-from fastrl.profiler import (STARTUP_ESTIMATE_S, default_warmup, hardware, legal_random_actions, measure_env,
-                             measure_run_patiently, random_action_table)
 from fastrl.envs.spaces import MASK_KEY, ActionLayout, ObsLayout
+from fastrl.profiler import (
+    STARTUP_ESTIMATE_S,
+    default_warmup,
+    hardware,
+    legal_random_actions,
+    measure_env,
+    measure_run_patiently,
+    random_action_table,
+)
 
 from .options import load_setup
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fastrl.config.schema import DEFAULT_PROFILE, build_config
+from fastrl.config import DEFAULT_PROFILE, build_config
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, check_durations
 
@@ -36,7 +36,7 @@ from .options import add_rounds, add_set, add_setup, load_setup, overrides
 MEASURE = """
 import json, sys
 import fastrl
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.profiler.measure import measure_run_patiently
 if __name__ == "__main__":
     profile, overrides, seconds, warmup, sampling, startup = json.loads(sys.argv[1])

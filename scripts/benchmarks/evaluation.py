@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.profiler import hardware
 from fastrl.profiler.measure import STARTUP_ESTIMATE_S, default_warmup, measure_run_patiently
 

@@ -32,14 +32,14 @@ import time
 
 import torch
 
-from fastrl.models import networks as models
-from fastrl.ipc.allocator import retain_freed_memory
-from fastrl.config.schema import build_config
-from fastrl.models.encoders import scale_obs
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.learner import Trajectories, make_learner
-from fastrl.profiler import hardware
 from fastrl.envs.spaces import ObsLayout
+from fastrl.ipc.allocator import retain_freed_memory
+from fastrl.learner import Trajectories, make_learner
+from fastrl.models import networks as models
+from fastrl.models.encoders import scale_obs
+from fastrl.profiler import hardware
 
 from .options import add_rounds, add_set, add_setup, load_setup, overrides
 

@@ -45,12 +45,12 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fastrl.config.schema import ExpectConfig, build_config
+from fastrl.config import ExpectConfig, build_config
+from fastrl.files.run_dir import holds_run
 from fastrl.learner.runtime import NonFiniteTraining
+from fastrl.profiler import hardware
 from fastrl.reporting.curves import EVAL_KEYS, EVAL_X, metrics_rows, plot_learning_curves
 from fastrl.reporting.figures import pyplot
-from fastrl.profiler import hardware
-from fastrl.files.run_dir import holds_run
 from fastrl.run.training import RunError, train
 
 from .options import add_set, overrides

@@ -32,7 +32,7 @@ def add_setup(p, help: str) -> None:
 
 def overrides(texts: list[str]) -> dict:
     """``--set`` texts ("learner.lr=1e-3") as a dict of overrides; ConfigError for one without '='."""
-    from fastrl.config.schema import parse_override
+    from fastrl.config import parse_override
     return dict(parse_override(text) for text in texts)
 
 
@@ -49,7 +49,7 @@ def setup_names() -> list[str]:
 def load_setup(name: str) -> Setup:
     """scripts/benchmarks/setups/NAME.toml, or the TOML file at the path ``name``; ConfigError (one
     line) for a setup that is not there, is not TOML or names no profile."""
-    from fastrl.config.schema import ConfigError
+    from fastrl.config import ConfigError
     path = Path(name) if name.endswith(".toml") else SETUPS / f"{name}.toml"
     if not path.is_file():
         raise ConfigError(f"unknown setup '{name}': available: {', '.join(setup_names())}, or a path to a TOML file")

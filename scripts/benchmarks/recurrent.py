@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tempfile
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.profiler import hardware
 from fastrl.run.training import train
 

@@ -33,7 +33,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from fastrl.config.schema import ReplayConfig  # noqa: E402
+from fastrl.config import ReplayConfig  # noqa: E402
 from fastrl.replay.buffer import TransitionReplay  # noqa: E402
 
 GIB = 2 ** 30

@@ -123,7 +123,7 @@ def all_reduce_cost(ranks: int, nodes, profile: str, overrides: list[str], round
 def processes_per_rank(profile: str, overrides: list[str]) -> int:
     """A rank's busy processes: rollout workers, the learner and the inference batcher (unless
     workers act for themselves)."""
-    from fastrl.config.schema import build_config, parse_override
+    from fastrl.config import build_config, parse_override
 
     cfg = build_config(profile, dict(parse_override(item) for item in overrides))
     return cfg.env.num_workers + 1 + (0 if cfg.inference.in_workers else 1)

@@ -16,14 +16,14 @@ import copy
 import numpy as np
 import torch
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.sampling.batcher import InferenceBatcher
+from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
 from fastrl.learner import DQNLearner, R2D2Learner, Trajectories, VTraceLearner
 from fastrl.models.networks import num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
-from fastrl.ipc.arena import Arena, WeightBuffer
-from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
+from fastrl.sampling.batcher import InferenceBatcher
 
 
 def random_trajectories(cfg, spec, seed: int) -> Trajectories:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from fastrl.config.schema import build_config
+from fastrl.config import build_config
 from fastrl.evaluation.episodes import evaluate_run
 from fastrl.profiler import hardware, profile
 from fastrl.run.training import train

@@ -32,8 +32,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from fastrl.config.schema import build_config
-from fastrl.reporting.curves import metrics_rows
+from fastrl.config import build_config
 from fastrl.profiler import hardware
+from fastrl.reporting.curves import metrics_rows
 
 from .options import add_rounds, add_set, overrides
 from .threshold import is_number

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from fastrl.config.schema import ConfigError
+from fastrl.config import ConfigError
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
 from fastrl.envs.multiagent.pettingzoo_games import Games
 from fastrl.envs.multiagent.pettingzoo_turns import TurnBasedGames
