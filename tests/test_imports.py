@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # kernels/ is installed as fastrl.kernels (setup.py package_dir).
 SOURCES = {"fastrl": ROOT / "fastrl", "fastrl.kernels": ROOT / "kernels"}
@@ -119,13 +121,61 @@ def test_the_runner_family_imports_down_only():
 
 
 def test_the_slot_protocol_is_one_module_that_every_party_uses():
-    """fastrl.ipc.slots sits below everything (the config reads its limits); the worker, the batcher,
-    the learner and the serial run all take the protocol from it."""
+    """fastrl.ipc.slots needs only the config's limits; the worker, the batcher, the learner and
+    the serial run all take the protocol from it."""
     graph = import_graph()
-    assert graph["fastrl.ipc.slots"] == set()
-    for module in ("fastrl.config.schema", "fastrl.sampling.rollout_worker", "fastrl.sampling.batcher", "fastrl.learner.process",
+    assert graph["fastrl.ipc.slots"] <= {"fastrl.config.schema"}
+    for module in ("fastrl.sampling.rollout_worker", "fastrl.sampling.batcher", "fastrl.learner.process",
                    "fastrl.run.serial"):
         assert "fastrl.ipc.slots" in graph[module], f"{module} does not use fastrl.ipc.slots"
+
+
+# fastrl's subpackages (and its top-level modules) from the bottom up: a package imports only from
+# the layers below its own (docs/contributing.md draws the same picture).
+LAYERS = (
+    {"kernels", "config", "files", "distributed", "user_code"},
+    {"envs", "replay"},
+    {"models"},
+    {"ipc"},
+    {"reporting", "multiagent"},
+    {"evaluation", "sampling"},
+    {"tuning"},
+    {"learner"},
+    {"run"},
+    {"profiler", "__init__"},
+    {"cli"},
+)
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_package_imports_only_from_the_layers_below_it():
+    graph = import_graph()
+    layer = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+    packages = {package_of(module) for module in graph}
+    assert packages == set(layer), f"packages without a layer: {sorted(packages - set(layer))}"
+    upward = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if package_of(module) != package_of(target)
+                    and layer[package_of(target)] >= layer[package_of(module)])
+    assert not upward, "imports that do not point down a layer: " + "; ".join(upward)
+
+
+def test_config_and_kernels_import_nothing_of_fastrl():
+    graph = import_graph()
+    for module, targets in graph.items():
+        if package_of(module) in ("config", "kernels"):
+            assert {package_of(t) for t in targets} <= {package_of(module)}, f"{module} imports {sorted(targets)}"
+
+
+def test_the_layer_check_finds_an_upward_import(monkeypatch):
+    graph = import_graph()
+    graph["fastrl.ipc.arena"] = graph["fastrl.ipc.arena"] | {"fastrl.run.training"}
+    monkeypatch.setattr(sys.modules[__name__], "import_graph", lambda: graph)
+    with pytest.raises(AssertionError, match="fastrl.ipc.arena -> fastrl.run.training"):
+        test_every_package_imports_only_from_the_layers_below_it()
 
 
 def test_the_package_exports_train_and_build_config_without_importing_the_runner():

@@ -174,6 +174,11 @@ def attempt_prefix(name: str) -> str:
     return f"fastrl/attempt_{restart_count()}/{name}"
 
 
+# What the learner says when a collective failed under it (fastrl.learner.process), so that the
+# runner knows to ask its rank watch (fastrl.run.rank_heartbeat) who went away.
+PEER_FAILURE = "a collective with the other ranks failed"
+
+
 def is_peer_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that failed because a peer went away: a reset connection
     (its process died) or a timeout (its host is gone). gloo raises both as plain RuntimeErrors

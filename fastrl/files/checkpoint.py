@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..reporting.console import write_best_effort
 from .run_dir import make_dir, write_file_atomic
 
 CHECKPOINT_DIR = "checkpoints"
@@ -106,8 +105,12 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
 
 
 def warn(message: str) -> None:
-    """Warnings go to stderr: the commands' stdout carries their JSON result alone."""
-    write_best_effort(sys.stderr, message)
+    """Warnings go to stderr: the commands' stdout carries their JSON result alone. A stderr that
+    is gone (a closed pipe) loses the warning, never the run."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def load_latest_checkpoint(run_dir: Path, map_location="cpu", warn=warn, check=None) -> tuple[Path, dict]:

@@ -14,6 +14,8 @@ from threadpoolctl import threadpool_limits
 from . import allocator
 from .arena import Control
 
+# How long a stopping run gives its children (the learner its final checkpoint) before killing them.
+SHUTDOWN_GRACE_S = 15.0
 WAIT_TIMEOUT_S = 0.5  # how often a blocked process looks at the stop flag and its parent
 
 

@@ -13,13 +13,13 @@ import torch
 
 from ..config import Config
 from ..distributed import process_group as distributed
+from ..distributed.process_group import PEER_FAILURE
 from ..files.checkpoint import CheckpointError
 from ..ipc.arena import Arena, Control, set_error
 from ..ipc.child import ProcessExit, ReadablePipes, configure_child
 from ..ipc.slots import PolicyQueues, slot_bytes, slot_ids_from
 from ..multiagent.policy_map import PolicyMap, policy_map
 from ..reporting.timers import Timers
-from ..run.rank_heartbeat import PEER_FAILURE
 from .policy_set import PolicyRuntimes, make_policy_learners, restore_policies
 from .runtime import NonFiniteTraining
 

@@ -31,6 +31,7 @@ Modules, each importing only those above it:
 Heavy imports (torch, the runner) stay inside functions: the raw env processes import this
 package and, like rollout workers, should not pay for torch.
 """
+from ..reporting.figures import PlotError
 from .diagnosis import (
                         BUSY,
                         CPU_SATURATED,
@@ -57,7 +58,7 @@ from .measure import (
                         measure_run_patiently,
                         profile,
 )
-from .plot import PlotError, plot_profile, pyplot
+from .plot import plot_profile, pyplot
 from .rawenv import EnvMeasurement, legal_random_actions, measure_env, random_action_table
 from .report import format_autotune, format_report, write_json
 from .sampling import ProcessSampler, cores_used, cpu_count, gpu_query, hardware, parse_nvidia_smi

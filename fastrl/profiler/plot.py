@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from ..reporting.figures import PlotError, engineering_axis, pyplot, save
+from ..reporting.figures import engineering_axis, pyplot, save
 from .diagnosis import GROUPS, share_keys
 from .measure import ProfileResult
 

@@ -16,14 +16,11 @@ import threading
 import time
 
 from ..distributed import process_group as distributed
-from ..distributed.process_group import DistInfo
+from ..distributed.process_group import PEER_FAILURE, DistInfo
 from .plan import RunError
 
 BEAT_S = 0.5
 SILENCE_MAX_S = 10.0
-# What the learner says when a collective failed under it (fastrl.learner.process), so that the
-# runner knows to ask the watch who went away.
-PEER_FAILURE = "a collective with the other ranks failed"
 
 
 class RankWatch:

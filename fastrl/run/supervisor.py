@@ -19,10 +19,9 @@ from ..evaluation.evaluator import MAX_RESTARTS as EVALUATOR_MAX_RESTARTS
 from ..evaluation.evaluator import given_up_notice, restarted_notice
 from ..files.run_dir import write_atomic
 from ..ipc.arena import Arena, Control, get_error
+from ..ipc.child import SHUTDOWN_GRACE_S
 from ..reporting.console import Console
 from .plan import RunError
-
-SHUTDOWN_GRACE_S = 15.0
 
 
 class Supervisor:

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from ..ipc.arena import remove_stale_segments
-from ..run.supervisor import SHUTDOWN_GRACE_S
+from ..ipc.child import SHUTDOWN_GRACE_S
 
 # A runner stopping on SIGTERM gives its children SHUTDOWN_GRACE_S, then writes its last report.
 STOP_GRACE_S = SHUTDOWN_GRACE_S + 15.0
