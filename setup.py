@@ -50,6 +50,8 @@ setup(
         # fastrl-eval --video: imageio's FFMPEG writer runs the ffmpeg binary imageio-ffmpeg bundles.
         "video": ["imageio>=2.31", "imageio-ffmpeg>=0.4.9"],
         "wandb": ["wandb>=0.16"],
+        # fastrl-export --format onnx: torch.onnx's exporter (onnx, onnxscript); onnxruntime runs the file.
+        "export": ["onnx>=1.16", "onnxscript>=0.3", "onnxruntime>=1.18"],
         # fastrl-profile reads GPU use through NVML (no CUDA context, no nvidia-smi process per sample).
         "gpu": ["nvidia-ml-py>=12"],
         # --env pettingzoo:MODULE: PettingZoo's ParallelEnvs, and mpe2's particle worlds (simple_spread).
@@ -63,6 +65,7 @@ setup(
         "console_scripts": [
             "fastrl-train=fastrl.cli:train_main",
             "fastrl-eval=fastrl.cli:eval_main",
+            "fastrl-export=fastrl.cli:export_main",
             "fastrl-profile=fastrl.cli:profile_main",
             "fastrl-plot=fastrl.cli:plot_main",
             "fastrl-sweep=fastrl.cli:sweep_main",

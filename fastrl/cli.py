@@ -1,4 +1,5 @@
-"""Command-line entry points: fastrl-train, fastrl-eval, fastrl-profile, fastrl-sweep and fastrl-plot.
+"""Command-line entry points: fastrl-train, fastrl-eval, fastrl-export, fastrl-profile, fastrl-sweep and
+fastrl-plot.
 
 Heavy imports (torch, envs) happen inside the commands: spawned worker processes re-import the
 main module, and a rollout worker should not pay for torch.
@@ -47,6 +48,13 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="env id (envpool task, gymnasium id, or module:callable factory)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key, e.g. --set learner.lr=1e-3 (repeatable)")
+
+
+def add_best_argument(p: argparse.ArgumentParser) -> None:
+    """--best: the commands that load a run's policy (fastrl-eval, fastrl-export)."""
+    p.add_argument("--best", action="store_true",
+                   help="the best weights evaluated during training (checkpoints/best.pt; training with "
+                        "--set eval.every_s=60 writes it) instead of the latest checkpoint")
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -135,9 +143,7 @@ def eval_main(argv=None) -> int:
     p.add_argument("--deterministic", action="store_true", help="argmax / mean actions instead of sampling")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--best", action="store_true",
-                   help="the best weights evaluated during training (checkpoints/best.pt; training with "
-                        "--set eval.every_s=60 writes it) instead of the latest checkpoint")
+    add_best_argument(p)
     p.add_argument("--video", metavar="PATH.mp4",
                    help="play the episodes one at a time on a rendered env and write them as an H.264 MP4 "
                         "(needs pip install 'fastrl[video]')")
@@ -185,6 +191,32 @@ def eval_main(argv=None) -> int:
     write_best_effort(sys.stdout, json.dumps(result))
     return 0
 
+
+def export_main(argv=None) -> int:
+    from .evaluation.export import FORMATS
+
+    p = argparse.ArgumentParser(
+        prog="fastrl-export",
+        description="Write a run's policy as one self-contained file (TorchScript or ONNX) that maps the env's "
+                    "observation to the env's action, loadable without fastrl (docs/evaluation.md); prints what "
+                    "it wrote as one JSON line: the file's inputs and outputs and the checkpoint it holds.")
+    p.add_argument("run_dir")
+    p.add_argument("--format", dest="fmt", choices=FORMATS, required=True,
+                   help="torchscript (torch.jit.load) or onnx (onnxruntime; needs pip install 'fastrl[export]')")
+    p.add_argument("--out", required=True, metavar="PATH", help="the file to write")
+    add_best_argument(p)
+    p.add_argument("--stochastic", action="store_true",
+                   help="sample actions (as training does) instead of the argmax / mean actions of fastrl-eval "
+                        "--deterministic")
+    args = p.parse_args(argv)
+    try:
+        from .evaluation.export import export_run
+
+        result = export_run(Path(args.run_dir), args.fmt, Path(args.out), args.best, args.stochastic)
+    except _user_errors() as exc:
+        return _fail("fastrl-export", exc)
+    write_best_effort(sys.stdout, json.dumps(result))
+    return 0
 
 
 def profile_main(argv=None) -> int:

@@ -107,8 +107,14 @@ def is_channels_last(shape: tuple) -> bool:
     return len(shape) == 3 and shape[-1] <= 4 < shape[0]
 
 
+def leaf_name(path: tuple) -> str:
+    """The name of the observation leaf at key path ``path``: its keys joined by '.', "obs" for the
+    whole observation."""
+    return ".".join(str(p) for p in path) or "obs"
+
+
 def _flatten(space: gymnasium.Space, path: tuple, out: list) -> None:
-    name = ".".join(str(p) for p in path) or "obs"
+    name = leaf_name(path)
     if isinstance(space, spaces.Dict):
         for key, sub in space.spaces.items():
             _flatten(sub, path + (key,), out)
@@ -174,22 +180,43 @@ class ObsLayout:
         if not self.packed:
             return obs
         rows = np.zeros((batch_size, self.row_bytes), dtype=np.uint8)
+        values = self.leaf_values(obs, batch_size, np.asarray)
         for leaf in self.leaves:
-            value = np.asarray(_lookup(obs, leaf.path))
+            typed = np.ascontiguousarray(values[leaf.name]).reshape(batch_size, -1)
+            rows[:, leaf.offset:leaf.offset + leaf.nbytes] = typed.view(np.uint8)
+        return rows
+
+    def leaf_values(self, obs, batch_size: int, convert) -> dict:
+        """``batch_size`` observations (nested as the space, with a leading batch axis) ->
+        ``{leaf name: [batch_size, *leaf.shape]}`` in each leaf's stored dtype, each ``Discrete``
+        value less its space's ``start``: what :meth:`unpack` gives of their packed rows.
+        ``convert(value, dtype=None)`` makes a value an array (of numpy ``dtype`` if given):
+        ``np.asarray`` for numpy arrays; fastrl.evaluation.export passes torch's, to trace the same steps."""
+        out = {}
+        for leaf in self.leaves:
+            value = convert(_lookup(obs, leaf.path, convert))
             try:
                 value = value.reshape(batch_size, *leaf.shape)
-            except ValueError:
+            except (ValueError, RuntimeError):
                 raise ValueError(f"observation leaf {leaf.name!r} came as {list(value.shape)} for {batch_size} envs; "
                                  f"the space declares {list(leaf.shape)} per env") from None
             if leaf.start:
                 value = value - leaf.start
-            typed = np.ascontiguousarray(value, dtype=leaf.dtype).reshape(batch_size, -1)
-            rows[:, leaf.offset:leaf.offset + leaf.nbytes] = typed.view(np.uint8)
-        return rows
+            out[leaf.name] = convert(value, leaf.dtype)
+        return out
+
+    def env_leaves(self) -> list[tuple[str, tuple]]:
+        """(name, key path) of each array of an observation as the env gives it, in leaf order:
+        the leaves, a MultiDiscrete's components taken together as one."""
+        paths = dict.fromkeys(leaf.path[:-1] if _is_component(leaf.path[-1:]) else leaf.path for leaf in self.leaves)
+        return [(leaf_name(path), path) for path in paths]
 
     def unpack(self, rows):
         """Packed rows ``[..., row_bytes]`` (uint8 torch tensor) -> ``{leaf name: [..., *shape]}`` views in
-        each leaf's stored dtype. Not packed: ``{"obs": rows}``."""
+        each leaf's stored dtype; leaves already in that form (:meth:`leaf_values`) are returned as
+        they are. Not packed: ``{"obs": rows}``."""
+        if isinstance(rows, dict):
+            return rows
         if not self.packed:
             return {"obs": rows}
         import torch  # here, not at the top: the rollout workers import this module and never torch
@@ -216,10 +243,16 @@ _TORCH_DTYPES = {"<f4": lambda t: t.float32, "<i4": lambda t: t.int32, "<i8": la
                  "|i1": lambda t: t.int8}
 
 
-def _lookup(obs, path: tuple):
+def _is_component(keys: tuple) -> bool:
+    """Whether a key path's last key (``keys``, a 1-tuple, or () for none) names a MultiDiscrete's component."""
+    return bool(keys) and isinstance(keys[0], tuple) and keys[0][0] == "component"
+
+
+def _lookup(obs, path: tuple, convert=np.asarray):
     for key in path:
-        if isinstance(key, tuple) and key[0] == "component":
-            obs = np.asarray(obs).reshape(np.shape(obs)[0], -1)[:, key[1]]
+        if _is_component((key,)):
+            obs = convert(obs)
+            obs = obs.reshape(obs.shape[0], -1)[:, key[1]]
         else:
             obs = obs[key]
     return obs
@@ -336,6 +369,11 @@ class ActionLayout:
                                      slice(self._width, self._width + width)))
         self._params += params
         self._width += width
+
+    @property
+    def leaves(self) -> tuple[_ActionLeaf, ...]:
+        """The declared spaces an action is made of (one, or a Tuple's parts), each with its columns."""
+        return tuple(self._leaves)
 
     @property
     def num_params(self) -> int:

@@ -26,7 +26,7 @@ from ..files.checkpoint import (
     load_latest_checkpoint,
     load_model_state,
 )
-from ..models.networks import action_head, build_model, keys_it_ignores
+from ..models.networks import action_head, build_model, keys_it_ignores, map_leaves
 from ..multiagent.opponents import checked_action, find_opponent, make_opponent, opponent_name
 from ..multiagent.policy_map import policy_map
 
@@ -39,7 +39,7 @@ class PolicyActions:
     def __init__(self, cfg: Config, model: torch.nn.Module, env, deterministic: bool, device: str):
         self.model = model.to(device).eval()
         self.device = device
-        self.deterministic = deterministic or cfg.learner.algo in Q_LEARNERS
+        self.deterministic = acts_deterministically(cfg, deterministic)
         self.head = action_head(env.action_space)
         self.layout = ObsLayout(env.observation_space)
         self.recurrent = getattr(model, "is_recurrent", False)
@@ -54,15 +54,32 @@ class PolicyActions:
         obs = torch.as_tensor(obs).to(self.device)
         if self.layout.mask is not None:
             self.model.check_mask(obs, torch.as_tensor(final))
-        if self.recurrent:
-            starts = torch.as_tensor(episode_start, device=self.device)[None]
-            rows = torch.as_tensor(ids, device=self.device)
-            params, _, new_state = self.model(obs[None], self.state[rows], starts)
-            self.state[rows] = new_state
-            params = params[0]
-        else:
-            params, _ = self.model(obs)
-        return self.head.sample(params, deterministic=self.deterministic).cpu().numpy()
+        if not self.recurrent:
+            return policy_step(self.model, self.head, obs, self.deterministic)[0].cpu().numpy()
+        rows = torch.as_tensor(ids, device=self.device)
+        starts = torch.as_tensor(episode_start, device=self.device)
+        actions, self.state[rows] = policy_step(self.model, self.head, obs, self.deterministic, self.state[rows],
+                                                starts)
+        return actions.cpu().numpy()
+
+
+def acts_deterministically(cfg: Config, deterministic: bool) -> bool:
+    """Whether a policy of ``cfg``'s run asked to act ``deterministic``ally does: a Q-learner's
+    always does (its Q-values are not logits to sample from)."""
+    return deterministic or cfg.learner.algo in Q_LEARNERS
+
+
+def policy_step(model: torch.nn.Module, head, obs, deterministic: bool, state: torch.Tensor | None = None,
+                episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of ``model`` acting through ``head`` (fastrl.models.heads.action_head): ``obs`` ``[B,
+    *storage_shape]`` (or its typed leaves, fastrl.models.networks) -> (actions ``[B, *action shape]`` as
+    fastrl stores them, the new recurrent state ``[B, state_size]``). A recurrent model starts from
+    ``state`` ``[B, state_size]``, zeroed first where ``episode_start`` (bool ``[B]``) is set; a
+    feed-forward one takes no state and returns None for it."""
+    if state is None:
+        return head.sample(model(obs)[0], deterministic=deterministic), None
+    params, _, new_state = model(map_leaves(obs, lambda x: x[None]), state, episode_start[None])
+    return head.sample(params[0], deterministic=deterministic), new_state
 
 
 class EpisodeSteps:
@@ -278,7 +295,7 @@ def load_run_model(run_dir: Path, best: bool = False,
         path = best_checkpoint_path(run_dir)
         if not path.is_file():
             raise CheckpointError(f"no '{path}': evaluation during training was off (train with --set "
-                                  f"eval.every_s=60) or had not finished one yet; run fastrl-eval without --best "
+                                  f"eval.every_s=60) or had not finished one yet; drop --best "
                                   f"for the latest checkpoint")
         state = load_checkpoint(path)
         check(state, path_hint=f"'{path}'")

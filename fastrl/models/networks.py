@@ -8,8 +8,9 @@ per part for MultiDiscrete / MultiBinary / Tuple; see :class:`fastrl.envs.spaces
 values ``[B]``. Recurrent (``model.core = lstm | gru``): ``model(obs, state, episode_start)`` with
 ``obs`` ``[T, B, *storage_shape]``, ``state`` ``[B, state_size]`` and ``episode_start`` ``[T, B]``
 returns ``(params [T, B, P], value [T, B], new_state)``; ``model.initial_state(B)`` is a new
-episode's state. Observations arrive as stored (:class:`fastrl.envs.spaces.ObsLayout`); an
-``action_mask`` leaf sets the logits of illegal actions to :data:`fastrl.models.heads.MASKED_LOGIT`.
+episode's state. Observations arrive as stored (:class:`fastrl.envs.spaces.ObsLayout`): packed rows,
+or their typed leaves ``{leaf name: tensor}`` (how fastrl.evaluation.export feeds the model, without byte
+views); an ``action_mask`` leaf sets the logits of illegal actions to :data:`fastrl.models.heads.MASKED_LOGIT`.
 
 A user's own ``nn.Module`` can replace the actor-critic if it keeps the feed-forward contract
 (:func:`check_user_model` tries it on a sample batch before any process starts).
@@ -203,7 +204,8 @@ class ActorCritic(nn.Module):
         leaf = self.obs_layout.mask
         if leaf is None:
             return None
-        return self.obs_layout.unpack(obs)[leaf.name].reshape(obs.shape[0], -1) != 0
+        mask = self.obs_layout.unpack(obs)[leaf.name]
+        return mask.reshape(mask.shape[0], -1) != 0
 
     def choiceless_steps(self, obs: torch.Tensor) -> torch.Tensor | None:
         """bool ``[B]``: steps whose mask leaves some action component nothing to choose."""
@@ -265,8 +267,8 @@ class ActorCritic(nn.Module):
             return self._with_separate_critic(obs)
         if self.core is None:
             return self.heads(self.encode(obs), obs)
-        T, B = obs.shape[:2]
-        flat_obs = obs.reshape(T * B, *obs.shape[2:])
+        T, B = leading_shape(obs, 2)
+        flat_obs = map_leaves(obs, lambda x: x.reshape(T * B, *x.shape[2:]))
         features = self.encode(flat_obs).reshape(T, B, -1)
         if state is None:
             state = self.initial_state(B, features.device)
@@ -296,6 +298,18 @@ class DuelingQNetwork(ActorCritic):
         advantages = self.policy(features)
         q = self.masked(self.value(features) + advantages - advantages.mean(-1, keepdim=True), obs)
         return q, q.max(-1).values
+
+
+def map_leaves(obs, fn):
+    """``fn`` applied to ``obs``: a tensor (rows as stored), or each leaf of typed leaves
+    ``{leaf name: tensor}`` (what ObsLayout.unpack and ObsLayout.leaf_values give)."""
+    return {name: fn(x) for name, x in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def leading_shape(obs, dims: int) -> tuple:
+    """The first ``dims`` axes of ``obs`` (rows, or typed leaves: those of any leaf)."""
+    first = next(iter(obs.values())) if isinstance(obs, dict) else obs
+    return tuple(first.shape[:dims])
 
 
 def state_tensors(model: nn.Module) -> list[torch.Tensor]:
