@@ -37,6 +37,9 @@ RUNS = {
     # Tuple of Discrete(start=-1), a bounded 2-D Box, a 2-D MultiDiscrete with starts, a 2-D MultiBinary.
     "tuple": {"env.id": "tests.space_envs:make_strict_space_env", "env.kwargs": {"kind": "tuple"}},
     "lstm": {**DICT_GRID, "model.core": "lstm", "model.core_size": 16},
+    # SAC's squashed Gaussian: the mean action, tanh-squashed and scaled to Pendulum's [-2, 2].
+    "sac": {"env.id": "Pendulum-v1", "learner.algo": "sac", "replay.min_fill": 64, "replay.batch_size": 32,
+            "replay.replay_ratio": 4.0, "replay.capacity": 10_000},
 }
 
 

@@ -10,7 +10,7 @@ from .schema import (
     PBT_MUTABLE,
     PBT_OBJECTIVES,
     POLICY_NAME,
-    Q_LEARNERS,
+    REPLAY_LEARNERS,
     RUN_DEVICES,
     SECTIONS,
     VTRACE,
@@ -67,10 +67,10 @@ def validate(cfg: Config) -> None:
     _validate_replay(cfg)
     _validate_core(cfg)
     _validate_expect(cfg.expect)
-    if cfg.learner.precision == "bfloat16" and cfg.learner.algo in Q_LEARNERS:
+    if cfg.learner.precision == "bfloat16" and cfg.learner.algo in REPLAY_LEARNERS:
         raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
                           f"in float32: set learner.precision=float32 (or auto)")
-    if cfg.learner.normalize_returns and cfg.learner.algo in Q_LEARNERS:
+    if cfg.learner.normalize_returns and cfg.learner.algo in REPLAY_LEARNERS:
         raise ConfigError(f"learner.normalize_returns is for appo/impala; {cfg.learner.algo} keeps rewards in its "
                           f"replay as they arrived: set learner.normalize_returns=false (learner.reward_scale scales "
                           f"them)")
@@ -106,6 +106,9 @@ def _validate_core(cfg: Config) -> None:
                           f"({cfg.replay.sequence_length}): burn-in steps carry no loss")
     if lcfg.algo == "r2d2" and lcfg.burn_in:
         raise ConfigError("learner.burn_in is for appo/impala; r2d2 burns in replay.burn_in steps of each sequence")
+    if model.core != "none" and lcfg.algo == "sac":
+        raise ConfigError(f"model.core={model.core}: learner.algo=sac trains a feed-forward actor and critics on "
+                          f"single transitions; set model.core=none")
     if model.core != "none" and lcfg.algo == "dqn":
         raise ConfigError(f"model.core={model.core} needs a sequence learner: use learner.algo=r2d2 (recurrent "
                           f"Ape-X DQN) instead of dqn, or model.core=none")
@@ -115,9 +118,10 @@ def _validate_core(cfg: Config) -> None:
     if lcfg.burn_in >= lcfg.rollout:
         raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
                           f"steps carry no loss, so some step of each trajectory must")
-    if model.separate_critic and lcfg.algo in Q_LEARNERS:
-        raise ConfigError(f"model.separate_critic is for learner.algo=appo or impala; {lcfg.algo}'s dueling "
-                          f"Q-network has no critic: set model.separate_critic=false")
+    if model.separate_critic and lcfg.algo in REPLAY_LEARNERS:
+        networks = "twin critics have encoders of their own" if lcfg.algo == "sac" else "dueling Q-network has no critic"
+        raise ConfigError(f"model.separate_critic is for learner.algo=appo or impala; {lcfg.algo}'s {networks}: set "
+                          f"model.separate_critic=false")
     if model.separate_critic and model.core != "none":
         raise ConfigError(f"model.separate_critic needs a feed-forward model; with model.core={model.core} the "
                           f"policy and value share the core: set model.separate_critic=false or model.core=none")
@@ -225,10 +229,10 @@ def _validate_expect(expect: ExpectConfig) -> None:
 
 def _validate_replay(cfg: Config) -> None:
     replay, lcfg = cfg.replay, cfg.learner
-    uses_replay = lcfg.algo in Q_LEARNERS or replay.vtrace_fraction > 0
-    if replay.vtrace_fraction > 0 and lcfg.algo in Q_LEARNERS:
+    uses_replay = lcfg.algo in REPLAY_LEARNERS or replay.vtrace_fraction > 0
+    if replay.vtrace_fraction > 0 and lcfg.algo in REPLAY_LEARNERS:
         raise ConfigError(f"replay.vtrace_fraction is for learner.algo=appo or impala; {lcfg.algo} replays every batch")
-    if lcfg.algo in Q_LEARNERS and replay.replay_ratio <= 0:
+    if lcfg.algo in REPLAY_LEARNERS and replay.replay_ratio <= 0:
         raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for {lcfg.algo}, got {replay.replay_ratio}")
     # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.
     held = replay.capacity // cfg.total_envs * cfg.total_envs
@@ -237,10 +241,11 @@ def _validate_replay(cfg: Config) -> None:
                           f"({replay.capacity}) holds for {cfg.total_envs} envs: sampling could never start; "
                           f"lower replay.min_fill")
     if uses_replay:
-        horizon = {"dqn": replay.n_step, "r2d2": replay.sequence_length}.get(lcfg.algo, lcfg.rollout)
+        horizon = {"dqn": replay.n_step, "sac": replay.n_step, "r2d2": replay.sequence_length}.get(lcfg.algo,
+                                                                                                    lcfg.rollout)
         per_env = replay.capacity // cfg.total_envs
         if per_env < replay.frame_stack + horizon:
             raise ConfigError(
                 f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
-                f"each needs >= frame_stack + {dict(dqn='n_step', r2d2='replay.sequence_length').get(lcfg.algo, 'learner.rollout')} = "
+                f"each needs >= frame_stack + {dict(dqn='n_step', sac='n_step', r2d2='replay.sequence_length').get(lcfg.algo, 'learner.rollout')} = "
                 f"{replay.frame_stack + horizon}: raise replay.capacity")

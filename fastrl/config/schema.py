@@ -16,9 +16,10 @@ DEFAULT_PROFILE = "cartpole-appo"
 # one row of game counts per evaluation opponent (fastrl.ipc.arena).
 MAX_SPLITS = 128
 MAX_EVAL_OPPONENTS = 8
-ALGOS = ("appo", "impala", "dqn", "r2d2")
+ALGOS = ("appo", "impala", "dqn", "r2d2", "sac")
 VTRACE = ("appo", "impala")  # actor-critics learning from fresh trajectories through V-trace
 Q_LEARNERS = ("dqn", "r2d2")  # value-based: epsilon-greedy actors, a replay every batch goes through
+REPLAY_LEARNERS = (*Q_LEARNERS, "sac")  # every batch goes through the in-learner replay
 
 
 class ConfigError(ValueError):
@@ -200,8 +201,8 @@ class LearnerConfig:
     """The learning algorithm and its hyperparameters."""
 
     algo: str = key("appo", allowed=Choices(ALGOS),
-                    help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X) or r2d2 "
-                         "(recurrent Ape-X)")
+                    help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X), r2d2 "
+                         "(recurrent Ape-X) or sac (soft actor-critic on the replay, continuous actions)")
     rollout: int = key(32, allowed=STEPS,
                        help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
     batch_size: int = key(8192, allowed=BATCH, help="env steps per learner batch; a multiple of learner.rollout")
@@ -257,6 +258,18 @@ class LearnerConfig:
                                    help="gradient steps between target-network copies")
     double_q: bool = key(True, algos=Q_LEARNERS,
                          help="the online network picks the bootstrap action, the target network rates it")
+    # SAC (Haarnoja et al. 2018): the entropy temperature alpha, learned towards a target entropy
+    # of -target_entropy_scale * |A| (their -|A| at 1), and the target critics' Polyak rate.
+    temperature: float = key(1.0, allowed=POSITIVE, algos=("sac",),
+                             help="SAC's entropy temperature alpha: its start value, or its value throughout with "
+                                  "learner.learn_temperature=false")
+    learn_temperature: bool = key(True, algos=("sac",),
+                                  help="learn alpha towards the target entropy -target_entropy_scale * action dims")
+    target_entropy_scale: float = key(1.0, allowed=FINITE, algos=("sac",),
+                                      help="the target entropy is -target_entropy_scale * action dims (of the "
+                                           "squashed action in [-1, 1])")
+    tau: float = key(0.005, allowed=Range(0, 1, low_open=True), algos=("sac",),
+                     help="Polyak rate: each update moves the target critics this share of the way to the critics")
 
 
 @dataclass
@@ -267,20 +280,24 @@ class ReplayConfig:
     replay when replay.vtrace_fraction > 0."""
 
     capacity: int = key(1_000_000, allowed=REPLAY_RECORDS, help="records (env steps) kept, over all envs of this learner")
-    min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high), help="records stored before the first replayed batch")
+    min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high),
+                        help="records stored before the first replayed batch; sac's actors act uniformly at random "
+                             "for this many env steps")
     alpha: float = key(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
     beta: float = key(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
-    n_step: int = key(3, allowed=Range(1, 1000), algos=Q_LEARNERS, help="steps summed before bootstrapping")
+    n_step: int = key(3, allowed=Range(1, 1000), algos=REPLAY_LEARNERS, help="steps summed before bootstrapping")
     frame_stack: int = key(1, allowed=FRAMES,
                            help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
     compress: str = key("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
     memmap_dir: str = key("", help="a directory: raw frames in a scratch file there (beyond RAM); \"\" keeps them in "
                                    "RAM")
     threads: int = key(2, allowed=THREADS, help="threads that copy and (de)compress frames")
-    batch_size: int = key(512, allowed=BATCH, algos=Q_LEARNERS,
+    batch_size: int = key(512, allowed=BATCH, algos=REPLAY_LEARNERS,
                           help="transitions (r2d2: sequences) per gradient step")
-    replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS,
-                              help="transitions sampled per env step added; > 0")
+    # The learner holds it whichever side is faster (fastrl/learner/qlearning.py; docs/offpolicy.md).
+    replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=REPLAY_LEARNERS,
+                              help="transitions sampled per env step added (r2d2: trained steps); > 0; gradient "
+                                   "steps per env step = replay_ratio / replay.batch_size")
     vtrace_fraction: float = key(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
                                  help="share of each batch drawn from replayed trajectories")
     sequence_length: int = key(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
@@ -298,7 +315,7 @@ class EvalConfig:
 
     every_s: float = key(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
     episodes: int = key(10, allowed=EPISODES, help="complete episodes per evaluation")
-    deterministic: bool = key(True, algos=VTRACE,
+    deterministic: bool = key(True, algos=(*VTRACE, "sac"),
                               help="argmax / mean actions (a Q-learner always acts greedily)")
     num_envs: int = key(10, allowed=ENV_COUNT,
                         help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")

@@ -40,7 +40,7 @@ class PolicyActions:
         self.model = model.to(device).eval()
         self.device = device
         self.deterministic = acts_deterministically(cfg, deterministic)
-        self.head = action_head(env.action_space)
+        self.head = action_head(env.action_space, cfg.learner.algo)
         self.layout = ObsLayout(env.observation_space)
         self.recurrent = getattr(model, "is_recurrent", False)
         self.state = model.initial_state(env.num_envs, device) if self.recurrent else None

@@ -104,13 +104,13 @@ class ExportedPolicy(nn.Module):
     and ``action_space`` (those of its VecEnv: after preprocessing and ``env.actions``)."""
 
     def __init__(self, model: nn.Module, observation_space, action_space, env_actions: tuple[int, ...] = (),
-                 deterministic: bool = True):
+                 deterministic: bool = True, algo: str = "appo"):
         super().__init__()
         self.model = model.eval()
         self.observation_space = observation_space
         self.obs_layout = ObsLayout(observation_space)
         self.paths = dict(self.obs_layout.env_leaves())
-        self.head = action_head(action_space)
+        self.head = action_head(action_space, algo)
         self.actions = EnvActions(ActionLayout(action_space), tuple(env_actions))
         self.deterministic = deterministic
         self.state_size = model.state_size if getattr(model, "is_recurrent", False) else 0
@@ -207,7 +207,7 @@ def export_run(run_dir: Path, fmt: str, out: Path, best: bool = False, stochasti
                           f"logits to sample from; drop --stochastic")
     cfg, model, source = load_run_model(run_dir, best)
     policy = ExportedPolicy(model, spec.observation_space, spec.action_space, tuple(cfg.env.actions),
-                            not stochastic).eval()
+                            not stochastic, cfg.learner.algo).eval()
     meta = {**policy.description(), "env": cfg.env.id, "algo": cfg.learner.algo, **source}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

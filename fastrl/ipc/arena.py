@@ -109,7 +109,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
         ArraySpec("control", (7,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
-        ArraySpec("learner_stats", (num_policies, 32), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
+        ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
         ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.evaluation.evaluator
         ArraySpec("eval_opponent_stats", (MAX_EVAL_OPPONENTS, 4), "<f8"),  # its games against each of eval.opponents

@@ -3,8 +3,8 @@
 - process shell: :mod:`.process` (the learner process loop and how ranks agree to stop) and
   :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
 - algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
-  :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X) on :mod:`.qlearning` (their target
-  network, replay-ratio loop and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
+  :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X), :mod:`.sac` (soft actor-critic) on
+  :mod:`.qlearning` (the replay-ratio loop; the Q-learners' target network and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
   transform, lag statistics, gradient step, state dict)
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer, fastrl.models.networks and
@@ -21,10 +21,11 @@ from .process import learner_process
 from .r2d2 import R2D2Learner
 from .replay_feed import add_trajectories
 from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
+from .sac import SACLearner
 from .vtrace import VTraceLearner
 
 Learner = VTraceLearner
 
 __all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerRuntime", "NonFiniteTraining", "PRIORITY_EPS",
-           "R2D2Learner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
+           "R2D2Learner", "SACLearner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
            "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]

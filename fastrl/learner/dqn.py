@@ -67,11 +67,9 @@ class DQNLearner(ReplayQLearner):
             priorities = self.arrival_priorities(batch, rewards)
             finite = np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())
             if finite:
-                normalizer = getattr(self.model, "normalizer", None)
-                if normalizer is not None:
-                    # The target's statistics stay frozen with its weights until the next refresh: the
-                    # target network is one fixed function between refreshes.
-                    normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+                # The target's statistics stay frozen with its weights until the next refresh: the
+                # target network is one fixed function between refreshes.
+                self.update_normalizer(batch)
                 add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
         return self.replay_steps(lag_stats) if finite else self.drop(batch, env_ids)
 
@@ -129,4 +127,4 @@ class DQNLearner(ReplayQLearner):
         targets = returns + discounts * self.bootstrap_values(sample.next_obs_of(frames))
         taken = self.q_values(self.model, sample.obs_of(frames)).gather(-1, actions[:, None]).squeeze(-1)
         loss, stats = td_loss(taken, targets, weights)
-        return loss, stats, stats["td"].abs()
+        return loss, {**stats, "value_loss": stats["loss"]}, stats["td"].abs()

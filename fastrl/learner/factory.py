@@ -8,10 +8,11 @@ from ..config import Config
 from .base import BaseLearner
 from .dqn import DQNLearner
 from .r2d2 import R2D2Learner
+from .sac import SACLearner
 from .vtrace import VTraceLearner
 
 LEARNERS: dict[str, type[BaseLearner]] = {"appo": VTraceLearner, "impala": VTraceLearner, "dqn": DQNLearner,
-                                          "r2d2": R2D2Learner}
+                                          "r2d2": R2D2Learner, "sac": SACLearner}
 
 
 def make_learner(cfg: Config, observation_space, action_space, model: nn.Module | None = None,

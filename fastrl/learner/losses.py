@@ -215,3 +215,64 @@ def sequence_priorities(td: torch.Tensor, mask: torch.Tensor, eta: float = 0.9) 
     count = mask.sum(0)
     mean = error.sum(0) / count.clamp(min=1)
     return torch.where(count > 0, eta * error.max(0).values + (1.0 - eta) * mean, torch.zeros_like(mean))
+
+
+# ---------------------------------------------------------------------------------------------
+# SAC (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications"): twin critics with
+# Polyak-averaged targets, a tanh-squashed Gaussian policy, a learned entropy temperature. The
+# policy acts in [-1, 1]^d; scaling to the env's bounds is an affine map outside these functions,
+# and log-probabilities are of the squashed action in [-1, 1]^d, the space where the target
+# entropy -d is stated (fastrl.models.heads.squashed_gaussian_log_prob).
+
+def sac_critic_targets(returns: torch.Tensor, discounts: torch.Tensor, next_q1: torch.Tensor, next_q2: torch.Tensor,
+                       next_logp: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:
+    """The soft n-step target ``returns + discounts * (min(Q1', Q2') - alpha log pi(a'|s'))``, all
+    ``[N]``: ``returns`` the discounted sum of the window's rewards, ``discounts`` ``gamma^m`` (0 when
+    the episode terminated in the window), ``Q'`` the target critics at the window's last state and
+    an action ``a'`` drawn there from the current policy, ``next_logp`` its log-probability,
+    ``temperature`` alpha. Returned detached: no gradient flows into a target."""
+    return (returns + discounts * (torch.minimum(next_q1, next_q2) - temperature * next_logp)).detach()
+
+
+def sac_critic_loss(q1: torch.Tensor, q2: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict]:
+    """Both critics' importance-weighted squared errors, ``mean(w (Q1 - y)^2 + w (Q2 - y)^2) / 2``,
+    all ``[N]`` (``weights`` default 1). ``stats["td"]`` ``[N]`` holds ``y - (Q1 + Q2) / 2``, the
+    prioritized replay's new priorities' source."""
+    for name, x in (("q2", q2), ("targets", targets), ("weights", weights)):
+        if x is not None and x.shape != q1.shape:
+            raise _shape_error("sac_critic_loss", name, x.shape, "q1's shape", q1.shape)
+    per_item = (q1 - targets).square() + (q2 - targets).square()
+    if weights is not None:
+        per_item = weights * per_item
+    loss = 0.5 * per_item.mean()
+    q = (0.5 * (q1 + q2)).detach()
+    return loss, {"critic_loss": loss.detach(), "td": targets - q, "q_mean": q.mean()}
+
+
+def sac_actor_loss(q1: torch.Tensor, q2: torch.Tensor, logp: torch.Tensor, temperature: torch.Tensor | float
+                   ) -> tuple[torch.Tensor, dict]:
+    """The policy's loss ``mean(alpha log pi(a|s) - min(Q1, Q2)(s, a))`` over ``[N]`` actions ``a``
+    drawn by reparameterization (gradients reach the policy through ``a`` and ``logp``);
+    ``temperature`` alpha is a constant here. ``stats["entropy"]``: ``-mean(logp)``."""
+    loss = (temperature * logp - torch.minimum(q1, q2)).mean()
+    return loss, {"actor_loss": loss.detach(), "entropy": -logp.detach().mean()}
+
+
+def sac_temperature_loss(log_temperature: torch.Tensor, logp: torch.Tensor, target_entropy: float
+                         ) -> tuple[torch.Tensor, dict]:
+    """``-mean(log alpha * (log pi(a|s) + target_entropy))`` with ``logp`` ``[N]`` constant: its
+    gradient raises alpha while the policy's entropy ``-mean(logp)`` is below the target and lowers
+    it above (the temperature objective of Haarnoja et al. 2018, on log alpha as softlearning and
+    Stable-Baselines3 do)."""
+    loss = -(log_temperature * (logp.detach() + target_entropy)).mean()
+    return loss, {"temperature_loss": loss.detach(), "temperature": log_temperature.detach().exp()}
+
+
+@torch.no_grad()
+def polyak_update(targets: list[torch.Tensor], sources: list[torch.Tensor], tau: float) -> None:
+    """In place, every ``target <- (1 - tau) target + tau source`` (same shapes, pairwise): one
+    fused foreach kernel for all tensors."""
+    if len(targets) != len(sources):
+        raise ValueError(f"polyak_update: {len(targets)} targets for {len(sources)} sources")
+    torch._foreach_lerp_(targets, sources, tau)

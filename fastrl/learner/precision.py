@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Q_LEARNERS
+from ..config import REPLAY_LEARNERS
 
 # x86 flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -35,7 +35,7 @@ def learner_precision(setting: str, algo: str, device: torch.device, flags: set[
     "float32" or "bfloat16"; ``flags`` the CPU's (default: read from the running CPU)."""
     if setting != "auto":
         return setting
-    if algo in Q_LEARNERS or device.type != "cpu":
+    if algo in REPLAY_LEARNERS or device.type != "cpu":
         return "float32"
     flags = cpu_flags() if flags is None else flags
     # Without oneDNN torch would emulate bf16 even on such a CPU.

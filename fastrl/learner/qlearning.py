@@ -1,10 +1,22 @@
-"""What the replay-based Q-learners (:mod:`.dqn` Ape-X, :mod:`.r2d2`) share: the target network,
-the replay-ratio loop, one prioritized gradient step per sampled batch, the refusal of
-non-finite batches, and a state dict that carries the target.
+"""What the replay learners share. :class:`ReplayLearner` (every learner that trains from the
+in-learner replay: :mod:`.dqn` Ape-X, :mod:`.r2d2`, :mod:`.sac`): the replay-ratio loop, one
+gradient step per sampled batch with its priorities set after it, the refusal of non-finite
+batches, uploads to the device. :class:`ReplayQLearner` (the Q-learners) adds the target network
+and a state dict that carries it.
 
-A subclass builds its network and its replay, and implements ``loss(sample)`` ->
+A subclass builds its networks and its replay, and implements ``loss(sample)`` ->
 ``(loss, stats, priorities)``: the loss of one sampled batch, its statistics (``stats["loss"]``,
 ``stats["q_mean"]``) and the batch's new priorities (a ``[batch]`` tensor, before ``PRIORITY_EPS``).
+
+The replay ratio: ``replay.replay_ratio`` transitions are sampled per record added once
+``replay.min_fill`` records are stored (:class:`fastrl.replay.buffer.ReplayRatio`). Each ``train()`` adds
+one batch of trajectories and then takes every gradient step the ratio allows, before the
+learner takes its next batch of full slots. So the learner waits when it is ahead (no batch, no
+step), and the actors are throttled when they are ahead: the slots they filled wait until the
+learner has caught up, and a worker whose envs have no free slot waits. The actors can run
+ahead of the learner's updates by at most the steps the slots hold
+(``num_workers * envs_per_worker * slots_per_env * learner.rollout``), the limiter's error margin;
+``replay_ratio_achieved`` in the metrics measures the ratio against the actors' env steps.
 """
 from __future__ import annotations
 
@@ -22,9 +34,10 @@ from .batch import Trajectories
 PRIORITY_EPS = 1e-6  # keeps every valid transition sampleable (a zero priority never is)
 
 
-class ReplayQLearner(BaseLearner):
-    """``model`` (online) and its ``target`` copy, ``replay``; ``batches_per_record`` gradient
-    steps are earned per record added once ``replay.min_fill`` records are stored."""
+class ReplayLearner(BaseLearner):
+    """``model`` and ``replay``; ``batches_per_record`` gradient steps are earned per record added
+    once ``replay.min_fill`` records are stored. A subclass implements ``update()``: one gradient
+    step on a sampled batch, its statistics, or None while nothing can be sampled."""
 
     TIMERS = (*BaseLearner.TIMERS, "replay_s")
 
@@ -32,11 +45,11 @@ class ReplayQLearner(BaseLearner):
                  device_path: bool | None = None):
         super().__init__(cfg, model, device, device_path)
         self.rcfg = cfg.replay
-        self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.replay = replay
         self.ratio = ReplayRatio(batches_per_record, start=self.rcfg.min_fill)
         self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)
         self.last_stats: dict = {}
+        self.prioritized = True  # each step sets its batch's new priorities
 
     def stream_ids(self, batch: Trajectories, env_ids) -> np.ndarray:
         """``env_ids`` checked: ``[B]`` ints, the env (replay stream) of each trajectory."""
@@ -48,6 +61,13 @@ class ReplayQLearner(BaseLearner):
         if env_ids.shape != (B,):
             raise ValueError(f"{name}.train: env_ids must have shape [{B}], got {list(env_ids.shape)}")
         return env_ids
+
+    def update_normalizer(self, batch: Trajectories) -> None:
+        """The model's observation statistics (``model.normalize_obs``) updated with the batch's
+        valid steps, as they arrive (a replayed step is not counted again)."""
+        normalizer = getattr(self.model, "normalizer", None)
+        if normalizer is not None:
+            normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
 
     def drop(self, batch: Trajectories, env_ids: np.ndarray) -> dict:
         """Refuse a batch with NaN/Inf data, counted as a skipped update.
@@ -91,7 +111,46 @@ class ReplayQLearner(BaseLearner):
         return stats
 
     def loss(self, sample) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """(the loss of one sampled batch, its statistics, its new priorities ``[batch]``)."""
         raise NotImplementedError
+
+    def refresh_targets(self) -> None:
+        """What follows each gradient step taken (a target network's refresh)."""
+
+    def update(self) -> dict | None:
+        """One gradient step on a sampled replay batch; None while the replay is below min_fill.
+        Its statistics are the 0-d tensors of the loss's, and the gradient norm."""
+        timers = self.timers
+        with timers.time("replay_s"):
+            sample = self.sample()
+        if sample is None:
+            return None
+        self.replayed_batches += 1
+        with timers.time("forward_backward_s"):
+            loss, stats, priorities = self.loss(sample)
+        grad_norm, stepped = self.gradient_step(loss)
+        with timers.time("optimizer_s"):
+            if stepped:
+                self.refresh_targets()
+        with timers.time("replay_s"):
+            # One read for the new priorities and the statistics (each its own read would wait anew).
+            scalars = {name: value for name, value in stats.items() if value.dim() == 0}
+            parts = [torch.stack([value.detach().double() for value in scalars.values()])]
+            if self.prioritized:
+                parts.append(priorities.detach().reshape(-1).double())
+            read = torch.cat(parts).cpu().numpy()
+            priorities = read[len(scalars):] + PRIORITY_EPS
+            if self.prioritized and np.isfinite(priorities).all():
+                self.replay.update_priorities(sample.indices, sample.generations, priorities)
+        return {**dict(zip(scalars, read[:len(scalars)].tolist())), "grad_norm": grad_norm}
+
+    def achieved_ratio(self, env_steps: int) -> float:
+        """``replay.replay_ratio`` as achieved: the sampled quantity it counts (transitions, or
+        R2D2's trained steps) per env step of the ``env_steps`` the actors took since this replay
+        was made, past ``replay.min_fill``; 0 before then."""
+        if env_steps <= self.ratio.start:
+            return 0.0
+        return self.rcfg.replay_ratio * self.replayed_batches / float(self.ratio.ratio) / (env_steps - self.ratio.start)
 
     def upload(self, values) -> torch.Tensor:
         """``values`` (a numpy array or a host tensor) on the learner's device: one copy,
@@ -103,28 +162,24 @@ class ReplayQLearner(BaseLearner):
         """A sampled batch from the replay, None while it is below min_fill."""
         return self.replay.sample(self.rcfg.batch_size)
 
-    def update(self) -> dict | None:
-        """One gradient step on a sampled replay batch; None while the replay is below min_fill."""
-        timers = self.timers
-        with timers.time("replay_s"):
-            sample = self.sample()
-        if sample is None:
-            return None
-        self.replayed_batches += 1
-        with timers.time("forward_backward_s"):
-            loss, stats, priorities = self.loss(sample)
-        grad_norm, stepped = self.gradient_step(loss)
-        with timers.time("optimizer_s"):
-            if stepped and self.updates % self.lcfg.target_update_every == 0:
-                self.target.load_state_dict(self.model.state_dict())
-        with timers.time("replay_s"):
-            # One read for the new priorities and the statistics (each its own read would wait anew).
-            read = torch.cat([priorities.detach().reshape(-1).double(),
-                              torch.stack([stats["loss"], stats["q_mean"]]).double()]).cpu().numpy()
-            priorities, (loss_value, q_mean) = read[:-2] + PRIORITY_EPS, read[-2:].tolist()
-            if np.isfinite(priorities).all():
-                self.replay.update_priorities(sample.indices, sample.generations, priorities)
-        return {"loss": loss_value, "value_loss": loss_value, "grad_norm": grad_norm, "q_mean": q_mean}
+    def close(self) -> None:
+        self.replay.close()
+
+
+class ReplayQLearner(ReplayLearner):
+    """A :class:`ReplayLearner` whose ``model`` (online) has a ``target`` copy, refreshed every
+    ``learner.target_update_every`` steps."""
+
+    def __init__(self, cfg: Config, model: nn.Module, device, replay, batches_per_record: float,
+                 device_path: bool | None = None):
+        super().__init__(cfg, model, device, replay, batches_per_record, device_path)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+
+    def refresh_targets(self) -> None:
+        """After each gradient step: copy the online network into the target every
+        ``learner.target_update_every`` steps (its observation statistics included)."""
+        if self.updates % self.lcfg.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "target": self.target.state_dict()}
@@ -132,6 +187,3 @@ class ReplayQLearner(BaseLearner):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.target.load_state_dict(state.get("target", state["model"]))
-
-    def close(self) -> None:
-        self.replay.close()

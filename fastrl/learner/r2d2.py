@@ -79,9 +79,7 @@ class R2D2Learner(ReplayQLearner):
             return self.drop(batch, env_ids)
         with self.timers.time("replay_s"):
             rewards = self.transformed_rewards(batch.rewards)
-            normalizer = getattr(self.model, "normalizer", None)
-            if normalizer is not None:
-                normalizer.update(batch.obs[:-1][batch.valid].to(self.device))
+            self.update_normalizer(batch)
             misaligned = [e for e in env_ids.tolist() if self.replay.stream_length(e) % T]
             if misaligned:  # history records (frame stacks that are not reset stacks) shift the starts
                 raise RuntimeError(f"R2D2: replay streams {misaligned[:4]} do not start sequences at slot starts "
@@ -146,4 +144,4 @@ class R2D2Learner(ReplayQLearner):
             targets = value_rescale(returns + boot_discounts * bootstrap.gather(0, ends))
         taken = q_online[:L].gather(-1, actions[..., None]).squeeze(-1)  # [L, B]
         loss, stats = td_loss(taken, targets, weights.expand(L, -1), mask=mask)
-        return loss, stats, sequence_priorities(stats["td"], mask)
+        return loss, {**stats, "value_loss": stats["loss"]}, sequence_priorities(stats["td"], mask)

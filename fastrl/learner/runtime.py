@@ -43,6 +43,7 @@ class LearnerRuntime:
         self.timers = Timers("gather_s", "publish_s", "wait_s")
         self.feed = BatchFeed(arena, learner.device, pipelined=learner.device_path)
         self.trained_env_steps = 0
+        self.start_env_steps = self.env_steps()  # where this learner's replay (if any) began
         self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
 
     def env_steps(self) -> int:
@@ -120,6 +121,9 @@ class LearnerRuntime:
         self.trained_env_steps += batch.rewards.numel()
         self.publish()
         lcfg = self.learner.lcfg
+        achieved_ratio = getattr(self.learner, "achieved_ratio", None)  # the replay learners'
+        if achieved_ratio is not None:
+            stats["replay_ratio_achieved"] = achieved_ratio(self.env_steps() - self.start_env_steps)
         stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps,
                      entropy_coef=lcfg.entropy_coef, value_coef=lcfg.value_coef, ppo_clip=lcfg.ppo_clip,
                      max_grad_norm=lcfg.max_grad_norm, gamma=lcfg.gamma)

@@ -56,6 +56,39 @@ class MLPEncoder(nn.Module):
         return self.net(x)
 
 
+class EnsembleMLP(nn.Module):
+    """``members`` MLPs of one shape, applied to one input at once: each layer is one batched
+    matmul (``baddbmm``) over ``[members, in, out]`` weights, not one ``Linear`` per member (SAC's
+    twin critics: half the kernel launches and dispatches of two separate MLPs). Input
+    ``[N, in_features]`` -> ``[members, N, out_features]``; the hidden layers are followed by
+    ``activation``, the last layer is linear. Each member's layers start orthogonal, as
+    :class:`MLPEncoder`'s (gain sqrt(2); the output layer gain 1)."""
+
+    def __init__(self, members: int, in_features: int, hidden_sizes: list[int], out_features: int, activation: str):
+        super().__init__()
+        widths = [in_features, *hidden_sizes, out_features]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for k, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            gain = 1.0 if k == len(widths) - 2 else math.sqrt(2)
+            weight = torch.empty(members, fan_in, fan_out)
+            for member in weight:  # orthogonal_ on [out, in] rows, as nn.Linear stores them
+                nn.init.orthogonal_(member.T, gain)
+            self.weights.append(nn.Parameter(weight))
+            self.biases.append(nn.Parameter(torch.zeros(members, 1, fan_out)))
+        self.activation = _activation(activation)()
+        self.members = members
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.unsqueeze(0).expand(self.members, *x.shape)
+        last = len(self.weights) - 1
+        for k, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            h = torch.baddbmm(bias, h, weight)
+            if k < last:
+                h = self.activation(h)
+        return h
+
+
 class StridedCNN(nn.Module):
     """Strided convolutions, each followed by ReLU (or ``activation``), then one linear layer and
     the same activation: the DQN family of Atari encoders. ``convs`` lists ``(out_channels, kernel,

@@ -1,6 +1,7 @@
 """Action heads: how the network's action parameters become actions, log-probs and entropies.
 
 ``Discrete`` -> :class:`CategoricalHead` (logits), ``Box`` -> :class:`GaussianHead` (mean, log-std),
+or for SAC :class:`SquashedGaussianHead` (tanh of a Gaussian, scaled to the Box's bounds),
 ``MultiBinary`` -> :class:`BernoulliHead` (one logit per bit), ``MultiDiscrete`` and ``Tuple`` ->
 :class:`FactorizedHead`, independent parts whose log-probs and entropies add up. Masked choices
 (an ``action_mask`` observation) reach a head as logits of :data:`MASKED_LOGIT`: probability
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 
 import gymnasium
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -141,6 +143,75 @@ class GaussianHead(ActionHead):
         return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
 
 
+LOG_2 = math.log(2.0)
+
+
+def squashed_gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, pre_tanh: torch.Tensor) -> torch.Tensor:
+    """``log pi(a)`` of ``a = tanh(u)``, ``u ~ N(mean, exp(log_std)^2)`` per dimension, all ``[N, d]``
+    -> ``[N]``: the Gaussian log-density of ``u`` minus ``sum log(1 - tanh(u)^2)`` (the change of
+    variables). The correction is computed exactly as ``2 (log 2 - u - softplus(-2u))``, finite for
+    every ``u``, where ``log(1 - a^2 + eps)`` would bias it near the bounds."""
+    z = (pre_tanh - mean) * torch.exp(-log_std)
+    gaussian = (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    correction = (2.0 * (LOG_2 - pre_tanh - F.softplus(-2.0 * pre_tanh))).sum(-1)
+    return gaussian - correction
+
+
+class SquashedGaussianHead(ActionHead):
+    """SAC's Box actions: ``a = tanh(u)``, ``u ~ N(mean, std^2)`` per dimension, then the affine
+    map of ``[-1, 1]^d`` onto the Box's bounds ``[low, high]`` (finite bounds only): actions are
+    inside the bounds by construction, never clipped. ``params`` ``[B, 2d]`` = (mean, raw log_std),
+    the std being ``exp(bounded_log_std(raw))``; the deterministic action is ``tanh(mean)``.
+    Log-probabilities are of the squashed action in ``[-1, 1]^d``
+    (:func:`squashed_gaussian_log_prob`): the affine map adds the constant
+    ``-sum log((high - low) / 2)``, left out, as the target entropy is stated in that space."""
+
+    def __init__(self, action_space: gymnasium.spaces.Box):
+        low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ValueError(f"learner.algo=sac scales actions to the Box's bounds, and {action_space} has infinite "
+                             f"ones: wrap the env so that its action space has finite bounds")
+        self.dims = int(low.size)
+        self.shape = tuple(action_space.shape)
+        self.center = torch.as_tensor((high + low) / 2, dtype=torch.float32).reshape(-1)
+        self.half_width = torch.as_tensor((high - low) / 2, dtype=torch.float32).reshape(-1)
+
+    def split(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log_std), each ``[B, d]``, of ``params`` ``[B, 2d]``."""
+        mean, raw = params.chunk(2, dim=-1)
+        return mean, bounded_log_std(raw)
+
+    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
+        """Actions ``[B, d]`` in ``[-1, 1]`` -> the env's bounds."""
+        return self.center.to(squashed.device) + self.half_width.to(squashed.device) * squashed
+
+    def from_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Env actions ``[B, d]`` -> ``[-1, 1]`` (the inverse of :meth:`to_env`)."""
+        return (actions - self.center.to(actions.device)) / self.half_width.to(actions.device)
+
+    def rsample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized draw: (squashed actions ``[B, d]`` in ``[-1, 1]``, their log-probs
+        ``[B]``), differentiable in ``params``."""
+        mean, log_std = self.split(params)
+        pre_tanh = mean + log_std.exp() * torch.randn_like(mean)
+        return torch.tanh(pre_tanh), squashed_gaussian_log_prob(mean, log_std, pre_tanh)
+
+    def sample(self, params: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            return self.to_env(torch.tanh(self.split(params)[0]))
+        return self.to_env(self.rsample(params)[0])
+
+    def sample_with_log_prob(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        squashed, logp = self.rsample(params)
+        return self.to_env(squashed), logp
+
+    def sample_uniform(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows`` actions uniform over the bounds and their log-density in ``[-1, 1]^d``
+        (``-d log 2``): SAC's random actions before learning starts."""
+        squashed = torch.rand(rows, self.dims) * 2.0 - 1.0
+        return self.to_env(squashed), torch.full((rows,), -self.dims * math.log(2.0))
+
+
 class BernoulliHead(ActionHead):
     """MultiBinary actions; ``params`` ``[B, n]`` one logit per bit; actions ``[B, n]`` int64 in {0, 1}."""
 
@@ -196,9 +267,11 @@ class FactorizedHead(ActionHead):
         return sum(head.entropy(params[..., part.param_slice]) for part, head in self.parts)
 
 
-def action_head(action_space: gymnasium.Space):
-    """The head of ``action_space`` (see the module docstring); raises
+def action_head(action_space: gymnasium.Space, algo: str = "appo"):
+    """The head of ``action_space`` for ``algo`` (see the module docstring); raises
     :class:`fastrl.envs.spaces.UnsupportedSpace` for a space fastrl cannot act in."""
+    if algo == "sac":
+        return SquashedGaussianHead(action_space)
     if isinstance(action_space, gymnasium.spaces.Discrete):
         return CategoricalHead()
     if isinstance(action_space, gymnasium.spaces.Box):

@@ -1,5 +1,5 @@
-"""Networks: the actor-critic of the V-trace learners and the dueling Q-network of the dqn
-learner, built from an encoder (:mod:`fastrl.models.encoders`), an optional recurrent core
+"""Networks: the actor-critic of the V-trace learners, the dueling Q-network of the dqn
+learner and SAC's squashed Gaussian actor and twin critics, built from an encoder (:mod:`fastrl.models.encoders`), an optional recurrent core
 (:mod:`fastrl.models.recurrent`) and heads (:mod:`fastrl.models.heads`).
 
 Feed-forward: ``model(obs)`` with ``obs`` ``[B, *storage_shape]`` returns ``(params, value)``:
@@ -29,6 +29,7 @@ from ..config import ModelConfig
 from ..envs.spaces import ActionLayout, ObsLayout, check_action_mask, image_hw, is_channels_last
 from .encoders import (  # noqa: F401
     NATURE_MIN_SIDE,
+    EnsembleMLP,
     ImpalaResNet,
     LeafEncoder,
     LeafNormalizer,
@@ -312,6 +313,45 @@ def leading_shape(obs, dims: int) -> tuple:
     return tuple(first.shape[:dims])
 
 
+class SquashedGaussianActor(ActorCritic):
+    """SAC's policy on the actor-critic's encoders: one linear layer from the features to the
+    (mean, raw log-std) of a Gaussian per action dimension, which
+    :class:`fastrl.models.heads.SquashedGaussianHead` squashes and scales to the env's bounds. It has no
+    state value: the second output of the ``(params, value)`` contract is 0. Feed-forward, over a
+    flat Box observation (the twin critics read the same preprocessed vector)."""
+
+    def __init__(self, observation_space, action_space, cfg: ModelConfig | None = None):
+        if not isinstance(action_space, gymnasium.spaces.Box) or action_space.dtype.kind != "f":
+            raise ValueError(f"learner.algo=sac needs a continuous Box action space, got {action_space}; use "
+                             f"learner.algo=dqn or appo for discrete actions")
+        if not isinstance(observation_space, gymnasium.spaces.Box) or is_image(observation_space):
+            raise ValueError(f"learner.algo=sac reads vector observations (a Box that is not an image), got "
+                             f"{observation_space}; use learner.algo=appo for images and Dict observations")
+        super().__init__(observation_space, action_space, cfg)
+        self.policy = nn.Linear(self.encoder.out_features, 2 * int(np.prod(action_space.shape)))
+        self.log_std = None  # state-dependent: half of the policy's outputs
+        self.value = None
+
+    def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with float32_heads(features) as (features,):
+            params = self.policy(features)
+            return params, params.new_zeros(params.shape[0])
+
+
+class TwinQCritic(nn.Module):
+    """SAC's two soft Q-functions ``Q_k(s, a)`` (Fujimoto et al. 2018's clipped double Q: the
+    targets take their minimum), one :class:`~fastrl.models.encoders.EnsembleMLP` over the concatenated
+    observation vector ``[N, obs]`` (as the actor preprocesses it) and squashed action ``[N, d]`` in
+    ``[-1, 1]``; returns ``[2, N]``."""
+
+    def __init__(self, obs_features: int, action_dims: int, cfg: ModelConfig):
+        super().__init__()
+        self.net = EnsembleMLP(2, obs_features + action_dims, cfg.hidden_sizes, 1, cfg.activation)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([obs.flatten(1), actions], dim=-1)).squeeze(-1)
+
+
 def state_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Parameters then floating-point buffers, in a fixed order: what the actors need."""
     return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
@@ -352,10 +392,13 @@ def keys_it_ignores(model: nn.Module) -> tuple[str, ...]:
 
 def build_model(observation_space, action_space, cfg: ModelConfig, user_model: nn.Module | None = None,
                 algo: str = "appo") -> nn.Module:
-    """The network for ``algo``: an actor-critic, or a dueling Q-network for dqn."""
+    """The network for ``algo``: an actor-critic, a dueling Q-network for dqn and r2d2, SAC's
+    actor for sac (its critics are the learner's own)."""
     if user_model is None:
         if algo in ("dqn", "r2d2"):
             return DuelingQNetwork(observation_space, action_space, cfg, algo)
+        if algo == "sac":
+            return SquashedGaussianActor(observation_space, action_space, cfg)
         return ActorCritic(observation_space, action_space, cfg)
     check_user_model(user_model, observation_space, action_space)
     return user_model

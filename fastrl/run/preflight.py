@@ -62,6 +62,9 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
     if dist_info.enabled and cfg.pbt.population:
         raise RunError("pbt.population trains its members on one node; a torchrun launch is not supported with "
                        "it yet: run it without torchrun")
+    if dist_info.enabled and cfg.learner.algo == "sac":
+        raise RunError("learner.algo=sac trains one learner on one replay; a torchrun launch is not supported with "
+                       "it: run it without torchrun")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
     if dist_info.enabled and resume and not uses_agent_store():

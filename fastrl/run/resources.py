@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import psutil
 
-from ..config import Q_LEARNERS, Config
+from ..config import REPLAY_LEARNERS, Config
 from ..envs.spaces import ObsLayout
 from ..ipc.arena import SHM_DIR
 
@@ -46,7 +46,7 @@ def _gib(nbytes: float) -> str:
 
 
 def uses_replay(cfg: Config) -> bool:
-    return cfg.learner.algo in Q_LEARNERS or cfg.replay.vtrace_fraction > 0
+    return cfg.learner.algo in REPLAY_LEARNERS or cfg.replay.vtrace_fraction > 0
 
 
 def replay_frame_bytes(cfg: Config, observation_space) -> int:
@@ -72,7 +72,7 @@ def replay_ram_bytes(cfg: Config, observation_space) -> int:
 
 def model_ram_bytes(cfg: Config, model_bytes: int, learner_on_cpu: bool = True) -> int:
     """Host memory of the model's copies outside the arena, one copy being ``model_bytes``."""
-    learner = LEARNER_COPIES_ON_CPU + (cfg.learner.algo in Q_LEARNERS) if learner_on_cpu else LEARNER_COPIES_ON_GPU
+    learner = LEARNER_COPIES_ON_CPU + (cfg.learner.algo in REPLAY_LEARNERS) if learner_on_cpu else LEARNER_COPIES_ON_GPU
     actors = cfg.env.num_workers if cfg.inference.in_workers and not cfg.serial else 1
     evaluators = 1 if cfg.eval.every_s else 0
     return model_bytes * (learner + READER_COPIES * (actors + evaluators))

@@ -4,7 +4,10 @@ A request ``(worker, request_id)`` names a batch of envs whose observations sit 
 their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into one batch, runs
 the policy on the device, and writes action, behaviour log-prob and policy version back into the
 same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, with one epsilon
-per env (Ape-X).
+per env (Ape-X). For sac it is the squashed Gaussian scaled to the env's bounds, and uniformly
+random actions until ``replay.min_fill`` env steps were taken (CleanRL's ``learning_starts``), so that
+the first updates see the whole action range. SAC acts through torch: the numpy path
+(fastrl.sampling.numpy_mlp) reproduces discrete heads only, and a continuous policy's batches are small.
 
 With a recurrent core the batcher also reads each env's state from the arena in the same gather
 (zeroed where the env's worker flagged an episode start), records it as the slot's initial state
@@ -23,7 +26,7 @@ import torch
 
 from ..config import Q_LEARNERS
 from ..distributed.process_group import DistInfo
-from ..ipc.arena import Arena, set_error
+from ..ipc.arena import Arena, set_error, total_env_steps
 from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
@@ -73,7 +76,9 @@ class Actor:
 
 
 class InferenceBatcher:
-    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head.
+    """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head, the
+head of ``action_space`` for ``algo`` (fastrl.models.heads.action_head). ``random_until``: act uniformly
+at random until the run's workers took this many env steps (sac).
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
@@ -86,10 +91,12 @@ class InferenceBatcher:
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
-                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None):
+                 transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None,
+                 algo: str = "appo", random_until: int = 0):
         self.arena = arena
         self.device = device
-        self.head = action_head(action_space)
+        self.head = action_head(action_space, algo)
+        self.random_until = random_until
         self.epsilons = None if epsilons is None else torch.from_numpy(np.asarray(epsilons, np.float32).reshape(-1))
         self.buckets = tuple(buckets)
         self.recurrent = bool(getattr(model, "is_recurrent", False))
@@ -194,6 +201,9 @@ class InferenceBatcher:
         if self.masks:
             final = self.env_final[env_rows]
             actor.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
+        if self.random_until and total_env_steps(self.arena) < self.random_until:
+            actions, behaviour_logp = self.head.sample_uniform(n)
+            return [], actions.numpy(), behaviour_logp.numpy()
         outputs = self.transfer.to_host(self.forward(actor, self.transfer.to_device(inputs)))
         if self.epsilons is None:
             return outputs, outputs[0][:n], outputs[1][:n]
@@ -314,6 +324,11 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
+def random_action_steps(cfg) -> int:
+    """Env steps the batcher acts uniformly at random for: sac's ``replay.min_fill``, else 0."""
+    return cfg.replay.min_fill if cfg.learner.algo == "sac" else 0
+
+
 def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndarray | None = None) -> InferenceBatcher:
     """The run's batcher on ``device``: ``spaces`` (observation, action); ``model`` the user's network
     or None (built from the config: the weights come from the arena, so no network travels through
@@ -325,7 +340,8 @@ def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndar
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     return InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
-                            cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings)
+                            cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings,
+                            algo=cfg.learner.algo, random_until=random_action_steps(cfg))
 
 
 def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
