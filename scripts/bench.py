@@ -37,6 +37,7 @@ SUBCOMMANDS = {
     "syncs": ("syncs", "host synchronisations and host <-> device copies per call"),
     "check-envs": ("check_envs", "every envpool task family trained for a few seconds"),
     "soak": ("soak", "a long run with a rollout worker SIGKILLed every --kill-every seconds"),
+    "gpu": ("gpu", "the GPU report in one call: tests, throughput, syncs, bf16, learning, GPU use"),
 }
 BENCH = Path(__file__).resolve()
 

@@ -162,19 +162,26 @@ def test_targets_bootstrap_from_the_online_networks_pick_or_without_double_q_the
         assert picks_differ  # the two rules give different targets on this sample
 
 
+def state_batch(T: int, B: int, state_size: int, g: torch.Generator, rewards=None):
+    """A ``[T, B]`` batch of random 3-value observations and actions, with each env's starting
+    state; random rewards unless ``rewards`` are given."""
+    from fastrl.learner import Trajectories
+    obs, actions = torch.randn(T + 1, B, 3, generator=g), torch.randint(0, 2, (T, B), generator=g)
+    rewards = torch.randn(T, B, generator=g) if rewards is None else rewards
+    return Trajectories(obs=obs, actions=actions, behaviour_logp=torch.zeros(T, B), rewards=rewards,
+                        terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
+                        valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64),
+                        initial_state=torch.randn(B, state_size, generator=g))
+
+
 def test_the_training_loop_adds_sequences_with_states_and_takes_gradient_steps():
     cfg = r2d2_config(**{"replay.replay_ratio": 4.0})
     learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
-    from fastrl.learner import Trajectories
     T, B = cfg.learner.rollout, 4
     g = torch.Generator().manual_seed(0)
     before = [p.detach().clone() for p in learner.model.parameters()]
     for _ in range(6):
-        batch = Trajectories(obs=torch.randn(T + 1, B, 3, generator=g), actions=torch.randint(0, 2, (T, B), generator=g),
-                             behaviour_logp=torch.zeros(T, B), rewards=torch.ones(T, B),
-                             terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
-                             valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64),
-                             initial_state=torch.randn(B, learner.model.state_size, generator=g))
+        batch = state_batch(T, B, learner.model.state_size, g, rewards=torch.ones(T, B))
         stats = learner.train(batch, env_ids=np.arange(B))
     assert stats["replay_size"] == 6 * T * B and learner.updates > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
@@ -185,7 +192,6 @@ def test_the_device_path_samples_into_its_staging_buffer_and_reads_back_once_per
     buffer, a gradient step makes one copy to the device and two host reads (the gradient norm,
     then the priorities with the statistics), and it computes what the CPU path computes."""
     from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
-    from fastrl.learner import Trajectories
     cfg = r2d2_config(**{"replay.replay_ratio": 1.0})
     learners = []
     for device_path in (False, True):
@@ -197,11 +203,7 @@ def test_the_device_path_samples_into_its_staging_buffer_and_reads_back_once_per
     T, B = cfg.learner.rollout, 4
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
-        batch = Trajectories(obs=torch.randn(T + 1, B, 3, generator=g), actions=torch.randint(0, 2, (T, B), generator=g),
-                             behaviour_logp=torch.zeros(T, B), rewards=torch.randn(T, B, generator=g),
-                             terminated=torch.zeros(T, B, dtype=torch.bool), truncated=torch.zeros(T, B, dtype=torch.bool),
-                             valid=torch.ones(T, B, dtype=torch.bool), version=torch.zeros(T, B, dtype=torch.int64),
-                             initial_state=torch.randn(B, cpu.model.state_size, generator=g))
+        batch = state_batch(T, B, cpu.model.state_size, g)
         for learner in learners:
             learner.train(batch, env_ids=np.arange(B))
     sample = device.sample()

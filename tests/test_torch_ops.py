@@ -6,7 +6,7 @@ import torch
 from fastrl.kernels import gae, vtrace
 from fastrl.kernels.torch_ops import gae_torch, vtrace_torch
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])
 
 
 def random_tensors(dtype, device, seed=0, num_steps=6, batch=4):
