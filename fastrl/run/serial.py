@@ -122,9 +122,12 @@ class InlineEvaluations:
         if self.given_up or time.time() < self.due:
             return
         try:
-            if self.evaluator is None:
-                self.evaluator = self.make_evaluator()
-            self.evaluator.evaluate()
+            # Its own torch RNG stream: when the clock brings an evaluation must not change the
+            # draws training makes after it (docs/reproducibility.md).
+            with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+                if self.evaluator is None:
+                    self.evaluator = self.make_evaluator()
+                self.evaluator.evaluate()
         except Exception as exc:  # an observer's failure never stops training; Ctrl-C still does
             self.evaluator = None
             self._failed(f"the evaluator failed ({failure_line(exc)})")
