@@ -135,6 +135,18 @@ REPORT = {
     "wall_time": "seconds since train() was called, start-up included, summed over resumes",
     "trained_seconds": "seconds counted against train_for_seconds: from the processes' start, summed over resumes",
 }
+# The figures of the clock, not of the training: two runs that take the same steps (a serial run
+# repeated, docs/reproducibility.md) differ in these alone. Every timer's name ends in "_s".
+CLOCK_FIGURES = ("env_steps_per_s", "fps", "wall_time", "trained_seconds", "eval_seconds")
+
+
+def measures_the_clock(key: str) -> bool:
+    """Whether the metrics.jsonl ``key`` is a figure of the clock: one of CLOCK_FIGURES, or
+    seconds (``*_s``: the timers, ``restart_lost_s``), under any prefix (``policy/<name>/``)."""
+    name = key.rsplit("/", 1)[-1]
+    return name in CLOCK_FIGURES or name.endswith("_s")
+
+
 # The learner statistics the report moves to the top level (not repeated under learner/).
 PROMOTED_LEARNER_STATS = ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")
 
