@@ -23,6 +23,7 @@ from fastrl.run.training import train
 from fastrl.sampling.batcher import InferenceBatcher
 from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
 from tests import user_modules
+from tests.same_state import assert_same_state
 
 GAMES = "fastrl.envs.toy:AgreementGames"
 OWN_ACTION = 3  # AgreementGames' observation (t, k, g, a_k, m): the action the agent played last
@@ -248,22 +249,6 @@ def test_each_policy_acts_for_and_trains_on_its_own_agents_rows_only(agents, map
     # One forward pass per weight set a batcher call holds rows of, with exactly those rows.
     assert forwards == expected
     assert all(len(passes) == policies.num_policies for passes in forwards)
-
-
-def assert_same_state(a, b, where=""):
-    """Nested dicts/lists of tensors and plain values equal exactly."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), where
-        for key in a:
-            assert_same_state(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_state(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 def read_metrics(run_dir):

@@ -50,6 +50,9 @@ def validate(cfg: Config) -> None:
         check_section(getattr(cfg, section), section, cfg.learner.algo)
     if cfg.train_for_env_steps == 0 and cfg.train_for_seconds == 0:
         raise ConfigError("set train_for_env_steps or train_for_seconds (both are 0: the run would never end)")
+    if cfg.report_every_env_steps and not cfg.serial:
+        raise ConfigError("report_every_env_steps is for serial runs (parallel runs report every report_every_s): "
+                          "set serial=true or report_every_env_steps=0")
     if cfg.env.envs_per_worker % cfg.env.num_splits:
         raise ConfigError(
             f"env.envs_per_worker ({cfg.env.envs_per_worker}) must be divisible by env.num_splits "

@@ -476,6 +476,12 @@ class Config:
     slots_per_env: int = key(3, allowed=Range(2, 256),
                              help="trajectory slots per env: one filling, the rest queued for the learner")
     report_every_s: float = key(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
+    # A serial run's steps do not depend on the clock, its reports do: by env steps, two runs with
+    # one seed write the same metrics.jsonl (docs/reproducibility.md). Parallel ranks report in
+    # step by the clock (a collective), so only serial runs take it.
+    report_every_env_steps: int = key(0, allowed=NON_NEGATIVE,
+                                      help="serial runs: report at the first step at or past each multiple of "
+                                           "this many env steps, in place of report_every_s; 0 = by the clock")
     checkpoint_every_s: float = key(300.0, allowed=SECONDS, help="seconds between checkpoints")
     keep_checkpoints: int = key(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
     max_worker_restarts: int = key(10, allowed=NON_NEGATIVE,

@@ -142,6 +142,18 @@ REPORT = {
     "wall_time": "seconds since train() was called, start-up included, summed over resumes",
     "trained_seconds": "seconds counted against train_for_seconds: from the processes' start, summed over resumes",
 }
+# The figures of the clock, not of the training: two runs that take the same steps (a serial run
+# repeated, docs/reproducibility.md) differ in these alone. Every timer's name ends in "_s".
+CLOCK_FIGURES = ("env_steps_per_s", "fps", "wall_time", "trained_seconds", "eval_seconds")
+
+
+def measures_the_clock(key: str) -> bool:
+    """Whether the metrics.jsonl ``key`` is a figure of the clock: one of CLOCK_FIGURES, or
+    seconds (``*_s``: the timers, ``restart_lost_s``), under any prefix (``policy/<name>/``)."""
+    name = key.rsplit("/", 1)[-1]
+    return name in CLOCK_FIGURES or name.endswith("_s")
+
+
 # The learner statistics the report moves to the top level (not repeated under learner/).
 PROMOTED_LEARNER_STATS = ("learner_updates", "policy_lag_mean", "policy_lag_min", "policy_lag_max")
 
@@ -300,18 +312,24 @@ class Reporter:
     ``stop_when`` (a single node's run) is called with every report once it is written; once it
     returns True the budget counts as reached: the run stops as it would at its budget.
 
-    A report that follows the one before by less than half of ``report_every_s`` (the one a run
-    writes as it stops, most often) averages the episodes of both: on its own it could hold two
-    episodes, and a sweep's value, a benchmark's final figure and the last status line read it."""
+    ``report_due()`` says when the run's loop reports next: every ``report_every_s``, or with
+    ``report_every_env_steps`` (a serial run's) at the first check at or past each multiple of it,
+    so that a run whose steps repeat writes its reports at the same steps (docs/reproducibility.md).
+
+    A report that follows the one before by less than half of the period (the one a run writes as
+    it stops, most often) averages the episodes of both: on its own it could hold two episodes,
+    and a sweep's value, a benchmark's final figure and the last status line read it."""
 
     def __init__(self, arena: Arena, run_dir: Path | None, frame_skip: int, target_env_steps: int,
                  target_seconds: float, console: Console | None = None, launched_at: float | None = None,
                  aggregate=None, wall_before: float = 0.0, trained_before: float = 0.0,
                  policy_names: tuple[str, ...] = ("main",), league=None, members: bool = False,
                  info_keys: tuple[str, ...] = (), info_due_env_steps: int = 0,
-                 objective: str = "episode_return_mean", stop_when=None, report_every_s: float = 0.0):
+                 objective: str = "episode_return_mean", stop_when=None, report_every_s: float = 0.0,
+                 report_every_env_steps: int = 0):
         self.arena = arena
-        self.short_report_s = report_every_s / 2
+        self.report_every_s = report_every_s
+        self.report_every_env_steps = report_every_env_steps
         self.previous_episodes: tuple[np.ndarray, ...] | None = None  # the last report's own episodes
         self.policy_names = tuple(policy_names)
         # A population's members report as member/<k>/..., other policies as policy/<name>/...
@@ -342,6 +360,8 @@ class Reporter:
         self.training_started = time.time()
         self.last_time = time.time()
         self.last_steps = self.env_steps()
+        self.next_report_s = self.last_time + report_every_s
+        self.next_report_steps = self._next_multiple(self.last_steps)
         self.episodes_seen = self.arena.episode_count.copy()
         self.return_mean = math.nan
         self.length_mean = math.nan
@@ -381,6 +401,26 @@ class Reporter:
         self.tick()
         return bool(self.target_env_steps and self.env_steps() >= self.target_env_steps) or self.time_up() or \
             self.stop_asked
+
+    def _next_multiple(self, steps: int) -> int:
+        every = self.report_every_env_steps
+        return (steps // every + 1) * every if every else 0
+
+    def report_due(self) -> bool:
+        """Whether the next report is due (see the class): by env steps or by the clock."""
+        if self.report_every_env_steps:
+            return self.env_steps() >= self.next_report_steps
+        return time.time() >= self.next_report_s
+
+    def seconds_to_report(self) -> float:
+        """How long the run's loop may wait before the next report by the clock is due."""
+        return max(0.0, self.next_report_s - time.time())
+
+    def _short(self, seconds: float, steps: int) -> bool:
+        """Whether a report ``seconds`` and ``steps`` after the one before comes within half a period."""
+        if self.report_every_env_steps:
+            return steps < self.report_every_env_steps / 2
+        return seconds < self.report_every_s / 2
 
     def recent_episodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Episodes finished since the last report (at most the ring's size per worker): returns,
@@ -440,8 +480,11 @@ class Reporter:
         now = time.time()
         steps = self.env_steps()
         rate = (steps - self.last_steps) / max(now - self.last_time, 1e-9)
-        short = now - self.last_time < self.short_report_s
+        short = self._short(now - self.last_time, steps - self.last_steps)
         self.last_time, self.last_steps = now, steps
+        if now >= self.next_report_s:
+            self.next_report_s += self.report_every_s
+        self.next_report_steps = self._next_multiple(steps)
         fresh = self.recent_episodes()
         returns, lengths, actors, opponents, info = fresh
         # The league counts each game once: only this report's own games.

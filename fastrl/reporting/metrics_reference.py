@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .metrics import METRICS
+from .metrics import CLOCK_FIGURES, METRICS
 
 
 def _cell(text: str) -> str:
@@ -16,7 +16,8 @@ def markdown() -> str:
     lines = ["# Metrics", "",
              "Generated from `fastrl/reporting/metrics.py` by `python -m fastrl.reporting.metrics_reference > docs/metrics.md`; "
              "`tests/test_docs.py` checks that it is current and that a run writes no undeclared key.", "",
-             "A run appends one JSON object per report (every `report_every_s`) to `RUN_DIR/metrics.jsonl`. "
+             "A run appends one JSON object per report (every `report_every_s`, or in a serial run every "
+             "`report_every_env_steps` when set) to `RUN_DIR/metrics.jsonl`. "
              "TensorBoard (when installed) and Weights & Biases (`logging.wandb`) receive the same figures. "
              "A figure that is not known yet (no episode has ended) is `null`.", "",
              "`<...>` in a key is filled in by the run: `<policy>` is `policy/<name>` with several policies or "
@@ -25,6 +26,9 @@ def markdown() -> str:
              "Keys ending in `_s` under `rollout/`, `inference/` and `learner/` are cumulative seconds. "
              "The difference between two reports gives each component's share of the time between them; "
              "`fastrl-profile` reads them so ([profiler.md](profiler.md)).", "",
+             "Figures of the clock: " + ", ".join(f"`{key}`" for key in CLOCK_FIGURES) + " and every key ending "
+             "in `_s`. Two serial runs with one seed differ in these alone "
+             "([reproducibility.md](reproducibility.md)).", "",
              "| key | in which reports | meaning |", "|---|---|---|"]
     for metric in METRICS:
         lines.append(f"| `{_cell(metric.key)}` | {_cell(metric.when)} | {_cell(metric.meaning)} |")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import time
 
 from ..distributed import process_group as distributed
 from ..evaluation.evaluator import EvalResults, evaluator_process
@@ -165,17 +164,15 @@ def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Repor
                           eval_results: EvalResults, watch: RankWatch | None = None) -> None:
     """Watch the children and report every ``report_every_s`` until the budget is spent (with
     several ranks: until they agree to stop, or ``watch`` finds that one went away)."""
-    cfg, distributed_run = plan.cfg, plan.dist_info.enabled
-    next_report = time.time() + cfg.report_every_s
+    distributed_run = plan.dist_info.enabled
     while True:
         if not distributed_run and reporter.budget_reached():
             return
-        supervisor.watch(timeout=min(0.25, max(0.0, next_report - time.time())))
+        supervisor.watch(timeout=min(0.25, reporter.seconds_to_report()))
         if watch is not None and watch.lost:
             raise watch.error()
-        if time.time() >= next_report:
+        if reporter.report_due():
             reporter.report({**supervisor.restart_counts(), **plan.restart_metrics, **eval_results.new()})
-            next_report += cfg.report_every_s
             # Distributed: every rank leaves at the same report, on the same aggregated figures.
             if distributed_run and reporter.stop_agreed:
                 return

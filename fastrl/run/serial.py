@@ -62,12 +62,11 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                         members=bool(policies.members), info_keys=cfg.info_keys,
                         info_due_env_steps=info_due_env_steps(cfg), objective=cfg.pbt.objective,
                         league=plan.league_record(arena), stop_when=plan.stop_when,
-                        report_every_s=cfg.report_every_s)
+                        report_every_s=cfg.report_every_s, report_every_env_steps=cfg.report_every_env_steps)
     runtime.publish()
     evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
     eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
-    next_report = time.time() + cfg.report_every_s
     try:
         for worker in workers:
             worker.start()
@@ -86,9 +85,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                 runtime.consume(*batch, full.release)
             if evaluations is not None:
                 evaluations.evaluate_if_due()
-            if time.time() >= next_report:
+            if reporter.report_due():
                 reporter.report({**evaluation_counts(evaluations), **eval_results.new()})
-                next_report += cfg.report_every_s
             if runtime.checkpoint_due():
                 runtime.checkpoint()
         runtime.flush()  # the device path's last batch (fastrl.learner.staging)
@@ -125,9 +123,12 @@ class InlineEvaluations:
         if self.given_up or time.time() < self.due:
             return
         try:
-            if self.evaluator is None:
-                self.evaluator = self.make_evaluator()
-            self.evaluator.evaluate()
+            # Its own torch RNG stream: when the clock brings an evaluation must not change the
+            # draws training makes after it (docs/reproducibility.md).
+            with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+                if self.evaluator is None:
+                    self.evaluator = self.make_evaluator()
+                self.evaluator.evaluate()
         except Exception as exc:  # an observer's failure never stops training; Ctrl-C still does
             self.evaluator = None
             self._failed(f"the evaluator failed ({failure_line(exc)})")
