@@ -2,6 +2,7 @@
 others) imports it back, whether at module level or inside a function (a function-level import
 hides a cycle; it does not remove it)."""
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -76,9 +77,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache
+def source_graph() -> dict[str, frozenset[str]]:
     modules = module_files()
-    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+    return {name: frozenset(imports_of(name, path, set(modules))) for name, path in modules.items()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the fastrl modules it imports (parsed once per session; each call a fresh copy)."""
+    return {name: set(imported) for name, imported in source_graph().items()}
 
 
 def test_fastrl_has_no_import_cycle():

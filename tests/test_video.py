@@ -156,7 +156,7 @@ def test_eval_best_without_best_pt_says_why_in_one_line(trained_run, capsys):
     best_checkpoint_path(run_dir).unlink(missing_ok=True)
     code, out, err = run_eval(capsys, run_dir, "--best")
     assert code == 2 and out == [] and len(err) == 1
-    assert "--set eval.every_s=60" in err[0] and "without --best" in err[0]
+    assert "--set eval.every_s=60" in err[0] and "drop --best" in err[0]
 
 
 @needs_imageio
