@@ -1,10 +1,25 @@
-"""Session-wide guard: the suite must leave no fastrl process or shared-memory segment behind."""
+"""The suite's rules: a test's kind is its folder, and `slow` follows it (integration, e2e and
+benchmarks are slow: `python -m pytest -m "not slow" tests` runs the unit tests alone); a
+session-wide guard fails the suite if any fastrl process or shared-memory segment is left behind."""
 import os
+from pathlib import Path
 
 import psutil
 import pytest
 
 from fastrl.ipc.arena import segment_creator
+
+pytest_plugins = ("tests.support.torchrun",)  # the agent_store fixture
+
+TESTS = Path(__file__).resolve().parent
+SLOW_KINDS = ("integration", "e2e", "benchmarks")  # runs, processes, benchmark scripts: not unit tests
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kind = item.path.relative_to(TESTS).parts[0]
+        if kind in SLOW_KINDS:
+            item.add_marker(pytest.mark.slow)
 
 
 def _segments() -> set[str]:

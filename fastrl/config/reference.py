@@ -1,6 +1,6 @@
 """The config keys as text, from their one declaration in fastrl.config.schema: the lines
 ``fastrl-train --list-keys`` prints, and docs/config.md (``python -m fastrl.config.reference > docs/config.md``;
-tests/test_config.py checks that the file is current)."""
+tests/unit/config/test_config.py checks that the file is current)."""
 from __future__ import annotations
 
 import inspect
@@ -70,7 +70,7 @@ def markdown() -> str:
     """docs/config.md: one table per section (key, type, default, allowed values, read by, help)."""
     lines = ["# Config keys", "",
              "Generated from `fastrl/config/schema.py` by `python -m fastrl.config.reference > docs/config.md`; "
-             "`tests/test_config.py` checks that it is current. Set a key in a profile's table or with "
+             "`tests/unit/config/test_config.py` checks that it is current. Set a key in a profile's table or with "
              "`--set section.key=value`; `fastrl-train --list-keys` prints the same, one line per key. "
              "\"read by\" names the algorithms (`learner.algo`) that use the key. The others ignore it or refuse "
              "a value that would have no effect; where its allowed values say so, they accept any finite value.",

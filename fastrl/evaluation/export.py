@@ -21,7 +21,7 @@ with ``stochastic``; the file holds its own inputs' and outputs' description as 
 the extra file ``fastrl.json``; ONNX: the metadata key ``fastrl``). The observations' conversion
 (ObsLayout.leaf_values), the network, the step (fastrl.evaluation.episodes.policy_step) and the actions'
 layout (ActionLayout.leaves) are fastrl's own; only ActionLayout.to_env's numpy ops are written
-again here, as torch ops the file can hold (tests/test_export.py checks they agree).
+again here, as torch ops the file can hold (tests/unit/evaluation/test_export.py checks they agree).
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def make_adam(model, lr: float, eps: float) -> torch.optim.Adam:
     """Adam over ``model``'s parameters (or a list of parameter groups), fused where torch has the
     kernel (CUDA; the CPU since torch 2.4): one kernel for every parameter and no read of the step
     count on the host. On the CPU a CartPole step's optimizer time is 0.17 ms against 0.40 ms with
-    foreach; same maths (tests/test_learner.py)."""
+    foreach; same maths (tests/unit/learner/test_vtrace_learner.py)."""
     params = list(model.parameters()) if isinstance(model, nn.Module) else model
     try:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)

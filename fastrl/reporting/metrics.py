@@ -122,7 +122,7 @@ WORKER_TIMINGS = tuple(WorkerTiming.KEYS.values())
 INFERENCE_TIMINGS = tuple(BatcherTiming.KEYS.values())
 
 # Every metrics.jsonl key is declared below, once, with its meaning: docs/metrics.md is generated
-# from these tables (python -m fastrl.reporting.metrics_reference > docs/metrics.md; tests/test_docs.py checks it).
+# from these tables (python -m fastrl.reporting.metrics_reference > docs/metrics.md; tests/unit/test_docs.py checks it).
 
 # The run's headline figures, in every report.
 REPORT = {

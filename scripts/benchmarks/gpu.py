@@ -24,7 +24,7 @@ after every row it measures) under its own time budget: its share of what is lef
 interrupted (SIGINT, as Ctrl-C: a run stops its processes) and keeps the rows it measured; a
 failed section is recorded and the next one runs. The report is written after every section,
 so an interrupted report keeps what was measured. ``--quick`` shrinks every section to run the
-same code on the CPU within 2 minutes (tests/test_bench_gpu.py): cartpole-appo with 64 envs a
+same code on the CPU within 2 minutes (tests/benchmarks/test_bench_gpu.py): cartpole-appo with 64 envs a
 worker in place of atari-appo, one call per timing. Rows that cannot be measured say why
 ("no CUDA device").
 """
@@ -75,7 +75,7 @@ SECTIONS = (
 BY_NAME = {section.name: section for section in SECTIONS}
 
 
-# The budget: pure functions, tested in tests/test_bench_gpu.py.
+# The budget: pure functions, tested in tests/benchmarks/test_bench_gpu.py.
 
 def share_of_remaining(remaining_s: float, shares: list[float]) -> float:
     """Seconds for the first of ``shares`` (it and the ones after it) out of ``remaining_s``:

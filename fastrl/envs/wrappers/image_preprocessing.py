@@ -4,7 +4,7 @@ Configured under ``[env]`` (``frame_skip``, ``resize``, ``grayscale``, ``frame_s
 ``image_keys``: :class:`ImageOptions`) and done by :class:`PreprocessedEnv` around each env of a
 gymnasium or factory group, in the rollout worker, before the vector env batches the
 observations: only the processed frames are copied on, never the env's full-size frame. The rules
-(tests/test_image_preprocessing.py checks each against a numpy reference):
+(tests/unit/envs/test_image_preprocessing.py checks each against a numpy reference):
 
 Action repeat (``frame_skip = k``)
     One env step sends its action to the env up to k times and returns the sum of the rewards,

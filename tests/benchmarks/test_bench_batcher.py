@@ -1,0 +1,24 @@
+"""scripts/bench.py batcher: it times the batcher's infer() in a profile's layout, and refuses a
+--base-code that holds no fastrl in one line."""
+import subprocess
+import sys
+
+from tests.support.repo import REPO
+
+BENCH = REPO / "scripts" / "bench.py"
+
+
+def test_it_times_one_request_and_one_per_worker(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH), "batcher", "--calls", "20", "--rounds", "1"],
+                         check=True, capture_output=True, text=True).stdout
+    line = out.strip().splitlines()[0]
+    assert line.startswith("this tree") and "1 request of 512" in line and "2 requests of 512" in line
+    times = [float(part.split(": ")[1].split()[0]) for part in line.split("  ")[1:]]
+    assert len(times) == 2 and all(0 < t < 1e5 for t in times) and times[1] > times[0] * 0.9
+
+
+def test_a_base_code_without_fastrl_is_refused_in_one_line(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH), "batcher", "--base-code", str(tmp_path)], capture_output=True,
+                         text=True)
+    assert run.returncode == 2
+    assert "holds no fastrl package" in run.stderr.strip().splitlines()[-1]

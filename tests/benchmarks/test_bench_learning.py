@@ -1,0 +1,252 @@
+"""scripts/bench.py learning without training: every profile's promise is read from its [expect]
+table (or fails in one line naming the profile), the command line's parts replace it, and
+time-to-target and the median over seeds on synthetic reports."""
+import argparse
+import json
+import tomllib
+from importlib import resources
+from types import SimpleNamespace
+
+import pytest
+
+from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
+from tests.support.scripts import load_benchmark, load_script
+
+bench = load_benchmark("learning")
+entry = load_script("bench")
+Promise, PromiseError = bench.Promise, bench.PromiseError
+
+
+@pytest.mark.parametrize("name", available_profiles())
+def test_every_profile_states_a_promise_the_bench_can_read(name):
+    expect = build_config(name).expect
+    if not expect.stated:  # not measured yet (the README says so): the bench asks for --target and a budget
+        with pytest.raises(PromiseError, match=f"^profile '{name}' states no promise"):
+            bench.profile_promise(name, expect)
+        return
+    promise = bench.profile_promise(name, expect)
+    written = tomllib.loads((resources.files("fastrl.profiles") / f"{name}.toml").read_text())["expect"]
+    assert promise.metric == written["metric"] and written["metric"] in ("episode_return_mean", "eval/random/win_rate")
+    assert promise.threshold == written["threshold"]  # sign included: Pong's returns run from -21 to 21
+    assert bool(promise.budget_steps) != bool(promise.budget_seconds)
+    assert (promise.budget_steps, promise.budget_seconds) == (written.get("budget_env_steps", 0),
+                                                              written.get("budget_seconds", 0))
+    assert promise.hardware == written.get("hardware", "") and (promise.hardware or promise.budget_steps)
+
+
+def profile_file(tmp_path, expect: str):
+    path = tmp_path / "my-profile.toml"
+    path.write_text(f'train_for_env_steps = 1000\n{expect}\n[env]\nid = "CartPole-v1"\n')
+    return path
+
+
+def test_the_promise_is_the_profiles_expect_table(tmp_path):
+    path = profile_file(tmp_path, '[expect]\nmetric = "eval_return_mean"\nthreshold = -20.5\n'
+                                  'budget_seconds = 5400\nhardware = "8-core CPU"\n')
+    promise = bench.profile_promise("my-profile", build_config(str(path)).expect)
+    assert promise == Promise("eval_return_mean", -20.5, budget_seconds=5400.0, hardware="8-core CPU")
+    assert promise.describe() == "eval_return_mean >= -20.5 within 5400 s wall on 8-core CPU"
+    steps = Promise("episode_return_mean", 1500.0, 2_000_000)
+    assert steps.describe() == "episode_return_mean >= 1500 within 2,000,000 env steps"
+
+
+def test_a_profile_without_a_promise_is_one_line_naming_the_profile(tmp_path):
+    with pytest.raises(PromiseError) as info:
+        bench.profile_promise("my-profile", ExpectConfig())
+    message = str(info.value)
+    assert message.startswith("profile 'my-profile' states no promise: add an [expect] table") and "\n" not in message
+    assert "--target" in message and "--budget-steps" in message
+
+
+@pytest.mark.parametrize("expect, message", [
+    ('[expect]\nthreshold = 5\nbudget_env_steps = 100\n', "expect.metric is empty"),
+    ('[expect]\nmetric = "episode_return_mean"\nthreshold = 5\n', "needs exactly one budget"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_env_steps = 100\nbudget_seconds = 60\nhardware = "x"\n',
+     "needs exactly one budget"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_seconds = 60\n', "say which hardware"),
+    ('[expect]\nmetric = "m"\ntreshold = 5\nbudget_env_steps = 100\n', "did you mean expect.threshold"),
+    ('[expect]\nmetric = "m"\nthreshold = "high"\nbudget_env_steps = 100\n', "expects float"),
+    ('[expect]\nmetric = "m"\nthreshold = nan\nbudget_env_steps = 100\n', "'expect.threshold' must be finite"),
+    ('[expect]\nmetric = "m"\nthreshold = 5\nbudget_env_steps = -1\n', "'expect.budget_env_steps' must be >= 0"),
+])
+def test_a_malformed_promise_is_one_line_before_any_training(tmp_path, capsys, expect, message):
+    argv = ["--profile", str(profile_file(tmp_path, expect)), "--out-dir", str(tmp_path), "--no-plot"]
+    assert entry.main(["learning", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.py learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "my-profile").exists()
+
+
+def test_command_line_parts_replace_the_promises():
+    expect = ExpectConfig("episode_return_mean", 18.0, budget_env_steps=10_000_000, hardware="one GPU")
+    assert bench.resolve_promise("p", expect) == Promise("episode_return_mean", 18.0, 10_000_000, hardware="one GPU")
+    # A budget flag replaces the table's budget (Atari on a CPU gets an hour instead of 10M steps),
+    # and with it the hardware the table's budget was about.
+    assert bench.resolve_promise("p", expect, budget_seconds=3600.0) == Promise("episode_return_mean", 18.0,
+                                                                                budget_seconds=3600.0)
+    assert bench.resolve_promise("p", expect, metric="eval_return_mean", target=0.0, budget_steps=1000,
+                                 budget_seconds=60.0) == Promise("eval_return_mean", 0.0, 1000, 60.0)
+    # A profile without a promise is fine when the command line says everything.
+    assert bench.resolve_promise("p", ExpectConfig(), target=5.0, budget_steps=100) == Promise(
+        "episode_return_mean", 5.0, 100)
+    with pytest.raises(PromiseError, match="profile 'p'"):
+        bench.resolve_promise("p", ExpectConfig(), target=5.0)
+
+
+def test_the_budget_is_the_runs_limit_on_its_own_clock():
+    time_budget = bench.run_overrides(Promise("episode_return_mean", 475.0, budget_seconds=60.0), 2,
+                                      {"device": "cpu"})
+    assert time_budget == {"device": "cpu", "seed": 2, "train_for_seconds": 60.0}  # the profile's step limit stays
+    assert bench.run_overrides(Promise("m", 1.0, 2_000_000), 0, {}) == {"seed": 0, "train_for_env_steps": 2_000_000}
+
+
+def reports(returns, steps_per_report=1000, seconds_per_report=2.0):
+    return [{"env_steps": (i + 1) * steps_per_report, "wall_time": 3.0 + i * seconds_per_report,
+             "episode_return_mean": r} for i, r in enumerate(returns)]
+
+
+PROMISE = Promise("episode_return_mean", 475.0, budget_seconds=60.0)
+
+
+def test_time_to_target_is_the_first_report_at_or_above_the_threshold():
+    rows = reports([float("nan"), 100.0, 475.0, 300.0, 500.0])
+    outcome = bench.run_outcome(rows, PROMISE)
+    assert outcome["reached"] and outcome["env_steps"] == 3000 and outcome["wall_time"] == 7.0
+    assert outcome["final"] == 500.0 and outcome["max"] == 500.0
+    missed = bench.run_outcome(reports([None, 10.0, 474.9, 20.0]), PROMISE)
+    assert not missed["reached"] and missed["env_steps"] is None and missed["wall_time"] is None
+    assert missed["final"] == 20.0 and missed["max"] == 474.9
+    assert missed["last_env_steps"] == 4000 and missed["last_wall_time"] == 9.0
+    never = bench.run_outcome(reports([None, float("nan")]), PROMISE)
+    assert not never["reached"] and never["final"] is None and never["max"] is None
+
+
+def test_window_mean_averages_the_reports_inside_the_env_step_range():
+    rows = reports([100.0, float("nan"), 300.0, 500.0, 700.0])  # env steps 1000, 2000, ... 5000
+    assert bench.window_mean(rows, "episode_return_mean", (2000, 4000)) == 400.0
+    assert bench.window_mean(rows, "episode_return_mean", (1000, 1000)) == 100.0
+    assert bench.window_mean(rows, "episode_return_mean", (6000, 9000)) is None
+    assert bench.env_step_window("1.4M:1.6M") == (1_400_000, 1_600_000)
+    for bad in ("2M:1M", "1M", "a:b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.env_step_window(bad)
+
+
+def test_an_evaluation_reaches_the_target_at_the_env_steps_of_its_weights():
+    rows = [{"env_steps": 1000, "wall_time": 5.0, "episode_return_mean": 480.0},
+            {"env_steps": 2000, "wall_time": 9.0, "episode_return_mean": 490.0, "eval_return_mean": 500.0,
+             "eval_at_env_steps": 1200}]
+    outcome = bench.run_outcome(rows, Promise("eval_return_mean", 475.0, budget_seconds=60.0))
+    assert outcome["env_steps"] == 1200 and outcome["wall_time"] == 9.0
+
+
+def outcome(steps, seconds):
+    return {"reached": steps is not None, "env_steps": steps, "wall_time": seconds}
+
+
+def test_median_over_seeds_counts_a_seed_that_missed_as_never():
+    every = bench.summarize([outcome(3000, 12.0), outcome(1000, 8.0), outcome(2000, 70.0)], PROMISE)
+    assert every == {"seeds": 3, "seeds_reached": 3, "median_env_steps": 2000, "median_wall_time": 12.0,
+                     "holds": True}
+    one_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(1000, 50.0)], PROMISE)
+    assert one_missed["seeds_reached"] == 2 and one_missed["median_env_steps"] == 3000
+    assert one_missed["median_wall_time"] == 50.0 and one_missed["holds"]
+    most_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(None, None)], PROMISE)
+    assert most_missed == {"seeds": 3, "seeds_reached": 1, "median_env_steps": None, "median_wall_time": None,
+                           "holds": False}
+    # Two seeds: the median is the mean of both, so a miss leaves none.
+    assert bench.summarize([outcome(1000, 5.0), outcome(None, None)], PROMISE)["median_wall_time"] is None
+
+
+def test_the_promise_holds_only_within_every_budget_it_names():
+    late = bench.summarize([outcome(1000, 61.0), outcome(1000, 65.0), outcome(1000, 10.0)], PROMISE)
+    assert late["median_wall_time"] == 61.0 and not late["holds"]
+    both = Promise("episode_return_mean", 475.0, 1500, 60.0)
+    assert bench.summarize([outcome(1000, 10.0)], both)["holds"]
+    assert not bench.summarize([outcome(2000, 10.0)], both)["holds"]
+
+
+def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for seed, returns in enumerate([[100.0, 480.0, 500.0], [100.0, 200.0, 300.0]]):
+        run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--no-train",
+                       "--out-dir", str(tmp_path), "--window", "2K:3K"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == ("cartpole-appo seed 0: episode_return_mean >= 475 at 2,000 env steps, 5.0 s wall; "
+                        "final 500.0, max 500.0, mean 490.0 over 2,000-3,000 env steps")
+    assert lines[1].startswith("cartpole-appo seed 1: not reached within budget (3,000 env steps, 7.0 s wall)")
+    result = json.loads(lines[-1])["profiles"][0]
+    assert result["seeds_reached"] == 1 and result["median_wall_time"] is None and not result["holds"]
+    assert (tmp_path / "cartpole-appo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
+    for seed, returns in ((1, [100.0, 200.0, 300.0]), (2, [100.0, 480.0, 500.0])):
+        run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports(returns)))
+    argv = ["--profile", "cartpole-appo", "--first-seed", "1", "--seeds", "2", "--no-train", "--no-plot",
+            "--out-dir", str(tmp_path)]
+    assert entry.main(["learning", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("cartpole-appo seed 1: not reached") and lines[1].startswith("cartpole-appo seed 2: ")
+    seeds = [r["seed"] for r in json.loads(lines[-1])["profiles"][0]["runs"]]
+    assert seeds == [1, 2]
+    args = SimpleNamespace(profiles=["cartpole-appo"], first_seed=3, seeds=2, metric=None, target=None,
+                           budget_steps=None, budget_seconds=None, out_dir=tmp_path, no_train=False, overwrite=False,
+                           plot=None, no_plot=True)
+    planned = bench.plan(args, {})[0]
+    assert [cfg.seed for cfg in planned["configs"]] == [3, 4]
+    assert [d.name for d in planned["run_dirs"]] == ["seed3", "seed4"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "seed=3"], "--set seed: the bench sets it"),
+    (["--set", "train_for_seconds=10"], "--set train_for_seconds: the bench sets it"),
+    (["--metric", "eval_return_mean"], "needs evaluation during training: --set eval.every_s=SECONDS"),
+    (["--profile", "mujoco-appo", "--plot", "x.png"], "--plot names one figure"),
+    (["--no-train"], "holds no metrics.jsonl; run without --no-train first"),
+])
+def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, message):
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--out-dir", str(tmp_path), "--no-plot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.py learning: error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--first-seed", "-1"], "argument --first-seed: must be >= 0, got '-1'"),
+    (["--seeds", "0"], "argument --seeds: must be > 0, got '0'"),
+])
+def test_bad_numbers_are_refused_by_the_command_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(["learning", "--profile", "cartpole-appo", "--out-dir", str(tmp_path), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_existing_run_is_not_overwritten_unless_asked(tmp_path, capsys):
+    (tmp_path / "cartpole-appo" / "seed1").mkdir(parents=True)
+    (tmp_path / "cartpole-appo" / "seed1" / "metrics.jsonl").write_text("")
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--out-dir", str(tmp_path),
+                       "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "seed1' already holds a run: pass --overwrite" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cartpole-appo" / "seed0").exists()  # refused before the first seed trained
+
+
+def test_runs_that_never_reported_the_metric_are_judged_without_a_curve(tmp_path, capsys):
+    run_dir = tmp_path / "cartpole-appo" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo")))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"env_steps": 0, "wall_time": 15.0,
+                                                       "episode_return_mean": None}) + "\n")
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "1", "--no-train",
+                       "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cartpole-appo seed 0: not reached within budget (0 env steps, 15.0 s wall); never reported" in out
+    assert "cartpole-appo: no curve to draw, no run reported episode_return_mean" in out
+    assert not (tmp_path / "cartpole-appo.png").exists()

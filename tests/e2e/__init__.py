@@ -1,0 +1,1 @@
+"""End to end: the commands as subprocesses, torchrun, two nodes, injected faults."""

@@ -1,0 +1,1 @@
+"""In-process runs: fastrl.train() and its parts together, on small envs."""

@@ -1,0 +1,1 @@
+"""What the tests share: small envs, reference implementations, script loaders."""

@@ -1,0 +1,1 @@
+"""Unit tests of fastrl.kernels: each kernel against a brute-force reference."""
