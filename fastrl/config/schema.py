@@ -304,8 +304,8 @@ class EvalConfig:
                         help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
     video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
                                help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
-    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply "
-                                        f"or MODULE:CALLABLE, as fastrl-eval --opponent), each played "
+    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply, "
+                                        f"tictactoe_minimax or MODULE:CALLABLE, as fastrl-eval --opponent), each played "
                                         f"eval.episodes episodes an evaluation by the first policy, every seat in "
                                         f"turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
                                         f"{MAX_EVAL_OPPONENTS}")
@@ -437,7 +437,6 @@ class ExpectConfig:
     budget_env_steps: int = key(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
     budget_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="within this much wall time (or budget_env_steps)")
     hardware: str = key("", help="what the budget holds on; required with budget_seconds")
-
     @property
     def stated(self) -> bool:
         return self != ExpectConfig()
