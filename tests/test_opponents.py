@@ -110,7 +110,8 @@ def test_a_module_path_names_an_opponent_and_an_opponent_class_is_made_with_the_
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply, tictactoe_minimax) nor MODULE:CALLABLE"),
+    ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply, tictactoe_minimax) "
+             "nor MODULE:CALLABLE"),
     ("no_such_module_x:fn", "cannot import 'no_such_module_x'"),
     ("fastrl.multiagent.opponents:no_such_fn", "module 'fastrl.multiagent.opponents' has no 'no_such_fn'"),
     ("fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),

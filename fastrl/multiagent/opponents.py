@@ -140,7 +140,8 @@ def tic_tac_toe_value(mine: int, theirs: int) -> int:
         return -1
     if mine | theirs == TIC_TAC_TOE_FULL:
         return 0
-    return max(-tic_tac_toe_value(theirs, mine | 1 << square) for square in range(9) if not (mine | theirs) >> square & 1)
+    empty = [square for square in range(9) if not (mine | theirs) >> square & 1]
+    return max(-tic_tac_toe_value(theirs, mine | 1 << square) for square in empty)
 
 
 def tic_tac_toe_bits(planes: np.ndarray) -> tuple[int, int]:
