@@ -157,8 +157,8 @@ def always_the_first_square(observation, agent):
 
 
 @pytest.mark.parametrize("env_id, opponent, message", [
-    (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor "
-                          "MODULE:CALLABLE"),
+    (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply, "
+                          "tictactoe_minimax) nor MODULE:CALLABLE"),
     (TIC_TAC_TOE, "no_such_module_x:fn", "cannot import 'no_such_module_x'"),
     (TIC_TAC_TOE, "fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),
     (TIC_TAC_TOE, "tests.test_policy_eval:always_the_first_square",
