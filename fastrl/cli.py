@@ -153,7 +153,8 @@ def eval_main(argv=None) -> int:
                         "policy's seat rotating so each seat gets an equal share of --episodes; prints win_rate, "
                         "draw_rate and loss_rate overall and per seat: the sign of the policy's seat's episode "
                         "return (> 0 a win, 0 a draw, < 0 a loss, as in zero-sum classic games). Built in: random "
-                        "(uniform over the legal actions), connect_four_one_ply (wins now, else blocks, else random); "
+                        "(uniform over the legal actions), connect_four_one_ply (wins now, else blocks, else random), "
+                        "tictactoe_minimax (a perfect tic-tac-toe player); "
                         "MODULE:CALLABLE is fn(observation, agent) -> action, given the agent's observation as the "
                         "env returns it (with action_mask in classic games) and its name")
     p.add_argument("--policy", metavar="NAME",

@@ -321,9 +321,9 @@ class EvalConfig:
                         help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
     video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
                                help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
-    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply "
-                                        f"or MODULE:CALLABLE, as fastrl-eval --opponent), each played "
-                                        f"eval.episodes episodes an evaluation by the first policy, every seat in "
+    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply, "
+                                        f"tictactoe_minimax or MODULE:CALLABLE, as fastrl-eval --opponent), each "
+                                        f"played eval.episodes episodes an evaluation by the first policy, every seat in "
                                         f"turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
                                         f"{MAX_EVAL_OPPONENTS}")
 
@@ -446,7 +446,8 @@ class PBTConfig:
 @dataclass
 class ExpectConfig:
     """What a profile promises: ``metric`` (a metrics.jsonl key) reaches ``threshold`` within
-    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware``.
+    ``budget_env_steps`` env steps or ``budget_seconds`` of wall time on ``hardware`` (with
+    ``final_reports``, stands there over the run's last reports).
     scripts/bench.py learning checks it; training never reads it. All empty: no promise."""
 
     metric: str = key("", help="the metrics.jsonl key the promise is about")
@@ -454,6 +455,12 @@ class ExpectConfig:
     budget_env_steps: int = key(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
     budget_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="within this much wall time (or budget_env_steps)")
     hardware: str = key("", help="what the budget holds on; required with budget_seconds")
+    # A self-play policy's first good evaluation says little of the one a user ends with: its
+    # strength swings from report to report, so such a promise is judged at the run's end.
+    final_reports: int = key(0, allowed=Range(0, 1000),
+                             help="0: the first report with the metric at or above the threshold keeps the promise; "
+                                  "N: the mean of the metric over the run's last N reports that have it, at the "
+                                  "end of the budget, must reach the threshold")
 
     @property
     def stated(self) -> bool:

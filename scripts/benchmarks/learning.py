@@ -23,7 +23,9 @@ wall budget); the profile's other limit stays. ``learner.lr_decay`` decays over 
 budget shorter than the profile's own trains with another schedule than ``fastrl-train`` gives.
 
 A run reaches the promise at its first report with the metric >= the threshold
-(benchmarks.threshold): env steps there (for ``eval_*`` metrics the env steps where the evaluated
+(benchmarks.threshold), or, when the table sets ``final_reports = N``, when the mean of the metric
+over its last N reports reaches it at the end of the budget (a self-play policy, whose strength
+swings, promises what it ends with): env steps there (for ``eval_*`` metrics the env steps where the evaluated
 weights were taken) and wall time from the train() call, start-up included; a report interval
 (``report_every_s``, ``--set report_every_s=1`` for finer) is the resolution. The median over
 seeds counts a seed that did not reach the threshold as later than every seed that did, so it
@@ -54,7 +56,7 @@ from fastrl.reporting.figures import pyplot
 from fastrl.run.training import RunError, train
 
 from .options import add_set, overrides
-from .threshold import first_reaching, is_number, median_to_threshold
+from .threshold import final_mean, first_reaching, is_number, median_to_threshold
 
 DEFAULT_METRIC = "episode_return_mean"
 # The bench owns these: seeds come from --seeds, the run's limit from the budget.
@@ -74,11 +76,15 @@ class Promise:
     budget_steps: int = 0  # env steps; 0 = no step budget
     budget_seconds: float = 0.0  # wall seconds from the train() call; 0 = no time budget
     hardware: str = ""  # what the profile says the budget holds on ("" = not said)
+    final_reports: int = 0  # 0: the first report reaching the threshold; N: the mean of the last N
 
     def describe(self) -> str:
         budgets = ([f"{self.budget_steps:,} env steps"] if self.budget_steps else []) + \
                   ([f"{self.budget_seconds:g} s wall"] if self.budget_seconds else [])
         on = f" on {self.hardware}" if self.hardware else ""
+        if self.final_reports:
+            return (f"mean {self.metric} of the last {self.final_reports} reports >= {self.threshold:g} after "
+                    f"{' and '.join(budgets)}{on}")
         return f"{self.metric} >= {self.threshold:g} within {' and '.join(budgets)}{on}"
 
 
@@ -93,7 +99,8 @@ def profile_promise(profile: str, expect: ExpectConfig) -> Promise:
         raise PromiseError(f"profile '{profile}' states no promise: add an [expect] table (metric, threshold, "
                            f"budget_env_steps or budget_seconds, hardware), or pass --target with --budget-steps "
                            f"or --budget-seconds")
-    return Promise(expect.metric, expect.threshold, expect.budget_env_steps, expect.budget_seconds, expect.hardware)
+    return Promise(expect.metric, expect.threshold, expect.budget_env_steps, expect.budget_seconds, expect.hardware,
+                   expect.final_reports)
 
 
 def resolve_promise(profile: str, expect: ExpectConfig, metric: str | None = None, target: float | None = None,
@@ -116,12 +123,19 @@ def resolve_promise(profile: str, expect: ExpectConfig, metric: str | None = Non
 
 def run_outcome(rows: list[dict], promise: Promise) -> dict:
     """One run's metrics.jsonl rows judged against ``promise``: ``env_steps`` and ``wall_time``
-    of the first report with the metric >= the threshold (None when none did), and the metric's
-    ``final`` and ``max`` values (None when it was never a number)."""
+    of the first report with the metric >= the threshold (None when none did), or with
+    ``final_reports`` of the run's last report when its last reports' mean (``final_mean``)
+    reached it; and the metric's ``final`` and ``max`` values (None when it was never a number)."""
     values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
-    hit = first_reaching(rows, promise.metric, promise.threshold)
+    judged_at_end = {}
+    if promise.final_reports:
+        stretch = final_mean(rows, promise.metric, promise.final_reports)
+        hit = rows[-1] if stretch is not None and stretch >= promise.threshold else None
+        judged_at_end = {"final_mean": stretch}
+    else:
+        hit = first_reaching(rows, promise.metric, promise.threshold)
     steps_key = EVAL_X["env_steps"] if promise.metric.startswith(EVAL_KEYS) else "env_steps"
-    return {"reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
+    return {**judged_at_end, "reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
             "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
             "max": max(values) if values else None, "last_env_steps": rows[-1]["env_steps"] if rows else 0,
             "last_wall_time": rows[-1]["wall_time"] if rows else 0.0}
@@ -140,8 +154,10 @@ def summarize(outcomes: list[dict], promise: Promise) -> dict:
     seeds never reached it), how many seeds reached it, and whether the promise holds."""
     steps = median_to_threshold([o["env_steps"] if o["reached"] else None for o in outcomes])
     seconds = median_to_threshold([o["wall_time"] if o["reached"] else None for o in outcomes])
-    holds = (steps is not None and (not promise.budget_steps or steps <= promise.budget_steps)
-             and (not promise.budget_seconds or seconds <= promise.budget_seconds))
+    # A promise judged at the run's end is within its budget by construction: the budget is the run's limit.
+    holds = (steps is not None and (bool(promise.final_reports) or (
+        (not promise.budget_steps or steps <= promise.budget_steps)
+        and (not promise.budget_seconds or seconds <= promise.budget_seconds))))
     return {"seeds": len(outcomes), "seeds_reached": sum(o["reached"] for o in outcomes),
             "median_env_steps": steps, "median_wall_time": seconds, "holds": holds}
 
@@ -162,7 +178,12 @@ def describe_outcome(profile: str, seed: int, outcome: dict, promise: Promise) -
     if "window" in outcome:
         (low, high), mean = outcome["window"], outcome["window_mean"]
         final += f", mean {'-' if mean is None else f'{mean:.1f}'} over {low:,}-{high:,} env steps"
-    if outcome["reached"]:
+    if promise.final_reports:
+        mean = outcome["final_mean"]
+        reached = (f"mean of the last {promise.final_reports} reports "
+                   f"{'-' if mean is None else f'{mean:.3g}'} {'>=' if outcome['reached'] else '<'} "
+                   f"{promise.threshold:g} at {outcome['last_env_steps']:,} env steps")
+    elif outcome["reached"]:
         reached = (f"{promise.metric} >= {promise.threshold:g} at {outcome['env_steps']:,} env steps, "
                    f"{outcome['wall_time']:.1f} s wall")
     else:

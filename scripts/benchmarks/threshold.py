@@ -4,7 +4,8 @@ A run reaches ``metric >= threshold`` at its first report whose metric is a fini
 above the threshold; its env steps and wall time there are its time to the threshold (wall time
 counts from the train() call, start-up included). Over seeds, the median counts a seed that never
 reached the threshold as later than every seed that did, so it exists while more than half of the
-seeds reached it.
+seeds reached it. A promise of where a run ends (``expect.final_reports``) is judged instead on
+the mean of the metric over the run's last reports (``final_mean``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def first_reaching(reports: Iterable[dict], metric: str, threshold: float) -> di
     """The first report (a metrics.jsonl row) with ``metric >= threshold``; None when none has."""
     return next((report for report in reports if is_number(report.get(metric)) and report[metric] >= threshold),
                 None)
+
+
+def final_mean(reports: list[dict], metric: str, count: int) -> float | None:
+    """The mean of ``metric`` over the last ``count`` reports that have it as a number: where a
+    run ended, steadier than its last report; None when fewer than ``count`` have it."""
+    values = [report[metric] for report in reports if is_number(report.get(metric))][-count:]
+    return sum(values) / count if count and len(values) == count else None
 
 
 def median_to_threshold(times: list[float | None]) -> float | None:

@@ -121,6 +121,22 @@ def test_time_to_target_is_the_first_report_at_or_above_the_threshold():
     assert not never["reached"] and never["final"] is None and never["max"] is None
 
 
+def test_a_promise_of_the_runs_end_is_the_mean_of_its_last_reports():
+    at_end = Promise("episode_return_mean", 475.0, budget_seconds=60.0, final_reports=3)
+    # The first crossing does not keep it: the run fell back.
+    fell_back = bench.run_outcome(reports([480.0, 500.0, 470.0, None, 460.0, 470.0]), at_end)
+    assert not fell_back["reached"] and fell_back["final_mean"] == pytest.approx(1400.0 / 3)
+    ended_strong = bench.run_outcome(reports([10.0, 470.0, 480.0, float("nan"), 490.0]), at_end)
+    assert ended_strong["reached"] and ended_strong["final_mean"] == pytest.approx(480.0)
+    assert ended_strong["env_steps"] == 5000 and ended_strong["wall_time"] == 11.0
+    too_few = bench.run_outcome(reports([500.0, 500.0]), at_end)
+    assert not too_few["reached"] and too_few["final_mean"] is None
+    # Its run ends at the budget, start-up seconds past it: within the budget all the same.
+    assert bench.summarize([ended_strong, ended_strong], at_end)["holds"]
+    assert "last 3 reports" in at_end.describe()
+    assert bench.profile_promise("p", ExpectConfig("m", 0.9, 100, final_reports=4)).final_reports == 4
+
+
 def test_window_mean_averages_the_reports_inside_the_env_step_range():
     rows = reports([100.0, float("nan"), 300.0, 500.0, 700.0])  # env steps 1000, 2000, ... 5000
     assert bench.window_mean(rows, "episode_return_mean", (2000, 4000)) == 400.0

@@ -3,14 +3,18 @@
 import contextlib
 import io
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
+import torch
+from pettingzoo.classic import tictactoe_v3
 
 from fastrl.cli import eval_main
 from fastrl.config import build_config
 from fastrl.envs import make_vec_env, probe_env
-from fastrl.envs.spaces import UnsupportedSpace
+from fastrl.envs.spaces import MASK_KEY, ObsLayout, UnsupportedSpace
+from fastrl.learner.losses import vtrace_targets
 from fastrl.run.training import train
 from tests.support.turn_based_envs import move_rewards
 from tests.unit.sampling.test_rollout_worker import run_worker
@@ -147,3 +151,109 @@ def check_self_play_trains_and_evaluates(tmp_path, env_id, serial, env_steps, tu
         assert eval_main([str(tmp_path), "--episodes", "4"]) == 0
     evaluated = json.loads(printed.getvalue())
     assert evaluated["episodes"] == 4 and turns[0] <= evaluated["episode_length_mean"] <= turns[1]
+
+
+TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+
+
+def played_streams(cfg, steps_per_env: int, seed: int = 0):
+    """Random legal moves through one worker (the batcher's part played by hand, as run_worker
+    does): each row's stream from its full slots, in order (packed observations ``[n + 1]``,
+    actions, rewards, flags and valid ``[n]``), and the worker's finished episodes."""
+    rng = np.random.default_rng(seed)
+    layout = ObsLayout(probe_env(cfg).observation_space)
+
+    def choose(obs):
+        masks = layout.unpack(torch.as_tensor(obs))[MASK_KEY].numpy()
+        return [rng.choice(np.flatnonzero(mask)) if mask.any() else 0 for mask in masks]
+
+    arena, full = run_worker(cfg, steps_per_env, choose)
+    streams = {row: {"obs": [], "actions": [], "rewards": [], "terminated": [], "truncated": [], "valid": []}
+               for row in range(cfg.env.envs_per_worker)}
+    for slot in full:
+        stream = streams[int(arena.slot_env[slot])]
+        stream["obs"] += list(arena.obs[slot, 0 if not stream["obs"] else 1:])
+        for key in ("actions", "rewards", "terminated", "truncated", "valid"):
+            stream[key] += list(getattr(arena, key)[slot])
+    count = int(arena.episode_count[0])
+    episodes = sorted(zip(arena.episode_return[0, :count].tolist(), arena.episode_length[0, :count].tolist()))
+    return layout, streams, episodes
+
+
+def referee(actions: list[list[int]], layout):
+    """Brute force: the games the seats' ``actions`` make in a plain tictactoe_v3, played through
+    PettingZoo's own loop (``agent_iter`` / ``last``). Per seat, what it sees at each of its
+    records: ``(packed observation, reward since its last action, terminated, truncated)``, the
+    action it takes at a record ending its game being ignored; and the finished episodes
+    ``(return, turns)``. Stops where a seat's actions run out."""
+    game = tictactoe_v3.env()
+    records, episodes, cursor = [[] for _ in actions], [], [0] * len(actions)
+    while True:
+        game.reset()
+        returns, turns = [0.0] * len(actions), [0] * len(actions)
+        for agent in game.agent_iter():
+            seat = game.possible_agents.index(agent)
+            observation, reward, terminated, truncated, _ = game.last()
+            records[seat].append((layout.pack({k: v[None] for k, v in observation.items()}, 1)[0], float(reward),
+                                  terminated, truncated))
+            returns[seat] += reward
+            if cursor[seat] == len(actions[seat]):
+                return records, episodes
+            ended = terminated or truncated
+            turns[seat] += not ended
+            game.step(None if ended else int(actions[seat][cursor[seat]]))
+            cursor[seat] += 1
+        episodes += list(zip(returns, turns))
+
+
+def test_tic_tac_toe_trajectories_are_the_games_played_draws_included():
+    cfg = count_config(**{"env.id": TIC_TAC_TOE, "env.kwargs": {}, "env.envs_per_worker": 16, "env.num_splits": 4,
+                          "learner.rollout": 8, "learner.batch_size": 128, "slots_per_env": 60})
+    layout, streams, episodes = played_streams(cfg, steps_per_env=200)
+    mask_bytes = layout.leaves[0].nbytes if layout.leaves[0].name == MASK_KEY else None
+    assert mask_bytes == 36 and layout.leaves[1].offset == 40  # the mask first, then the board
+    expected_episodes, outcomes = [], []
+    for game in range(cfg.env.envs_per_worker // 2):
+        seats = [streams[2 * game + k] for k in range(2)]
+        records, played = referee([seat["actions"] for seat in seats], layout)
+        expected_episodes += played
+        for seat, expected in zip(seats, records):
+            n = min(len(seat["obs"]), len(expected))  # the other seat's actions may run out first
+            assert n >= len(seat["obs"]) - 6 and n > 40
+            obs, want = np.stack(seat["obs"][:n]), np.stack([record[0] for record in expected[:n]])
+            final = np.array([terminated or truncated for *_, terminated, truncated in expected[:n]])
+            np.testing.assert_array_equal(obs[:, 40:], want[:, 40:])  # the board, from the seat's side
+            # The legal moves at every turn; not at a final observation, whose action is ignored
+            # (PettingZoo shows the moves of the seat selected next, fastrl the seat's own view then).
+            np.testing.assert_array_equal(obs[~final, :mask_bytes], want[~final, :mask_bytes])
+            np.testing.assert_array_equal(seat["rewards"][:n - 1], [r for _, r, *_ in expected[1:n]])
+            np.testing.assert_array_equal(seat["terminated"][:n - 1], final[1:])
+            np.testing.assert_array_equal(seat["truncated"][:n - 1], False)
+            np.testing.assert_array_equal(seat["valid"][:n - 1], ~final[:-1])  # the step after a final one
+            outcomes += [r for (_, r, *_), end in zip(expected[1:n], final[1:]) if end]
+            check_targets_are_outcomes(seat, final[:n - 1], n - 1)
+    # Every outcome occurs, draws as reward 0 for both seats; the episodes the worker counted
+    # are the referee's (those it finished by the last full slot, and a few after).
+    assert {-1.0, 0.0, 1.0} <= set(outcomes)
+    assert sum(o == 0.0 for o in outcomes) >= 0.05 * len(outcomes)
+    assert set(episodes) <= {(1.0, n) for n in range(3, 6)} | {(-1.0, n) for n in range(2, 5)} | {(0.0, 4), (0.0, 5)}
+    assert len(expected_episodes) <= len(episodes) <= len(expected_episodes) + cfg.env.envs_per_worker
+    counted = Counter(episodes)
+    assert all(counted[e] >= k for e, k in Counter(expected_episodes).items())
+
+
+def check_targets_are_outcomes(seat: dict, final: np.ndarray, n: int) -> None:
+    """V-trace's value targets (gamma 1, zero values, on-policy) along a seat's first ``n`` steps
+    are, at each of its turns, the outcome of that turn's game for the seat: the loss a seat
+    suffers on the other's move reaches its last turn. ``final[t]``: observation t ends a game."""
+    terminated = torch.as_tensor(np.array(seat["terminated"][:n], dtype=bool))[:, None]
+    rewards = torch.as_tensor(np.array(seat["rewards"][:n], dtype=np.float32))[:, None]
+    valid = torch.as_tensor(np.array(seat["valid"][:n], dtype=bool))[:, None]
+    zeros = torch.zeros(n, 1)
+    vs, _ = vtrace_targets(zeros, zeros, torch.zeros(n + 1, 1), rewards, 1.0 - terminated.float(), valid)
+    ends = np.flatnonzero(terminated[:, 0].numpy())
+    turns = np.flatnonzero(~final)
+    assert len(ends) > 5
+    for t in turns[turns <= ends[-1]]:
+        end = ends[ends >= t][0]  # the step that ends the game of turn t
+        assert vs[t, 0] == rewards[end, 0], (t, end)

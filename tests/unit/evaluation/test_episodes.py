@@ -15,8 +15,10 @@ from fastrl.config import build_config, to_toml
 from fastrl.envs import probe_env
 from fastrl.evaluation import episodes as policy_eval
 from fastrl.evaluation.episodes import evaluate_against, load_run_model
+from fastrl.envs.spaces import MASK_KEY, ObsLayout
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.models.networks import build_model
+from fastrl.multiagent.opponents import tic_tac_toe_bits, tic_tac_toe_value
 from fastrl.run.training import train
 from tests.e2e.test_cli_errors import one_line_error, untrained_state
 from tests.support import user_modules
@@ -147,8 +149,8 @@ def always_the_first_square(observation, agent):
 
 
 @pytest.mark.parametrize("env_id, opponent, message", [
-    (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor "
-                          "MODULE:CALLABLE"),
+    (TIC_TAC_TOE, "nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply, "
+                          "tictactoe_minimax) nor MODULE:CALLABLE"),
     (TIC_TAC_TOE, "no_such_module_x:fn", "cannot import 'no_such_module_x'"),
     (TIC_TAC_TOE, "fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),
     (TIC_TAC_TOE, "tests.unit.evaluation.test_episodes:always_the_first_square",
@@ -261,3 +263,39 @@ def test_games_over_before_the_policys_first_turn_count_with_their_outcome():
     for key, share in [("win_rate", 0.25), ("draw_rate", 0.5), ("loss_rate", 0.25)]:
         assert abs(result[key] - share) < 4 * np.sqrt(share * (1 - share) / 400), (key, result)
     assert result["episode_return_mean"] == pytest.approx(result["win_rate"] - result["loss_rate"])
+
+
+class PerfectTicTacToe(torch.nn.Module):
+    """A policy that plays tic-tac-toe perfectly: logits 0 on the moves of the best minimax
+    value, -10 on the others (acting greedily, the first best move)."""
+
+    def __init__(self, observation_space):
+        super().__init__()
+        self.layout = ObsLayout(observation_space)
+
+    def check_mask(self, obs, final):
+        pass
+
+    def forward(self, obs):
+        leaves = self.layout.unpack(obs)
+        boards, masks = leaves["observation"].numpy(), leaves[MASK_KEY].numpy()
+        logits = np.full((len(obs), 9), -10.0, np.float32)
+        for row, (board, mask) in enumerate(zip(boards, masks)):
+            mine, theirs = tic_tac_toe_bits(board)
+            legal = np.flatnonzero(mask)
+            if not len(legal):
+                continue  # a final observation: its action is discarded
+            values = np.array([-tic_tac_toe_value(theirs, mine | 1 << int(square)) for square in legal])
+            logits[row, legal[values == values.max()]] = 0.0
+        return torch.as_tensor(logits), torch.zeros(len(obs))
+
+
+def test_perfect_play_against_the_perfect_opponent_is_a_draw_every_game_in_both_seats():
+    cfg, _ = untrained(TIC_TAC_TOE)
+    perfect = PerfectTicTacToe(probe_env(cfg).observation_space)
+    result = evaluate_against(cfg, perfect, "tictactoe_minimax", 20, deterministic=True)
+    check_rates(result, ["player_1", "player_2"], 20)
+    assert result["draw_rate"] == 1.0 and result["episode_return_mean"] == 0.0
+    assert all(seat["draw_rate"] == 1.0 for seat in result["seats"].values())
+    against_random = evaluate_against(cfg, perfect, "random", 40, deterministic=True)
+    assert against_random["loss_rate"] == 0.0 and against_random["win_rate"] >= 0.8

@@ -155,7 +155,7 @@ def plays_without_the_agent(observation):
 
 @pytest.mark.parametrize("env_id, kwargs, opponents, message", [
     (TIC_TAC_TOE, "{}", ["nope"], "eval.opponents entry 'nope' is neither a built-in opponent (random, "
-                                "connect_four_one_ply) nor MODULE:CALLABLE"),
+                                "connect_four_one_ply, tictactoe_minimax) nor MODULE:CALLABLE"),
     (TIC_TAC_TOE, "{}", ["random", "no_such_module_x:fn"], "eval.opponents entry 'no_such_module_x:fn': cannot "
                                                           "import 'no_such_module_x'"),
     (TIC_TAC_TOE, "{}", ["tests.unit.evaluation.test_evaluator:nothing"], "has no 'nothing'"),

@@ -1,5 +1,6 @@
 """The scripted opponents of fastrl-eval --opponent (fastrl/multiagent/opponents.py): found by name or
-MODULE:CALLABLE, seeded, and the one-ply Connect Four player's rule on boards made by hand."""
+MODULE:CALLABLE, seeded, the one-ply Connect Four player's rule on boards made by hand, and the
+perfect tic-tac-toe player."""
 import numpy as np
 import pytest
 from gymnasium import spaces
@@ -9,9 +10,12 @@ from fastrl.multiagent.opponents import (
     ConnectFourOnePly,
     OpponentError,
     RandomLegal,
+    TicTacToeMinimax,
     checked_action,
     find_opponent,
     make_opponent,
+    tic_tac_toe_bits,
+    tic_tac_toe_value,
 )
 from tests.support import user_modules
 
@@ -69,14 +73,16 @@ def test_random_honours_the_mask_and_repeats_with_its_seed():
     assert {unmasked(np.zeros(2), "a") for _ in range(60)} == {1, 2, 3}
 
 
-def play_connect_four(first, second, games: int, seed: int = 0) -> np.ndarray:
-    """Returns of ``first`` over ``games`` of connect_four_v3, seats alternating game by game."""
-    game = connect_four_v3.env()
+def play_connect_four(first, second, games: int, seed: int = 0, module=connect_four_v3) -> np.ndarray:
+    """Returns of ``first`` over ``games`` of connect_four_v3 (or ``module``'s game), seats
+    alternating game by game."""
+    game = module.env()
     returns = np.zeros(games)
+    seats = game.possible_agents
     for g in range(games):
         game.reset(seed=seed + g)
-        players = {"player_0": first, "player_1": second} if g % 2 == 0 else {"player_0": second, "player_1": first}
-        mine = "player_0" if g % 2 == 0 else "player_1"
+        players = dict(zip(seats, (first, second) if g % 2 == 0 else (second, first)))
+        mine = seats[g % 2]
         for agent in game.agent_iter():
             observation, reward, terminated, truncated, _ = game.last()
             if agent == mine:
@@ -104,7 +110,8 @@ def test_a_module_path_names_an_opponent_and_an_opponent_class_is_made_with_the_
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply) nor MODULE:CALLABLE"),
+    ("nope", "--opponent 'nope' is neither a built-in opponent (random, connect_four_one_ply, tictactoe_minimax) "
+             "nor MODULE:CALLABLE"),
     ("no_such_module_x:fn", "cannot import 'no_such_module_x'"),
     ("fastrl.multiagent.opponents:no_such_fn", "module 'fastrl.multiagent.opponents' has no 'no_such_fn'"),
     ("fastrl.multiagent.opponents:BUILT_IN", "is not callable (type dict)"),
@@ -160,3 +167,50 @@ def test_an_illegal_action_is_one_line():
         checked_action("mine", 0, observation, "player_1", spaces.Discrete(7))
     with pytest.raises(OpponentError, match="returned 9 for 'player_1', which is not in its action space"):
         checked_action("mine", 9, observation, "player_1", spaces.Discrete(7))
+
+
+TTT_OBS = spaces.Dict({"action_mask": spaces.Box(0, 1, (9,), np.int8),
+                       "observation": spaces.Box(0, 1, (3, 3, 2), np.int8)})
+
+
+def minimax(seed=0):
+    return make_opponent(find_opponent("tictactoe_minimax"), TTT_OBS, spaces.Discrete(9), seed)
+
+
+def ttt_board(rows: list[str]) -> dict:
+    """A tictactoe_v3 observation from text: x the observing agent's marks, o the other's."""
+    planes = np.zeros((3, 3, 2), np.int8)
+    for r, line in enumerate(rows):
+        for c, cell in enumerate(line):
+            if cell != ".":
+                planes[r, c, "xo".index(cell)] = 1
+    return {"observation": planes, "action_mask": (planes.sum(-1) == 0).reshape(9).astype(np.int8)}
+
+
+@pytest.mark.parametrize("rows, value, moves", [
+    (["...", "...", "..."], 0, None),  # the empty board is a draw
+    (["xx.", "oo.", "..."], 1, {2}),  # win now rather than block
+    (["oo.", ".x.", "..."], 0, {2}),  # block, else lose
+    (["oo.", "x..", "..x"], 1, {2}),  # the block makes two threats at once: a win
+    (["o..", ".x.", "..o"], 0, {1, 3, 5, 7}),  # opposite corners against the centre: only an edge holds
+    (["o..", "...", "..."], 0, {4}),  # a corner opened: only the centre holds the draw
+    (["x.x", "...", "o.o"], 1, {1}),  # both win next: the one to move does
+])
+def test_minimax_knows_the_values_and_plays_only_moves_that_keep_them(rows, value, moves):
+    observation = ttt_board(rows)
+    assert tic_tac_toe_value(*tic_tac_toe_bits(observation["observation"])) == value
+    if moves is not None:
+        assert {minimax(seed)(observation, "player_1") for seed in range(40)} == moves
+
+
+def test_minimax_never_loses_draws_itself_and_beats_random_at_tic_tac_toe():
+    random = make_opponent(find_opponent("random"), TTT_OBS, spaces.Discrete(9), seed=1)
+    against_random = play_connect_four(minimax(seed=2), random, games=200, module=tictactoe_v3)
+    assert (against_random >= 0).all() and np.mean(against_random > 0) >= 0.85
+    against_itself = play_connect_four(minimax(seed=3), minimax(seed=4), games=40, module=tictactoe_v3)
+    np.testing.assert_array_equal(against_itself, 0)
+
+
+def test_minimax_refuses_a_game_other_than_tic_tac_toe():
+    with pytest.raises(OpponentError, match="tictactoe_minimax plays PettingZoo's tictactoe_v3"):
+        make_opponent(TicTacToeMinimax, C4_OBS, spaces.Discrete(7), 0)
