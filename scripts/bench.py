@@ -23,6 +23,7 @@ from pathlib import Path
 # subcommand: (module in benchmarks/, what it measures)
 SUBCOMMANDS = {
     "learning": ("learning", "whether a profile keeps its [expect] promise: steps and wall time to the threshold"),
+    "learning-checks": ("learning_checks", "tests/learning: small runs that must reach a score within a budget"),
     "throughput": ("throughput", "training throughput against the raw env limit, and CartPole time-to-solve"),
     "compare": ("compare", "a profile's steady env steps/s with and without some overrides, alternating"),
     "agents": ("agents", "agent rows/s of multi-agent games against the single-agent path, alternating"),

@@ -12,7 +12,19 @@ from fastrl.ipc.arena import segment_creator
 pytest_plugins = ("tests.support.torchrun",)  # the agent_store fixture
 
 TESTS = Path(__file__).resolve().parent
-SLOW_KINDS = ("integration", "e2e", "benchmarks")  # runs, processes, benchmark scripts: not unit tests
+SLOW_KINDS = ("integration", "e2e", "benchmarks", "learning")  # runs, processes, benchmark scripts: not unit tests
+
+
+def pytest_addoption(parser):
+    parser.addoption("--learning", action="store_true",
+                     help="also collect tests/learning, the learning checks (minutes each; `python scripts/bench.py "
+                          "learning-checks` runs them)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path == TESTS / "learning" and not config.getoption("--learning"):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,9 +13,9 @@ import torch
 from fastrl.cli import eval_main
 from fastrl.config import build_config, to_toml
 from fastrl.envs import probe_env
+from fastrl.envs.spaces import MASK_KEY, ObsLayout
 from fastrl.evaluation import episodes as policy_eval
 from fastrl.evaluation.episodes import evaluate_against, load_run_model
-from fastrl.envs.spaces import MASK_KEY, ObsLayout
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.models.networks import build_model
 from fastrl.multiagent.opponents import tic_tac_toe_bits, tic_tac_toe_value

@@ -1,4 +1,4 @@
-"""The tests of tests/unit/envs/test_pettingzoo.py's subject that train in this process."""
+"""A policy shared by every agent learns PettingZoo's cooperative cue game."""
 from fastrl.run.training import train
 from tests.unit.envs.test_pettingzoo import cue_config
 

@@ -1,4 +1,5 @@
-"""The tests of tests/unit/models/test_recurrent.py's subject that train in this process."""
+"""Recurrent cores learn what needs memory: a cue only an LSTM can carry to the choice, and one 20
+steps back across slot boundaries."""
 import time
 
 import pytest
@@ -34,6 +35,7 @@ def test_only_a_recurrent_policy_solves_the_memory_task(core, solves, tmp_path):
         assert greedy["episode_return_mean"] > 0.9
     else:
         assert solved is None and abs(returns[-1][2]) < 0.3
+
 
 def test_a_cue_twenty_steps_before_the_choice_is_learned_across_slot_boundaries(tmp_path):
     """The longer horizon of MiniGrid's Memory tasks: MemoryEnv(length=20) pays for naming a cue
