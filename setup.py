@@ -40,7 +40,7 @@ setup(
         "tomli-w>=1.0",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "ruff>=0.6"],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
         # ViZDoom's gymnasium ids; OpenCV resizes the engine's smallest screen to env.resize.
         "vizdoom": ["vizdoom>=1.3", "opencv-python-headless>=4.8"],

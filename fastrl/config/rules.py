@@ -122,7 +122,8 @@ def _validate_core(cfg: Config) -> None:
         raise ConfigError(f"learner.burn_in ({lcfg.burn_in}) must be < learner.rollout ({lcfg.rollout}): burn-in "
                           f"steps carry no loss, so some step of each trajectory must")
     if model.separate_critic and lcfg.algo in REPLAY_LEARNERS:
-        networks = "twin critics have encoders of their own" if lcfg.algo == "sac" else "dueling Q-network has no critic"
+        networks = ("twin critics have encoders of their own" if lcfg.algo == "sac"
+                    else "dueling Q-network has no critic")
         raise ConfigError(f"model.separate_critic is for learner.algo=appo or impala; {lcfg.algo}'s {networks}: set "
                           f"model.separate_critic=false")
     if model.separate_critic and model.core != "none":
@@ -246,9 +247,11 @@ def _validate_replay(cfg: Config) -> None:
     if uses_replay:
         horizon = {"dqn": replay.n_step, "sac": replay.n_step, "r2d2": replay.sequence_length}.get(lcfg.algo,
                                                                                                     lcfg.rollout)
+        horizon_key = {"dqn": "n_step", "sac": "n_step", "r2d2": "replay.sequence_length"}.get(lcfg.algo,
+                                                                                                "learner.rollout")
         per_env = replay.capacity // cfg.total_envs
         if per_env < replay.frame_stack + horizon:
             raise ConfigError(
                 f"replay.capacity {replay.capacity} leaves {per_env} records per env for {cfg.total_envs} envs; "
-                f"each needs >= frame_stack + {dict(dqn='n_step', sac='n_step', r2d2='replay.sequence_length').get(lcfg.algo, 'learner.rollout')} = "
+                f"each needs >= frame_stack + {horizon_key} = "
                 f"{replay.frame_stack + horizon}: raise replay.capacity")

@@ -127,10 +127,10 @@ class EnvConfig:
     backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
                        help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
     num_workers: int = key(2, allowed=THREADS, help="rollout worker processes")
-    envs_per_worker: int = key(256, allowed=ENV_COUNT, help="envs each worker steps; a multiple of env.num_splits; "
-                                                                  "for a multi-agent env, agent rows (a split holds whole games; a "
-                                                                  "turn-based game of n seats needs env.num_splits a "
-                                                                  "multiple of n)")
+    envs_per_worker: int = key(256, allowed=ENV_COUNT,
+                               help="envs each worker steps; a multiple of env.num_splits; for a multi-agent env, "
+                                    "agent rows (a split holds whole games; a turn-based game of n seats needs "
+                                    "env.num_splits a multiple of n)")
     num_splits: int = key(2, allowed=Range(1, MAX_SPLITS),
                           help="double buffering: the worker steps one split of its envs while another waits for "
                                "actions")
@@ -279,7 +279,8 @@ class ReplayConfig:
     sequence length) they take as arguments. dqn and r2d2 replay every batch; appo and impala
     replay when replay.vtrace_fraction > 0."""
 
-    capacity: int = key(1_000_000, allowed=REPLAY_RECORDS, help="records (env steps) kept, over all envs of this learner")
+    capacity: int = key(1_000_000, allowed=REPLAY_RECORDS,
+                        help="records (env steps) kept, over all envs of this learner")
     min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high),
                         help="records stored before the first replayed batch; sac's actors act uniformly at random "
                              "for this many env steps")
@@ -416,8 +417,9 @@ class PBTConfig:
 
     population: int = key(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
     period_env_steps: int = key(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
-    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE, help="env steps before the first exploit (at the later of this and "
-                                                      "pbt.period_env_steps)")
+    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE,
+                                help="env steps before the first exploit (at the later of this and "
+                                     "pbt.period_env_steps)")
     fraction: float = key(0.25, allowed=Range(0, 0.5, low_open=True),
                           help="the bottom fraction copies the top fraction (at least one member each)")
     margin_relative: float = key(0.05, allowed=NON_NEGATIVE,
@@ -502,8 +504,8 @@ class Config:
     serial: bool = key(False, help="everything in one process, for debugging")
     sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
     retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "
-                                               "(fastrl.ipc.allocator): no page faults per batch, resident memory stays "
-                                               "at its peak")
+                                               "(fastrl.ipc.allocator): no page faults per batch, resident memory "
+                                               "stays at its peak")
     # Linux's range; an unprivileged process may only raise it. It pays where a CPU learner bounds
     # training (atari-appo on a CPU: 1.23x) and costs where the actors' round trips do
     # (atari-appo-cpu, cartpole-appo): see fastrl.ipc.child.configure_child.

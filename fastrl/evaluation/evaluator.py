@@ -132,9 +132,11 @@ class EvalResults:
         clip = int(s[EvalStats.CLIP_AT])
         new_clip = {"eval_video": clip_path(clip)} if clip >= 0 and clip != self.clip_seen else {}
         self.clip_seen = clip
-        return {**new_clip, "eval_return_mean": float(s[EvalStats.RETURN_MEAN]), "eval_return_std": float(s[EvalStats.RETURN_STD]),
+        return {**new_clip, "eval_return_mean": float(s[EvalStats.RETURN_MEAN]),
+                "eval_return_std": float(s[EvalStats.RETURN_STD]),
                 "eval_length_mean": float(s[EvalStats.LENGTH_MEAN]), "eval_episodes": int(s[EvalStats.EPISODES]),
-                "eval_env_steps": int(s[EvalStats.ENV_STEPS]), "eval_weights_version": int(s[EvalStats.WEIGHTS_VERSION]),
+                "eval_env_steps": int(s[EvalStats.ENV_STEPS]),
+                "eval_weights_version": int(s[EvalStats.WEIGHTS_VERSION]),
                 "eval_at_env_steps": int(s[EvalStats.AT_ENV_STEPS]), "eval_seconds": float(s[EvalStats.SECONDS]),
                 "eval_best_return": float(s[EvalStats.BEST_RETURN]),
                 **{f"eval/{name}/{key}": (int(value) if key == "episodes" else float(value))

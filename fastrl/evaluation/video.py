@@ -185,8 +185,8 @@ def _open_backend_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable
         except TypeError as exc:
             if "render_mode" not in str(exc):
                 raise
-            raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() (or env()) must accept "
-                             f"render_mode='rgb_array' and return RGB frames from render()") from None
+            raise VideoError(f"{env_id!r} takes no render_mode: to record videos, its parallel_env() (or env()) "
+                             f"must accept render_mode='rgb_array' and return RGB frames from render()") from None
         return game, game.render_game
     from ..envs import ImageOptions, _gymnasium_env_fn
     from ..envs.backends.gym_backend import GymnasiumSplits

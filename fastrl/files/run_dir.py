@@ -97,7 +97,8 @@ def default_run_dir(profile: str, root: Path = Path("runs")) -> Path:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise RunDirError(f"cannot create a run directory in '{root}' ({exc.strerror}); pass --run-dir DIR") from None
+            raise RunDirError(f"cannot create a run directory in '{root}' ({exc.strerror}); "
+                              f"pass --run-dir DIR") from None
     raise RunDirError(f"could not create a new run directory under '{root}'; pass --run-dir DIR")
 
 

@@ -84,7 +84,8 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("version", (N, T), "<i8"),  # policy version that chose the action
         ArraySpec("slot_env", (N,), "<i4"),  # env (worker * E + env id) filling the slot: its replay stream
         ArraySpec("slot_fresh", (N,), "|u1"),  # 1: the env's first slot since its worker (re)started
-        ArraySpec("slot_queued", (N,), "|u1"),  # 1 while a full slot waits for / is read by the learner (fastrl.ipc.slots)
+        # 1 while a full slot waits for / is read by the learner (fastrl.ipc.slots)
+        ArraySpec("slot_queued", (N,), "|u1"),
         ArraySpec("env_slot", (W, E), "<i4"),  # slot each env is filling
         ArraySpec("env_t", (W, E), "<i4"),  # step index within that slot
         # 1: the env's next acted step starts an episode (its first observation, or the reset

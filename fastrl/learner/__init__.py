@@ -4,8 +4,9 @@
   :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
 - algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
   :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X), :mod:`.sac` (soft actor-critic) on
-  :mod:`.qlearning` (the replay-ratio loop; the Q-learners' target network and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
-  transform, lag statistics, gradient step, state dict)
+  :mod:`.qlearning` (the replay-ratio loop; the Q-learners' target network and prioritized step);
+  all build on :mod:`.base` (optimizer, counters, schedule, reward transform, lag statistics,
+  gradient step, state dict)
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer, fastrl.models.networks and
   fastrl.kernels.
@@ -27,5 +28,6 @@ from .vtrace import VTraceLearner
 Learner = VTraceLearner
 
 __all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerRuntime", "NonFiniteTraining", "PRIORITY_EPS",
-           "R2D2Learner", "SACLearner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
-           "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]
+           "R2D2Learner", "SACLearner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss",
+           "gather_trajectories", "impala_loss", "learner_process", "make_learner", "restore_learner", "td_loss",
+           "vtrace_targets"]

@@ -143,7 +143,8 @@ class SACLearner(ReplayLearner):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "critic": self.critic.state_dict(),
-                "target_critic": self.target_critic.state_dict(), "log_temperature": self.log_temperature.detach().cpu()}
+                "target_critic": self.target_critic.state_dict(),
+                "log_temperature": self.log_temperature.detach().cpu()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

@@ -1,16 +1,16 @@
 """The learner's batches on their way in: full arena slots gathered into host staging buffers,
 the slots released, the batch handed to the learner (which copies it to its device).
 
-Two staging sets are used in turn. On the CPU the learner reads them directly (no copy beyond
-the gather) and each batch is gathered in line, then trained on. On the device path
+Two staging sets are used in turn. On the CPU the learner reads them directly (no copy beyond the
+gather) and each batch is gathered in line, then trained on. On the device path
 (``learner.device_path``: a CUDA learner, or one forced onto that path in the tests) the sets are
-pinned on CUDA, so that the learner's copy of each field to the device is one asynchronous copy,
-and each batch is gathered on a background thread while the learner trains on the previous one:
-a batch is trained one call after it arrives (one update more of policy lag), and a run's last
-batch by ``LearnerRuntime.flush`` at the end (one rank only: see fastrl.learner.process). Its slots are released as soon as it has been
-copied out (copy, then release), so the workers never wait for the training. An event recorded
-after each training (and so after its copies to the device) is waited on before the set it read
-is filled again.
+pinned on CUDA, so that the learner's copy of each field to the device is one asynchronous copy, and
+each batch is gathered on a background thread while the learner trains on the previous one: a batch
+is trained one call after it arrives (one update more of policy lag), and a run's last batch by
+``LearnerRuntime.flush`` at the end (one rank only: see fastrl.learner.process). Its slots are
+released as soon as it has been copied out (copy, then release), so the workers never wait for the
+training. An event recorded after each training (and so after its copies to the device) is waited on
+before the set it read is filled again.
 """
 from __future__ import annotations
 

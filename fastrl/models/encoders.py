@@ -310,13 +310,12 @@ class LeafEncoder(nn.Module):
     """Packed observation rows -> features ``[B, out_features]`` in two halves, so that a
     :class:`LeafNormalizer` (the model's) can sit between them: ``leaf_inputs(rows)`` makes each
     leaf a float input (uint8 images and bytes scaled to [0, 1], code grids one-hot
-    [C x codes, H, W], ``Discrete`` one-hot, or a learned embedding above ``ONE_HOT_MAX`` values, integers and flags as floats); ``encode_leaves``
-    sends image leaves through an image encoder (``kind``), flattens the rest, concatenates
-    everything and applies the trunk: an MLP (``hidden_sizes``, ``activation``), or where image
-    encoders are and ``image_trunk`` is "relu", one ReLU layer as wide as their features together.
-    ``forward`` is both, unnormalized. The ``action_mask`` leaf is left out unless
-    ``encode_action_mask``."""
-
+    [C x codes, H, W], ``Discrete`` one-hot, or a learned embedding above ``ONE_HOT_MAX`` values,
+    integers and flags as floats); ``encode_leaves`` sends image leaves through an image encoder
+    (``kind``), flattens the rest, concatenates everything and applies the trunk: an MLP
+    (``hidden_sizes``, ``activation``), or where image encoders are and ``image_trunk`` is "relu",
+    one ReLU layer as wide as their features together. ``forward`` is both, unnormalized. The
+    ``action_mask`` leaf is left out unless ``encode_action_mask``."""
     def __init__(self, layout: ObsLayout, hidden_sizes: list[int], activation: str, kind: str = "auto",
                  encode_action_mask: bool = False, image_trunk: str = "relu"):
         super().__init__()

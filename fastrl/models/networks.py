@@ -1,6 +1,7 @@
-"""Networks: the actor-critic of the V-trace learners, the dueling Q-network of the dqn
-learner and SAC's squashed Gaussian actor and twin critics, built from an encoder (:mod:`fastrl.models.encoders`), an optional recurrent core
-(:mod:`fastrl.models.recurrent`) and heads (:mod:`fastrl.models.heads`).
+"""Networks: the actor-critic of the V-trace learners, the dueling Q-network of the dqn learner and
+SAC's squashed Gaussian actor and twin critics, built from an encoder
+(:mod:`fastrl.models.encoders`), an optional recurrent core (:mod:`fastrl.models.recurrent`) and
+heads (:mod:`fastrl.models.heads`).
 
 Feed-forward: ``model(obs)`` with ``obs`` ``[B, *storage_shape]`` returns ``(params, value)``:
 action parameters ``[B, P]`` (logits for Discrete, (mean, log_std) for Box, their concatenation

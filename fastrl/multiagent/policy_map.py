@@ -1,6 +1,7 @@
 """Which policy acts for, and trains on, each agent row: ``[policies]`` (names, mapping) applied to
-the env's agents, or with population-based training the members, one per game in turn. A game's agents are consecutive rows of a worker (fastrl/envs/multiagent/pettingzoo_backend.py),
-so row ``r`` is agent ``r % n`` of its game; a single-agent env has one agent, ``SINGLE_AGENT``."""
+the env's agents, or with population-based training the members, one per game in turn. A game's
+agents are consecutive rows of a worker (fastrl/envs/multiagent/pettingzoo_backend.py), so row ``r``
+is agent ``r % n`` of its game; a single-agent env has one agent, ``SINGLE_AGENT``."""
 from __future__ import annotations
 
 from dataclasses import dataclass

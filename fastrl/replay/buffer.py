@@ -42,15 +42,15 @@ Sampleable indices (the rule every test checks)
 
         W - L + (S - 1)  <=  t  <=  W - 1 - h,   and   start_ok(t),
 
-    where ``h`` is the horizon (``n_step`` for transitions; ``sequence_length`` for sequences:
-    its last observation is record t + h) and ``start_ok`` is "valid" for transitions and
-    ``t mod stride == 0`` for sequences. The lower bound keeps the S - 1 frames under the
-    stack in the ring (conservatively, even where an episode start makes them unneeded: S - 1
-    slots per stream); the upper bound waits until every record a sample reads is written. A
-    record's sum-tree priority is positive exactly while this holds: it is set when record
-    t + h is written (to the arrival priority given to ``add``, else the largest priority seen,
-    as PER) and zeroed when record t - S + 1 is overwritten, so unwritten, stale and invalid slots have priority 0 and are never sampled.
-    ``L >= S + h`` is required (then the set of record t precedes its zeroing).
+    where ``h`` is the horizon (``n_step`` for transitions; ``sequence_length`` for sequences: its
+    last observation is record t + h) and ``start_ok`` is "valid" for transitions and
+    ``t mod stride == 0`` for sequences. The lower bound keeps the S - 1 frames under the stack in
+    the ring (conservatively, even where an episode start makes them unneeded: S - 1 slots per
+    stream); the upper bound waits until every record a sample reads is written. A record's sum-tree
+    priority is positive exactly while this holds: it is set when record t + h is written (to the
+    arrival priority given to ``add``, else the largest priority seen, as PER) and zeroed when
+    record t - S + 1 is overwritten, so unwritten, stale and invalid slots have priority 0 and are
+    never sampled. ``L >= S + h`` is required (then the set of record t precedes its zeroing).
 
 Priorities and importance weights
     ``P(i) = p_i^alpha / sum_j p_j^alpha``; weights ``w_i = (N P(i))^-beta / max_j w_j`` with the
@@ -580,7 +580,8 @@ class SequenceReplay(_StreamReplay):
         if out is None:
             out = np.empty(shape, self.obs_dtype)
         elif out.shape != shape or out.dtype != self.obs_dtype or not out.flags.c_contiguous:
-            raise ValueError(f"SequenceReplay.sample: out must be a C-contiguous {self.obs_dtype} array of shape {shape}")
+            raise ValueError(f"SequenceReplay.sample: out must be a C-contiguous {self.obs_dtype} array "
+                             f"of shape {shape}")
         obs = out
         self._frames.read(rows.ravel(), obs)
         taken = steps[:-1]

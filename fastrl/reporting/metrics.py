@@ -218,7 +218,8 @@ def _metrics() -> tuple[Metric, ...]:
     rows += [Metric(f"rollout/{WorkerTiming.KEYS[c]}", f"cumulative seconds {meaning}, summed over the workers", every)
              for c, meaning in WorkerTiming.HELP.items()]
     rows += [Metric(f"inference/{BatcherTiming.KEYS[c]}",
-                     meaning if c in (BatcherTiming.BATCHES, BatcherTiming.REQUESTS) else f"cumulative seconds {meaning}",
+                     meaning if c in (BatcherTiming.BATCHES, BatcherTiming.REQUESTS)
+                     else f"cumulative seconds {meaning}",
                      every) for c, meaning in BatcherTiming.HELP.items()]
     rows.append(Metric(f"{INFO_PREFIX}<key>", "mean of the number info[<key>] at the end of the episodes that reported "
                        "it since the previous report, kept from the last report that had one", "env.info_keys"))
@@ -576,7 +577,8 @@ class Reporter:
             by = "" if self.objective == "episode_return_mean" else f" {self.objective}"
             evaluated += f"  best member {best}{by} {self.member_objectives[best]:.2f}"
         return (f"[fastrl] steps {r['env_steps']:,}{target}  fps {r['fps']:,.0f}  "
-                f"return {r['episode_return_mean']:.2f}{evaluated}  lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
+                f"return {r['episode_return_mean']:.2f}{evaluated}  "
+                f"lag {r['policy_lag_mean']:.1f}/{r['policy_lag_max']:.0f}  "
                 f"updates {r['learner_updates']}{eta}")
 
     def close(self) -> None:

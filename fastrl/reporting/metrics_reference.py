@@ -1,5 +1,6 @@
 """docs/metrics.md, from the one declaration of the metrics.jsonl keys in fastrl.reporting.metrics
-(``python -m fastrl.reporting.metrics_reference > docs/metrics.md``; tests/unit/test_docs.py checks that it is current)."""
+(``python -m fastrl.reporting.metrics_reference > docs/metrics.md``; tests/unit/test_docs.py checks
+that it is current)."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,8 @@ def _cell(text: str) -> str:
 def markdown() -> str:
     """docs/metrics.md: one row per key (key, the reports that hold it, meaning)."""
     lines = ["# Metrics", "",
-             "Generated from `fastrl/reporting/metrics.py` by `python -m fastrl.reporting.metrics_reference > docs/metrics.md`; "
+             "Generated from `fastrl/reporting/metrics.py` by "
+             "`python -m fastrl.reporting.metrics_reference > docs/metrics.md`; "
              "`tests/unit/test_docs.py` checks that it is current and that a run writes no undeclared key.", "",
              "A run appends one JSON object per report (every `report_every_s`, or in a serial run every "
              "`report_every_env_steps` when set) to `RUN_DIR/metrics.jsonl`. "

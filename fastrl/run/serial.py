@@ -64,7 +64,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                         league=plan.league_record(arena), stop_when=plan.stop_when,
                         report_every_s=cfg.report_every_s, report_every_env_steps=cfg.report_every_env_steps)
     runtime.publish()
-    evaluations = InlineEvaluations(cfg.eval.every_s, lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
+    evaluations = InlineEvaluations(cfg.eval.every_s,
+                                    lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
     eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
     try:

@@ -123,8 +123,9 @@ class RolloutWorker:
         # of 256 CartPole envs (recv and send take ~50 us each; docs/results.md#per-batch-costs).
         num_full = _record_steps(
             ids, flat_obs, rewards, terminated, truncated, self.rollout,
-            self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final, self.episode_return,
-            self.episode_length, self.episode_version, self.slot_obs, *self.slot_arrays, *self.episode_ring,
+            self.env_slot, self.env_t, self.started, self.prev_done, self.env_start, self.env_final,
+            self.episode_return, self.episode_length, self.episode_version, self.slot_obs, *self.slot_arrays,
+            *self.episode_ring,
             self.steps_counter, self.full_rows, self.row_actor, self.row_trained, self.row_opponent, *self.episode_tags)
         unplayed, unplayed_returns = self.env.last_unplayed
         if self.seats is not None:

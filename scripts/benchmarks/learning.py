@@ -221,8 +221,8 @@ def run(args) -> dict:
     settings = overrides(args.set)
     owned = [key for key in settings if key in BENCH_KEYS]
     if owned:
-        raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds from --first-seed and --seeds, the run's limit from "
-                           f"the promise or --budget-steps / --budget-seconds)")
+        raise PromiseError(f"--set {owned[0]}: the bench sets it (seeds from --first-seed and --seeds, the run's "
+                           f"limit from the promise or --budget-steps / --budget-seconds)")
     if args.plot and len(args.profiles) > 1:
         raise PromiseError("--plot names one figure: pass one --profile, or leave --plot out for "
                            "OUT_DIR/PROFILE.png each")

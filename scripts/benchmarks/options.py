@@ -10,9 +10,10 @@ here and runs again against an older checkout's fastrl, which it imports only to
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 SETUPS = Path(__file__).resolve().parent / "setups"
 

@@ -111,7 +111,8 @@ def run(args) -> dict:
         print_solve_times("cartpole-dqn", dqn_seeds, dqn_median, DQN_TARGET_RETURN, args.dqn_limit)
     print("targets")
     checks = [("cartpole-appo median seconds to 475", median, "at most", TARGETS["solve_seconds"]),
-              ("cartpole-appo training env steps/s", rows[0]["train_fps"], "at least", TARGETS["train_env_steps_per_s"]),
+              ("cartpole-appo training env steps/s", rows[0]["train_fps"], "at least",
+               TARGETS["train_env_steps_per_s"]),
               ("cartpole-appo sampling / raw", rows[0]["sample_ratio"], "at least", TARGETS["sample_ratio"]),
               ("cartpole-appo training / raw", rows[0]["train_ratio"], "at least", TARGETS["train_ratio"])]
     if args.dqn:

@@ -239,7 +239,8 @@ def run(args) -> dict:
                 rates[name].append(steady_frames_per_s(reports, args.warmup))
                 if args.score is not None:
                     to_score[name].append(seconds_to_score(reports, args.score))
-                score = f", to return {args.score:g} in {_seconds(to_score[name][-1])}" if args.score is not None else ""
+                score = (f", to return {args.score:g} in {_seconds(to_score[name][-1])}"
+                         if args.score is not None else "")
                 print(f"round {r} {name}: {_rate(rates[name][-1])} frames/s after {args.warmup:.0f} s{score} "
                       f"({time.monotonic() - started:.0f} s in all)", flush=True)
             if rates["fastrl"][-1] and rates["sample-factory"][-1]:

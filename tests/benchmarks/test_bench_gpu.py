@@ -72,7 +72,8 @@ def test_the_test_report_reads_passes_failures_and_skips(tmp_path):
         '</testsuite></testsuites>')
     assert gpu.junit_tests(xml) == [
         {"test": "tests/integration/test_gpu_device.py::test_a", "outcome": "passed", "message": ""},
-        {"test": "tests/integration/test_gpu_device.py::test_b[cuda]", "outcome": "failed", "message": "AssertionError: 1 != 2"},
+        {"test": "tests/integration/test_gpu_device.py::test_b[cuda]", "outcome": "failed",
+         "message": "AssertionError: 1 != 2"},
         {"test": "tests/integration/test_gpu_device.py::test_c", "outcome": "skipped", "message": "no CUDA device"}]
 
 
@@ -120,7 +121,8 @@ def test_the_quick_report_on_the_cpu_has_every_section(tmp_path):
     tests = {t["test"]: t for t in sections["tests"]["tests"]}
     cuda_test = tests["tests/integration/test_gpu_device.py::test_bfloat16_on_cuda_trains_close_to_float32"]
     assert (cuda_test["outcome"], cuda_test["message"]) == ("skipped", "no CUDA device")
-    assert tests["tests/integration/test_gpu_device.py::test_each_rank_of_a_node_gets_its_own_gpu"]["outcome"] == "passed"
+    each_rank = tests["tests/integration/test_gpu_device.py::test_each_rank_of_a_node_gets_its_own_gpu"]
+    assert each_rank["outcome"] == "passed"
 
     for name, row in sections["syncs"]["rows"].items():
         assert row["device"] is None and row["cpu_forced"]["syncs"] >= 1, name

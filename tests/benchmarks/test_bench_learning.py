@@ -3,11 +3,11 @@ table (or fails in one line naming the profile), the command line's parts replac
 time-to-target and the median over seeds on synthetic reports."""
 import argparse
 import json
-import tomllib
 from importlib import resources
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 
 from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
 from tests.support.scripts import load_benchmark, load_script

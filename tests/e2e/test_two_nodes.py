@@ -104,7 +104,8 @@ def two_node_command(rank: int, master: str, run_dir: Path) -> list[str]:
     """The README's two-node command for node ``rank``, with budgets a test can afford."""
     return [str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
             "--master-addr", master, "--master-port", "29500",
-            "--no-python", str(BIN / "fastrl-train"), "--profile", "cartpole-appo", "--run-dir", str(run_dir), "--quiet",
+            "--no-python", str(BIN / "fastrl-train"), "--profile", "cartpole-appo", "--run-dir", str(run_dir),
+            "--quiet",
             "--train-for-env-steps", "20000", "--set", "device=cpu", "--set", "env.num_workers=1",
             "--set", "env.envs_per_worker=64", "--set", "learner.batch_size=1024", "--set", "report_every_s=1",
             "--set", "dist_timeout_s=60"]

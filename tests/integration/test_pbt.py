@@ -66,7 +66,8 @@ def test_a_population_trains_reports_members_and_resumes_whole(tmp_path):
     assert after["pbt"]["next_exploit"] > before["pbt"]["next_exploit"]
     assert more[:len(lineage)] == lineage and len(more) > len(lineage)
     for k in range(3):
-        assert after["policies"][f"member_{k}"]["learner"]["updates"] > before["policies"][f"member_{k}"]["learner"]["updates"]
+        member = f"member_{k}"
+        assert after["policies"][member]["learner"]["updates"] > before["policies"][member]["learner"]["updates"]
 
 def test_a_population_trains_and_resumes_in_processes(tmp_path):
     cfg = run_config(serial=False, **{"env.num_workers": 2})
@@ -77,4 +78,5 @@ def test_a_population_trains_and_resumes_in_processes(tmp_path):
     after, more = check_population_run(tmp_path)
     assert more[:len(lineage)] == lineage
     for k in range(3):
-        assert after["policies"][f"member_{k}"]["learner"]["updates"] > before["policies"][f"member_{k}"]["learner"]["updates"]
+        member = f"member_{k}"
+        assert after["policies"][member]["learner"]["updates"] > before["policies"][member]["learner"]["updates"]

@@ -107,8 +107,8 @@ def test_the_learner_family_imports_down_only():
                   "fastrl.learner.qlearning", "fastrl.learner.r2d2"}
     for module in algorithms:
         assert not graph[module] & shell, f"{module} imports the process shell"
-    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed", "fastrl.replay.buffer",
-                   "fastrl.models.networks"):
+    for module in ("fastrl.learner.losses", "fastrl.learner.batch", "fastrl.learner.replay_feed",
+                   "fastrl.replay.buffer", "fastrl.models.networks"):
         assert not graph[module] & (shell | algorithms), f"{module} imports upwards"
 
 
@@ -119,7 +119,8 @@ def test_the_runner_family_imports_down_only():
     entry, modes = "fastrl.run.training", {"fastrl.run.parallel", "fastrl.run.serial"}
     parts = modes | {"fastrl.run.preflight", "fastrl.run.supervisor", "fastrl.run.plan"}
     assert parts <= graph[entry] | {"fastrl.run.supervisor"} and "fastrl.run.supervisor" in graph["fastrl.run.parallel"]
-    assert {name for name, imported in graph.items() if entry in imported} <= {"fastrl", "fastrl.cli", "fastrl.profiler.measure"}
+    importers = {name for name, imported in graph.items() if entry in imported}
+    assert importers <= {"fastrl", "fastrl.cli", "fastrl.profiler.measure"}
     for module in parts:
         assert entry not in graph[module], f"{module} imports the runner that composes it"
     assert not graph["fastrl.run.parallel"] & modes and not graph["fastrl.run.serial"] & modes

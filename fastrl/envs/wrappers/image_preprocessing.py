@@ -116,8 +116,8 @@ class PreprocessedEnv(gymnasium.Wrapper):
             self._images = [_FrameStack(path, shape, options)
                             for path, shape in image_leaves(env.observation_space, options.image_keys, env_id)]
         elif options.image_keys:
-            raise ValueError(f"env.image_keys chooses the images that env.resize, env.grayscale and env.frame_stack "
-                             f"process: set one of them, or unset env.image_keys")
+            raise ValueError("env.image_keys chooses the images that env.resize, env.grayscale and env.frame_stack "
+                             "process: set one of them, or unset env.image_keys")
         self.observation_space = _replaced(env.observation_space, {f.path: f.space for f in self._images})
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
@@ -235,7 +235,8 @@ def _described(space: gymnasium.Space) -> str:
     if isinstance(space, spaces.Box):
         return f"{space.dtype} {list(space.shape)}"
     if isinstance(space, spaces.Dict):
-        return "a Dict of " + ", ".join(f"{'.'.join(path)}: {_described(leaf)}" for path, leaf in _dict_leaves(space, ()))
+        return "a Dict of " + ", ".join(f"{'.'.join(path)}: {_described(leaf)}"
+                                        for path, leaf in _dict_leaves(space, ()))
     return type(space).__name__
 
 

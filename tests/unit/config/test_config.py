@@ -1,8 +1,8 @@
 import dataclasses
-import tomllib
 
 import pytest
 import tomli_w
+import tomllib
 
 from fastrl.config import (
     Config,
@@ -345,7 +345,8 @@ def round_trip(cfg, tmp_path):
 
 @pytest.mark.parametrize("kwargs", AWKWARD_KWARGS)
 def test_env_kwargs_round_trip_through_config_toml(kwargs, tmp_path):
-    cfg = build_config("cartpole-appo", {"env.kwargs": kwargs, "learner.lr": 1e-5, "expect.hardware": 'a "quoted"\nline'})
+    cfg = build_config("cartpole-appo",
+                       {"env.kwargs": kwargs, "learner.lr": 1e-5, "expect.hardware": 'a "quoted"\nline'})
     assert round_trip(cfg, tmp_path) == cfg
 
 
@@ -373,7 +374,8 @@ def test_docs_config_md_is_current():
     from fastrl.config.reference import markdown
 
     page = REPO / "docs" / "config.md"
-    assert page.read_text(encoding="utf-8") == markdown(), "regenerate: python -m fastrl.config.reference > docs/config.md"
+    assert page.read_text(encoding="utf-8") == markdown(), \
+        "regenerate: python -m fastrl.config.reference > docs/config.md"
 
 
 def test_docs_config_md_has_one_row_per_key_with_its_declaration():
@@ -384,7 +386,8 @@ def test_docs_config_md_has_one_row_per_key_with_its_declaration():
     assert list(rows) == list(KEYS)
     assert rows["learner.epsilon"] == ("| `learner.epsilon` | `float` | `0.4` | in [0, 1]; appo, impala, sac: finite | "
                                        f"dqn, r2d2 | {KEYS['learner.epsilon'].help} |")
-    assert '| "auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple", "impala_resnet" | all |' in rows["model.kind"]
+    assert ('| "auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple", "impala_resnet" | all |'
+            in rows["model.kind"])
     assert "| `list[int]` | `[64, 64]` | in [1, 65536] | all |" in rows["model.hidden_sizes"]
 
 

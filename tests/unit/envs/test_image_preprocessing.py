@@ -34,7 +34,8 @@ def reference_stack(episode: int, steps: list[int], n: int, grayscale: bool, res
 @pytest.mark.parametrize("frame_skip", [1, 3, 4, 7, 9])
 def test_action_repeat_sums_rewards_and_never_steps_past_an_episode_end(frame_skip, truncate):
     length = 7
-    env = PreprocessedEnv(StepImageEnv(length=length, truncate=truncate), ImageOptions(frame_skip=frame_skip), IMAGE_ENV)
+    env = PreprocessedEnv(StepImageEnv(length=length, truncate=truncate), ImageOptions(frame_skip=frame_skip),
+                          IMAGE_ENV)
     for episode in range(2):
         obs, _ = env.reset()
         np.testing.assert_array_equal(obs, frame(episode, 0))
@@ -74,8 +75,8 @@ def test_stacks_hold_the_newest_frames_and_restart_at_every_episode_start(image_
     # row's stack is checked against its own episode's frames, read back from its untouched clock.
     n, resize, skip = 3, (7, 9), 2
     options = ImageOptions(frame_skip=skip, resize=resize, grayscale=True, frame_stack=n, image_keys=image_keys)
-    env = make_vec_env(IMAGE_ENV, num_envs=6, batch_size=3, seed=0, env_kwargs={"length": 3, "vary": 3, "dict_obs": True},
-                       preprocessing=options)
+    env = make_vec_env(IMAGE_ENV, num_envs=6, batch_size=3, seed=0,
+                       env_kwargs={"length": 3, "vary": 3, "dict_obs": True}, preprocessing=options)
     lengths = [3 + i % 3 for i in range(6)]
     assert env.frame_skip == skip
     assert env.observation_space["screen"].shape == (n, *resize)
@@ -166,7 +167,8 @@ def test_without_opencv_the_error_names_the_package(monkeypatch):
 
 
 def test_resize_is_height_and_width():
-    with pytest.raises(ConfigError, match=r"^env.resize is \[height, width\] \(or \[\] to keep the size\), got \[72\]$"):
+    with pytest.raises(ConfigError,
+                       match=r"^env.resize is \[height, width\] \(or \[\] to keep the size\), got \[72\]$"):
         build_config("cartpole-appo", {"env.resize": [72]})
 
 

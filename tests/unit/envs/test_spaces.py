@@ -261,13 +261,15 @@ def test_model_kind_picks_the_atari_encoder_and_refuses_small_images():
     shapes = {}
     for kind in ("nature_cnn", "mnih2013_cnn", "convnet_simple"):
         model = ActorCritic(box, spaces.Discrete(6), ModelConfig(kind=kind))
-        shapes[kind] = [tuple(m.weight.shape) for m in model.encoder.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+        shapes[kind] = [tuple(m.weight.shape) for m in model.encoder.modules()
+                        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
         params, value = model(torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8))
         assert params.shape == (3, 6) and value.shape == (3,)
     assert shapes["nature_cnn"] == [(32, 4, 8, 8), (64, 32, 4, 4), (64, 64, 3, 3), (512, 3136)]
     assert shapes["mnih2013_cnn"] == [(16, 4, 8, 8), (32, 16, 4, 4), (256, 2592)]
     assert shapes["convnet_simple"] == [(32, 4, 8, 8), (64, 32, 4, 4), (128, 64, 3, 3), (512, 2048)]
-    activations = {type(m) for m in ActorCritic(box, spaces.Discrete(6), ModelConfig(kind="convnet_simple")).encoder.modules()}
+    simple = ActorCritic(box, spaces.Discrete(6), ModelConfig(kind="convnet_simple"))
+    activations = {type(m) for m in simple.encoder.modules()}
     assert torch.nn.ELU in activations and torch.nn.ReLU not in activations
     with pytest.raises(ValueError, match="model.kind=mnih2013_cnn needs images of at least 36 px"):
         image_encoder((4, 20, 20), "mnih2013_cnn")

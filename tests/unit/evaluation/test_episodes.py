@@ -170,8 +170,9 @@ def plays_without_the_agent(observation):
 
 @pytest.mark.parametrize("spec, message", [
     *((f"{module}:fn", f"--opponent '{module}:fn': {message}") for module, message in user_modules.BROKEN),
-    ("tests.unit.evaluation.test_episodes:plays_without_the_agent", "--opponent 'tests.unit.evaluation.test_episodes:plays_without_the_agent' "
-                                                       "takes (observation), not (observation, agent)"),
+    ("tests.unit.evaluation.test_episodes:plays_without_the_agent",
+     "--opponent 'tests.unit.evaluation.test_episodes:plays_without_the_agent' "
+     "takes (observation), not (observation, agent)"),
 ])
 def test_an_opponent_that_cannot_be_loaded_is_one_line(tmp_path, monkeypatch, capsys, spec, message):
     user_modules.install(tmp_path, monkeypatch)

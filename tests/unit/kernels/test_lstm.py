@@ -18,7 +18,8 @@ def reference_forward(x_gates, h0, c0, keep, w_hh, b_hh):
     for t in range(T):
         h, c = h * keep[t, :, None], c * keep[t, :, None]
         pre = x_gates[t] + b_hh + h @ w_hh.T
-        i, f, g, o = sigmoid(pre[:, :H]), sigmoid(pre[:, H:2 * H]), np.tanh(pre[:, 2 * H:3 * H]), sigmoid(pre[:, 3 * H:])
+        i, f = sigmoid(pre[:, :H]), sigmoid(pre[:, H:2 * H])
+        g, o = np.tanh(pre[:, 2 * H:3 * H]), sigmoid(pre[:, 3 * H:])
         c = f * c + i * g
         h = o * np.tanh(c)
         outputs.append(h)

@@ -36,7 +36,8 @@ def test_the_replays_and_make_learner_follow_the_config():
     cfg = dqn_config(**{"learner.gamma": 0.95, "replay.n_step": 5, "replay.alpha": 0.7})
     learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
     rc = learner.replay.settings
-    assert (rc.capacity, rc.min_fill, rc.alpha, rc.beta, rc.n_step, learner.replay.gamma) == (256, 64, 0.7, 0.4, 5, 0.95)
+    assert ((rc.capacity, rc.min_fill, rc.alpha, rc.beta, rc.n_step, learner.replay.gamma)
+            == (256, 64, 0.7, 0.4, 5, 0.95))
     assert rc.compress == "" and rc.memmap_dir == ""  # "": off
     sequences = make_learner(vtrace_replay_config(0.5, 1), OBS_SPACE, ACTION_SPACE).replay
     assert sequences.horizon == sequences.stride == T
@@ -176,7 +177,8 @@ def test_a_fresh_trajectory_restarts_only_its_own_stream_in_arrival_order():
     (first, ids_first), (second, ids_second) = stream_batches(2)
     learner.train(first, env_ids=ids_first, fresh=np.ones(E, bool))  # run start: nothing to cut
     L, n = learner.replay.ring_len, learner.cfg.replay.n_step
-    assert learner.replay.stream_length(0) == T and learner.replay._valid[:T].sum() == first.valid[:, ids_first == 0].sum()
+    assert learner.replay.stream_length(0) == T
+    assert learner.replay._valid[:T].sum() == first.valid[:, ids_first == 0].sum()
     fresh = ids_second == 0  # env 0's worker restarted: its second trajectory begins a new episode
     learner.train(second, env_ids=ids_second, fresh=fresh)
     valid = learner.replay._valid
@@ -185,7 +187,8 @@ def test_a_fresh_trajectory_restarts_only_its_own_stream_in_arrival_order():
     for env in range(1, E):  # every other stream continues untouched
         column = int(np.flatnonzero(ids_second == env)[0])
         assert np.array_equal(valid[env * L + T:env * L + 2 * T], second.valid[:, column].numpy())
-        assert valid[env * L + T - n:env * L + T].tolist() == first.valid[T - n:, int(np.flatnonzero(ids_first == env)[0])].tolist()
+        first_column = int(np.flatnonzero(ids_first == env)[0])
+        assert valid[env * L + T - n:env * L + T].tolist() == first.valid[T - n:, first_column].tolist()
 
 
 # --- a dropped batch: its envs' streams restart in the replay ---------------------------------

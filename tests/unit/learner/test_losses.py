@@ -253,7 +253,8 @@ def test_td_loss_reproduces_the_dqn_learners_numbers():
 def time_major_inputs(steps=4, batch=3):
     """Every argument of the V-trace losses, well shaped: ``[T, B]``, values ``[T + 1, B]``."""
     g = torch.Generator().manual_seed(0)
-    return dict(target_logp=-torch.rand(steps, batch, generator=g), behaviour_logp=-torch.rand(steps, batch, generator=g),
+    return dict(target_logp=-torch.rand(steps, batch, generator=g),
+                behaviour_logp=-torch.rand(steps, batch, generator=g),
                 values=torch.randn(steps + 1, batch, generator=g), entropy=torch.rand(steps, batch, generator=g),
                 rewards=torch.randn(steps, batch, generator=g), discounts=torch.full((steps, batch), 0.9),
                 valid=torch.ones(steps, batch, dtype=torch.bool), mask=torch.rand(steps, batch, generator=g) > 0.3)
@@ -291,7 +292,8 @@ def test_values_without_the_bootstrap_row_and_a_target_logp_that_is_not_time_maj
     assert str(refused.value) == f"{function.__name__}: values has shape [4, 3], expected [T + 1, B] = [5, 3]"
     inputs = time_major_inputs()
     inputs["target_logp"] = inputs["target_logp"][..., None]
-    with pytest.raises(ValueError, match=rf"^{function.__name__}: target_logp has shape \[4, 3, 1\], expected \[T, B\]"):
+    with pytest.raises(ValueError,
+                       match=rf"^{function.__name__}: target_logp has shape \[4, 3, 1\], expected \[T, B\]"):
         call_with(function, inputs)
 
 

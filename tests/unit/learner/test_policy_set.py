@@ -81,7 +81,8 @@ def test_a_mapping_sends_each_agent_row_to_its_policy(agents, mapping, names, ex
 
 def test_a_single_agent_env_is_one_agent_named_agent():
     cfg = build_config("cartpole-appo", {"env.id": "fastrl.envs.toy:make_countdown", "policies.names": ["solo"],
-                                         "policies.mapping": "tests.unit.learner.test_policy_set:single", "device": "cpu"})
+                                         "policies.mapping": "tests.unit.learner.test_policy_set:single",
+                                         "device": "cpu"})
     policies = run_policies(cfg, probe_env(cfg))
     assert policies.names == ("solo",) and policies.agents == ("agent",)
     np.testing.assert_array_equal(policies.row_policies(4), [0, 0, 0, 0])
@@ -91,12 +92,14 @@ def test_a_single_agent_env_is_one_agent_named_agent():
     ({"policies.names": []}, "policies.names is empty"),
     ({"policies.names": ["a b"]}, "policies.names 'a b': a policy name is letters, digits"),
     ({"policies.names": ["a/b"]}, "policies.names 'a/b'"),
-    ({"policies.names": ["red", "red"], "policies.mapping": "tests.unit.learner.test_policy_set:team"}, "lists a policy twice"),
+    ({"policies.names": ["red", "red"], "policies.mapping": "tests.unit.learner.test_policy_set:team"},
+     "lists a policy twice"),
     ({"policies.mapping": "bogus"}, "policies.mapping='bogus': use shared, per_agent or module:fn"),
     ({"policies.mapping": "shared", "policies.names": ["red", "blue"]},
      "policies.mapping=shared sends every agent to 'red', leaving blue unused"),
     ({"policies.mapping": "per_agent", "selfplay.enabled": True}, "selfplay.enabled plays one policy"),
-    ({"policies.mapping": "tests.unit.learner.test_policy_set:team", "policies.names": ["red", "blue"], "selfplay.enabled": True},
+    ({"policies.mapping": "tests.unit.learner.test_policy_set:team", "policies.names": ["red", "blue"],
+      "selfplay.enabled": True},
      "selfplay.enabled plays one policy"),
 ])
 def test_bad_policies_are_refused_by_the_config_in_one_line(settings, message):
@@ -114,8 +117,9 @@ def test_bad_policies_are_refused_by_the_config_in_one_line(settings, message):
      "per_agent names each policy after its agent (agent_0, agent_1)"),
     (2, {"policies.mapping": "no_such_module:fn"}, "policies.mapping 'no_such_module:fn': cannot import "
                                                    "'no_such_module'"),
-    (2, {"policies.mapping": "tests.unit.learner.test_policy_set:no_such_fn"}, "policies.mapping 'tests.unit.learner.test_policy_set:no_such_fn': "
-                                                                "module 'tests.unit.learner.test_policy_set' has no 'no_such_fn'"),
+    (2, {"policies.mapping": "tests.unit.learner.test_policy_set:no_such_fn"},
+     "policies.mapping 'tests.unit.learner.test_policy_set:no_such_fn': "
+     "module 'tests.unit.learner.test_policy_set' has no 'no_such_fn'"),
     (2, {"policies.mapping": "tests.unit.learner.test_policy_set:NOT_CALLABLE"}, "is not callable (type int)"),
     (2, {"policies.mapping": "tests.unit.learner.test_policy_set:broken"},
      "policies.mapping tests.unit.learner.test_policy_set:broken failed for agent 'agent_0' (KeyError: 'agent_0')"),
@@ -158,8 +162,8 @@ def test_selfplay_on_a_single_agent_env_is_refused_in_one_line():
 
 def test_fastrl_train_says_a_bad_mapping_in_one_line(tmp_path, capsys):
     code = train_main(["--env", GAMES, "--set", "env.kwargs={agents=3}", "--set",
-                       "policies.mapping=tests.unit.learner.test_policy_set:team", "--set", 'policies.names=["red"]', "--serial",
-                       "--run-dir", str(tmp_path / "run"), "--quiet"])
+                       "policies.mapping=tests.unit.learner.test_policy_set:team", "--set", 'policies.names=["red"]',
+                       "--serial", "--run-dir", str(tmp_path / "run"), "--quiet"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "sends agent 'agent_1' to 'blue', which is not one of policies.names (red)" in err

@@ -44,7 +44,8 @@ def test_full_slots_come_a_batch_at_a_time_oldest_first_and_go_back_to_their_own
     send(workers_full[1], [4, 5])
     send(workers_full[0], [2])
     policy, batch = slots.next_batch()
-    assert policy == 0 and batch.dtype == np.int64 and batch[:2].tolist() == [0, 1] and set(batch[2:].tolist()) <= {2, 4, 5}
+    assert policy == 0 and batch.dtype == np.int64
+    assert batch[:2].tolist() == [0, 1] and set(batch[2:].tolist()) <= {2, 4, 5}
     assert slots.next_batch() is None  # two left: the call waited out the pipes' timeout for more
     assert slots.timers.read()["wait_s"] >= 0.4
     send(workers_full[1], [6])

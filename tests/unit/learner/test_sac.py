@@ -101,8 +101,8 @@ def test_polyak_moves_each_target_element_tau_of_the_way():
     polyak_update(targets, sources, 0.1)
     for new, old, source in zip(targets, before, sources):
         for k in range(new.numel()):
-            assert new.view(-1)[k].item() == pytest.approx(0.9 * old.view(-1)[k].item() + 0.1 * source.view(-1)[k].item(),
-                                                           abs=1e-6)
+            expected = 0.9 * old.view(-1)[k].item() + 0.1 * source.view(-1)[k].item()
+            assert new.view(-1)[k].item() == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="2 targets for 1 sources"):
         polyak_update(targets, sources[:1], 0.1)
 
@@ -120,7 +120,8 @@ def test_squashed_actions_lie_in_the_bounds_and_map_back_exactly():
     torch.testing.assert_close(head.to_env(head.from_env(actions)), actions)
     torch.testing.assert_close(head.sample(params, deterministic=True), head.to_env(torch.tanh(params[:, :2])))
     uniform, uniform_logp = head.sample_uniform(5000)
-    assert ((uniform >= low) & (uniform <= high)).all() and torch.equal(uniform_logp, torch.full((5000,), -2 * math.log(2)))
+    assert ((uniform >= low) & (uniform <= high)).all()
+    assert torch.equal(uniform_logp, torch.full((5000,), -2 * math.log(2)))
     assert abs(uniform[:, 0].mean().item()) < 0.1 and abs(uniform[:, 1].mean().item() - 0.5) < 0.05
     with pytest.raises(ValueError, match="infinite"):
         SquashedGaussianHead(gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float32))

@@ -40,7 +40,8 @@ def reference_gather(arena, slot_ids):
     slots, steps = np.asarray(slot_ids)[None, :], np.arange(T + 1)[:, None]
     expect = {name: arena.arrays[name][slots, steps[:T + (name == "obs")]]
               for name in ("obs", "actions", "behaviour_logp", "rewards", "version")}
-    expect.update({name: arena.arrays[name][slots, steps[:T]].astype(bool) for name in ("terminated", "truncated", "valid")})
+    expect.update({name: arena.arrays[name][slots, steps[:T]].astype(bool)
+                   for name in ("terminated", "truncated", "valid")})
     if "slot_state" in arena.arrays:
         expect["initial_state"] = arena.slot_state[np.asarray(slot_ids)]
     return expect

@@ -132,9 +132,9 @@ class ForgetsTheAgent(RandomLegal):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("tests.unit.multiagent.test_opponents:looks_at_the_board_only", "--opponent 'tests.unit.multiagent.test_opponents:looks_at_the_board_only' takes "
-                                                      "(observation), not (observation, agent); make it "
-                                                      "fn(observation, agent) -> action"),
+    ("tests.unit.multiagent.test_opponents:looks_at_the_board_only",
+     "--opponent 'tests.unit.multiagent.test_opponents:looks_at_the_board_only' takes "
+     "(observation), not (observation, agent); make it fn(observation, agent) -> action"),
     ("tests.unit.multiagent.test_opponents:ForgetsTheAgent", "takes (self, observation), not (observation, agent)"),
     (looks_at_the_board_only, "--opponent 'looks_at_the_board_only' takes (observation)"),
 ])

@@ -16,7 +16,8 @@ from fastrl.profiler import sampling
 # cartpole-appo, small: 2 workers x 32 envs, batches of 1024 env steps.
 # The batcher process acting, as most profiles run: its figures are among those checked.
 SMALL = {"device": "cpu", "env.envs_per_worker": "32", "learner.batch_size": "1024", "inference.in_workers": "false"}
-MASKED_CUE_GAME = {"env.id": "pettingzoo:tests.support.pettingzoo_envs", "env.kwargs": {"num_agents": 3, "masked": True},
+MASKED_CUE_GAME = {"env.id": "pettingzoo:tests.support.pettingzoo_envs",
+                   "env.kwargs": {"num_agents": 3, "masked": True},
                    "env.envs_per_worker": 12, "env.num_workers": 1, "learner.rollout": 8, "learner.batch_size": 96,
                    "device": "cpu"}
 

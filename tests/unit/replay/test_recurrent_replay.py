@@ -23,7 +23,8 @@ def test_replayed_trajectories_carry_their_stored_initial_states():
     S = learner.model.state_size
     outputs = []
     original = learner.with_replayed
-    learner.with_replayed = lambda batch, env_ids, fresh=None: outputs.append(original(batch, env_ids, fresh)) or outputs[-1]
+    learner.with_replayed = (lambda batch, env_ids, fresh=None:
+                             outputs.append(original(batch, env_ids, fresh)) or outputs[-1])
     g = torch.Generator().manual_seed(0)
     first_obs_to_state = {}
     for k in range(5):
@@ -31,7 +32,8 @@ def test_replayed_trajectories_carry_their_stored_initial_states():
         state = torch.randn(E, S, generator=g)
         for b in range(E):
             first_obs_to_state[float(obs[0, b, 0])] = state[b]
-        batch = Trajectories(obs=obs, actions=torch.randint(0, 2, (T, E), generator=g), behaviour_logp=torch.full((T, E), -0.7),
+        batch = Trajectories(obs=obs, actions=torch.randint(0, 2, (T, E), generator=g),
+                             behaviour_logp=torch.full((T, E), -0.7),
                              rewards=torch.randn(T, E, generator=g), terminated=torch.zeros(T, E, dtype=torch.bool),
                              truncated=torch.zeros(T, E, dtype=torch.bool), valid=torch.ones(T, E, dtype=torch.bool),
                              version=torch.full((T, E), k, dtype=torch.int64), initial_state=state)

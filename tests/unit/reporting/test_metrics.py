@@ -43,7 +43,8 @@ def test_each_column_is_reported_under_its_key():
     # Worker columns are summed over the workers; the batcher's row is apart from theirs.
     assert read_timings(arena) == {
         "rollout/env_step_s": 11.0, "rollout/obs_copy_s": 22.0, "rollout/wait_actions_s": 33.0,
-        "rollout/wait_slots_s": 44.0, "rollout/inference_s": 5.5, "inference/inference_forward_s": 5.0, "inference/weight_refresh_s": 6.0,
+        "rollout/wait_slots_s": 44.0, "rollout/inference_s": 5.5, "inference/inference_forward_s": 5.0,
+        "inference/weight_refresh_s": 6.0,
         "inference/wait_requests_s": 7.0, "inference/inference_batches": 8.0, "inference/inference_requests": 9.0}
 
 

@@ -90,7 +90,8 @@ def _train_refusing_starts(monkeypatch, args, build=build_model):
 def test_a_model_too_large_for_ram_is_refused_in_one_line_before_it_is_built(tmp_path, capsys, monkeypatch, setting,
                                                                             serial):
     run_dir = tmp_path / "run"
-    args = ["--profile", "cartpole-r2d2", "--set", setting, "--run-dir", str(run_dir), *(["--serial"] if serial else [])]
+    args = ["--profile", "cartpole-r2d2", "--set", setting, "--run-dir", str(run_dir),
+            *(["--serial"] if serial else [])]
     code, started, built = _train_refusing_starts(monkeypatch, args)
     one_line_error(capsys, code, 2, "fastrl-train", "of RAM but only 64.00 GiB is available; lower model.hidden_sizes, "
                                                     "model.core_size or model.core_layers")
