@@ -324,9 +324,9 @@ class EvalConfig:
                                help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
     opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply, "
                                         f"tictactoe_minimax or MODULE:CALLABLE, as fastrl-eval --opponent), each "
-                                        f"played eval.episodes episodes an evaluation by the first policy, every seat in "
-                                        f"turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
-                                        f"{MAX_EVAL_OPPONENTS}")
+                                        f"played eval.episodes episodes an evaluation by the first policy, every "
+                                        f"seat in turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; "
+                                        f"at most {MAX_EVAL_OPPONENTS}")
 
 
 @dataclass

@@ -7,7 +7,11 @@ from importlib import resources
 from types import SimpleNamespace
 
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
 from tests.support.scripts import load_benchmark, load_script

@@ -2,7 +2,11 @@ import dataclasses
 
 import pytest
 import tomli_w
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from fastrl.config import (
     Config,
