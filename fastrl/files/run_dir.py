@@ -102,11 +102,35 @@ def default_run_dir(profile: str, root: Path = Path("runs")) -> Path:
     raise RunDirError(f"could not create a new run directory under '{root}'; pass --run-dir DIR")
 
 
-def remove_unused_run_dir(run_dir: Path) -> None:
+def first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist (what making ``path`` makes)."""
+    top = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        top = folder
+    return top
+
+
+def remove_unused_run_dir(run_dir: Path, made_from: Path | None = None) -> None:
     """Remove a run directory made for a run that could not start, if it holds nothing but its
-    lock file and no other start holds that lock: anything else may be what the user wants. The
-    caller has released its own lock."""
+    lock file and no other start holds that lock: anything else may be what the user wants; then
+    its parents up to ``made_from`` (the outermost folder the start made), while they are empty.
+    The caller has released its own lock."""
     run_dir = Path(run_dir)
+    _remove_run_dir_if_unused(run_dir)
+    if made_from is None or run_dir.exists():
+        return
+    for folder in run_dir.parents:
+        if not folder.is_relative_to(made_from):
+            return
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _remove_run_dir_if_unused(run_dir: Path) -> None:
     try:
         fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..files.run_dir import remove_unused_run_dir
+from ..files.run_dir import first_missing, remove_unused_run_dir
 from ..learner.precision import learner_precision
 from ..reporting.console import Console
 from .elastic import ElasticAttempt, current_attempt
@@ -49,7 +49,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     if attempt is not None:
         resume, overwrite = attempt.settle(run_dir, resume, overwrite, dist_info)
     # A refused start leaves no run directory behind: one this call makes goes again on a refusal.
-    made_dir = run_dir if run_dir is not None and dist_info.is_main and not run_dir.exists() else None
+    made_dir = first_missing(run_dir) if run_dir is not None and dist_info.is_main else None
     lock = None
     try:
         lock = lock_run_dir(run_dir, resume, overwrite, dist_info)
@@ -58,7 +58,7 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
         if lock is not None:
             lock.release()
         if made_dir is not None:
-            remove_unused_run_dir(made_dir)
+            remove_unused_run_dir(run_dir, made_dir)
         raise
     try:
         if attempt is not None and dist_info.is_main:

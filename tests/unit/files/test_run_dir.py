@@ -14,7 +14,16 @@ import pytest
 from fastrl.cli import train_main
 from fastrl.config import build_config
 from fastrl.files.checkpoint import write_checkpoint_file
-from fastrl.files.run_dir import RunDirError, check_run_dir, default_run_dir, prepare_run_dir, write_atomic
+from fastrl.files.run_dir import (
+    LOCK_FILE,
+    RunDirError,
+    check_run_dir,
+    default_run_dir,
+    first_missing,
+    prepare_run_dir,
+    remove_unused_run_dir,
+    write_atomic,
+)
 from fastrl.run.training import RunError, train
 
 TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
@@ -245,3 +254,23 @@ def test_a_file_where_the_runs_folder_should_be_is_one_line(tmp_path):
     (tmp_path / "runs").write_text("x")
     with pytest.raises(RunDirError, match="cannot create the runs folder"):
         default_run_dir("cartpole-appo", tmp_path / "runs")
+
+
+def test_a_refused_start_removes_the_folders_it_made_and_keeps_those_it_found(tmp_path):
+    (tmp_path / "kept").mkdir()
+    run_dir = tmp_path / "kept" / "made" / "deeper" / "run"
+    made = first_missing(run_dir)
+    assert made == tmp_path / "kept" / "made"
+    run_dir.mkdir(parents=True)
+    (run_dir / LOCK_FILE).touch()
+    remove_unused_run_dir(run_dir, made)
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and not list((tmp_path / "kept").iterdir())
+
+
+def test_a_refused_start_keeps_a_made_folder_that_now_holds_something_else(tmp_path):
+    run_dir = tmp_path / "made" / "run"
+    made = first_missing(run_dir)
+    run_dir.mkdir(parents=True)
+    (tmp_path / "made" / "notes.txt").write_text("mine")
+    remove_unused_run_dir(run_dir, made)
+    assert not run_dir.exists() and (tmp_path / "made" / "notes.txt").read_text() == "mine"
