@@ -30,7 +30,7 @@ from ..ipc.arena import Arena, set_error, total_env_steps
 from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
-from ..ipc.weights import PublishedWeights
+from ..ipc.weights import WeightReader
 from ..models.heads import MASKED_LOGIT
 from ..models.networks import ActorCritic, action_head, build_model
 from ..reporting.metrics import BatcherTiming
@@ -56,7 +56,7 @@ class Actor:
     def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device, index: int, compile: bool,
                  numpy_mlp: bool):
         self.model = model.to(device).eval()
-        self.weights = PublishedWeights(arena, self.model, device, index)
+        self.weights = WeightReader(arena, self.model, device, index)
         self.recurrent = bool(getattr(model, "is_recurrent", False))
         if self.recurrent:
             self.policy = self.model

@@ -13,7 +13,7 @@ from torch import nn
 
 from fastrl.config import ConfigError, build_config
 from fastrl.distributed.process_group import DistInfo
-from fastrl.ipc.arena import WeightBuffer
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.learner import DQNLearner, Learner, LearnerRuntime, R2D2Learner, process
 from fastrl.learner import policy_set as policies
 from fastrl.models.networks import build_model, num_state_values, state_to_flat

@@ -12,8 +12,9 @@ from fastrl.cli import train_main
 from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import serial_slots
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.multiagent.policy_map import policy_map
 from fastrl.reporting.metrics import WorkerTiming

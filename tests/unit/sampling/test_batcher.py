@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.device_io import BatchTransfer
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.learner import Learner, LearnerRuntime
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
