@@ -190,13 +190,13 @@ def route_rows(cfg, rounds: int, numpy_mlp: bool):
     for p in range(policies.num_policies):
         WeightBuffer(arena, p).publish(forced_policy_weights(model, p), 10 + p)
     batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"), numpy_mlp=numpy_mlp)
-    assert len(batcher.actors) == policies.num_policies
+    assert len(batcher.weight_sets) == policies.num_policies
     forwards: list[list[tuple[int, int]]] = []
     act = batcher.act
 
-    def counted_act(actor, slots, *rest):
-        forwards[-1].append((batcher.actors.index(actor), len(slots)))
-        act(actor, slots, *rest)
+    def counted_act(weight_set, slots, *rest):
+        forwards[-1].append((batcher.weight_sets.index(weight_set), len(slots)))
+        act(weight_set, slots, *rest)
 
     batcher.act = counted_act
     W, E = cfg.env.num_workers, cfg.env.envs_per_worker

@@ -108,7 +108,7 @@ def test_the_numpy_mlp_path_acts_as_torch_and_follows_refreshed_weights(activati
     cfg, spec, model, arena = small_run(**{"model.activation": activation, "model.hidden_sizes": hidden})
     torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
     numpy_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), numpy_mlp=True)
-    assert torch_path.actors[0].numpy_mlp is None and numpy_path.actors[0].numpy_mlp is not None
+    assert torch_path.weight_sets[0].numpy_mlp is None and numpy_path.weight_sets[0].numpy_mlp is not None
     for version in (0, 1):
         if version:
             with torch.no_grad():
@@ -133,7 +133,7 @@ def test_models_the_numpy_mlp_path_does_not_reproduce_act_through_torch(override
     epsilons = np.full(arena.env_slot.shape, 0.1, np.float32) if overrides.get("learner.algo") == "dqn" else None
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), epsilons,
                                numpy_mlp=True)
-    assert batcher.actors[0].numpy_mlp is None
+    assert batcher.weight_sets[0].numpy_mlp is None
 
 
 @pytest.mark.parametrize("edit", ["extra module", "linear without activation", "mixed activations"])
