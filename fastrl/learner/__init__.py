@@ -13,7 +13,7 @@
 ``fastrl.learner.Learner`` is the V-trace learner (appo / impala).
 """
 from .base import BaseLearner
-from .batch import Trajectories, gather_trajectories
+from .batch import Trajectories
 from .dqn import PRIORITY_EPS, DQNLearner
 from .factory import LEARNERS, make_learner
 from .losses import appo_loss, impala_loss, td_loss, vtrace_targets
@@ -22,6 +22,7 @@ from .r2d2 import R2D2Learner
 from .replay_feed import add_trajectories
 from .runtime import LearnerRuntime, NonFiniteTraining, restore_learner
 from .sac import SACLearner
+from .staging import gather_trajectories
 from .vtrace import VTraceLearner
 
 Learner = VTraceLearner

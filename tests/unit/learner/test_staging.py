@@ -10,7 +10,7 @@ import torch
 from fastrl.config import build_config
 from fastrl.ipc.arena import Arena, trajectory_layout
 from fastrl.learner import Learner, LearnerRuntime
-from fastrl.learner.batch import BatchStaging, gather_trajectories
+from fastrl.learner.staging import BatchStaging, gather_trajectories
 from fastrl.models.networks import num_state_values
 from tests.support.device_copies import DeviceCopies
 

@@ -14,7 +14,8 @@ from fastrl.envs.toy import MemoryEnv
 from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import worker_slot_ids
 from fastrl.ipc.weights import WeightBuffer
-from fastrl.learner.batch import Trajectories, gather_trajectories
+from fastrl.learner.batch import Trajectories
+from fastrl.learner.staging import gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner
 from fastrl.models.networks import num_state_values, state_to_flat
 from fastrl.models.recurrent import RecurrentCore
