@@ -305,10 +305,6 @@ class ReplayConfig:
                        help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
 
 
-# Research code builds replays by hand from this name (fastrl.replay.buffer's docstring shows how).
-ReplaySettings = ReplayConfig
-
-
 @dataclass
 class EvalConfig:
     """Evaluation during training: its own envs, the latest published weights, off the hot path."""

@@ -9,8 +9,6 @@
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
   :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer, fastrl.models.networks and
   fastrl.kernels.
-
-``fastrl.learner.Learner`` is the V-trace learner (appo / impala).
 """
 from .base import BaseLearner
 from .batch import Trajectories
@@ -25,8 +23,6 @@ from .sac import SACLearner
 from .staging import gather_trajectories
 from .vtrace import VTraceLearner
 
-Learner = VTraceLearner
-
-__all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "Learner", "LearnerRuntime", "NonFiniteTraining", "PRIORITY_EPS",
+__all__ = ["BaseLearner", "DQNLearner", "LEARNERS", "LearnerRuntime", "NonFiniteTraining", "PRIORITY_EPS",
            "R2D2Learner", "SACLearner", "Trajectories", "VTraceLearner", "add_trajectories", "appo_loss", "gather_trajectories", "impala_loss",
            "learner_process", "make_learner", "restore_learner", "td_loss", "vtrace_targets"]

@@ -15,7 +15,7 @@ from fastrl.envs import probe_env
 from fastrl.ipc.arena import Arena
 from fastrl.ipc.device_io import BatchTransfer
 from fastrl.ipc.weights import WeightBuffer
-from fastrl.learner import Learner, LearnerRuntime
+from fastrl.learner import LearnerRuntime, VTraceLearner
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
 from fastrl.sampling.batcher import (
@@ -199,7 +199,7 @@ def test_a_weight_refresh_is_one_copy_into_the_weights_the_model_views():
 
 def test_the_learner_publishes_its_weights_in_one_copy_from_the_device():
     cfg, spec, model, arena = small_run()
-    learner = Learner(cfg, spec.observation_space, spec.action_space, device_path=True)
+    learner = VTraceLearner(cfg, spec.observation_space, spec.action_space, device_path=True)
     host = LearnerRuntime(cfg, arena, learner)
     assert host.device_flat is not host.flat
     with CopyCounter(host.flat) as counter:
