@@ -1,14 +1,16 @@
 """The learner family. Imports point one way:
 
-- process shell: :mod:`.process` (the learner process loop and how ranks agree to stop) and
-  :mod:`.host` (arena slots in; weights, statistics and checkpoints out)
+- process shell: :mod:`.process` (the learner process loop and how ranks agree to stop),
+  :mod:`.runtime` (arena slots in; weights, statistics and checkpoints out), :mod:`.policy_set`
+  (a runtime per policy, stepped in turn) and :mod:`.staging` (full slots into staging buffers)
 - algorithms: :mod:`.factory` picks one by ``learner.algo``; :mod:`.vtrace` (APPO, IMPALA),
   :mod:`.dqn` (Ape-X DQN), :mod:`.r2d2` (recurrent Ape-X), :mod:`.sac` (soft actor-critic) on
-  :mod:`.qlearning` (the replay-ratio loop; the Q-learners' target network and prioritized step); all build on :mod:`.base` (optimizer, counters, schedule, reward
-  transform, lag statistics, gradient step, state dict)
+  :mod:`.qlearning` (the replay-ratio loop; the Q-learners' target network and prioritized step);
+  all build on :mod:`.base` (optimizer, counters, schedule, reward transform, lag statistics,
+  gradient step, state dict), with :mod:`.precision` and :mod:`.return_scale`
 - pieces: :mod:`.losses` (pure loss functions), :mod:`.batch` (the time-major batch type),
-  :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer, fastrl.models.networks and
-  fastrl.kernels.
+  :mod:`.replay_feed` (batches into a replay's streams), then fastrl.replay.buffer,
+  fastrl.models.networks and fastrl.kernels.
 """
 from .base import BaseLearner
 from .batch import Trajectories
