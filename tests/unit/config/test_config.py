@@ -411,7 +411,7 @@ def test_every_key_is_declared_with_its_help_and_readers():
     class Undeclared:
         width: int = 3
 
-    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.schema.key\(\)$"):
+    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.schema.declare\(\)$"):
         _declared_keys(Undeclared, "x.")
 
 
