@@ -19,8 +19,8 @@ from .loading import (
     load_profile,
     load_run_config,
     parse_override,
-    set_key,
-    set_value,
+    set_typed_value,
+    set_user_value,
     to_toml,
 )
 from .rules import (
@@ -93,5 +93,5 @@ __all__ = [
     "THREADS", "UNIT", "VTRACE", "WEIGHTS_KEYS", "WEIGHTS_KEY_SECTIONS", "_declared_keys", "apply_dict", "declare",
     "available_profiles", "build_config", "check_section", "config_from_toml", "flat_config", "get_value",
     "is_device_name", "load_profile", "load_run_config", "objective_info_key", "parse_override",
-    "set_key", "set_value", "to_toml", "validate", "weights_mismatch",
+    "set_typed_value", "set_user_value", "to_toml", "validate", "weights_mismatch",
 ]
