@@ -84,7 +84,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train_config(args):
-    from .config import Config, build_config, load_run_config, parse_override, set_key, validate
+    from .config import Config, build_config, load_run_config, parse_override, set_user_value, validate
 
     if args.resume:
         if not args.run_dir:
@@ -95,11 +95,11 @@ def resolve_train_config(args):
     else:
         cfg = build_config(args.profile)
     for text in args.overrides:
-        set_key(cfg, *parse_override(text))
+        set_user_value(cfg, *parse_override(text))
     for key, value in (("env.id", args.env), ("train_for_env_steps", args.train_for_env_steps),
                        ("train_for_seconds", args.train_for_seconds), ("seed", args.seed)):
         if value is not None:
-            set_key(cfg, key, value)
+            set_user_value(cfg, key, value)
     if args.train_for_seconds is not None and args.train_for_env_steps is None:
         cfg.train_for_env_steps = 0  # a time budget alone: don't also stop at the profile's step count
     if args.serial:

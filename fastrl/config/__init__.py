@@ -19,8 +19,8 @@ from .loading import (
     load_profile,
     load_run_config,
     parse_override,
-    set_key,
-    set_value,
+    set_typed_value,
+    set_user_value,
     to_toml,
 )
 from .rules import (
@@ -76,10 +76,9 @@ from .schema import (
     PoliciesConfig,
     Range,
     ReplayConfig,
-    ReplaySettings,
     SelfPlayConfig,
     _declared_keys,
-    key,
+    declare,
     objective_info_key,
 )
 
@@ -90,9 +89,9 @@ __all__ = [
     "LAYER_WIDTH", "LearnerConfig", "LoggingConfig", "ModelConfig", "OPPONENT_ACTIONS", "PBTConfig",
     "PBT_MEMBER_KEYS", "PBT_MUTABLE", "PBT_OBJECTIVES", "PBT_START", "PBT_START_TABLE", "POLICY_NAME",
     "PoliciesConfig", "Q_LEARNERS", "RANGES", "REPLAY_LEARNERS", "REPLAY_RECORDS", "RUN_DEVICES", "Range",
-    "ReplayConfig", "ReplaySettings", "SECONDS", "SECONDS_OR_OFF", "SECTIONS", "STEPS", "SelfPlayConfig",
-    "THREADS", "UNIT", "VTRACE", "WEIGHTS_KEYS", "WEIGHTS_KEY_SECTIONS", "_declared_keys", "apply_dict",
+    "ReplayConfig", "SECONDS", "SECONDS_OR_OFF", "SECTIONS", "STEPS", "SelfPlayConfig",
+    "THREADS", "UNIT", "VTRACE", "WEIGHTS_KEYS", "WEIGHTS_KEY_SECTIONS", "_declared_keys", "apply_dict", "declare",
     "available_profiles", "build_config", "check_section", "config_from_toml", "flat_config", "get_value",
-    "is_device_name", "key", "load_profile", "load_run_config", "objective_info_key", "parse_override",
-    "set_key", "set_value", "to_toml", "validate", "weights_mismatch",
+    "is_device_name", "load_profile", "load_run_config", "objective_info_key", "parse_override",
+    "set_typed_value", "set_user_value", "to_toml", "validate", "weights_mismatch",
 ]

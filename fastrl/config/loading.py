@@ -86,9 +86,10 @@ def _list_from_string(text: str) -> list:
     return parsed if isinstance(parsed, list) else [v for v in text.strip("[] ").split(",") if v.strip()]
 
 
-def set_key(cfg: Config, key: str, value) -> None:
-    """Set ``section.key`` (or a top-level key) on ``cfg``, type-checked; ``pbt.start.KEY`` sets
-    KEY's start values per member (a list of KEY's type), ``pbt.start`` the whole table of them."""
+def set_user_value(cfg: Config, key: str, value) -> None:
+    """Set a user's ``value`` (``--set`` text, or a TOML value) at ``section.key`` (or a top-level
+    key) on ``cfg``, parsed to the key's declared type (ConfigError otherwise); ``pbt.start.KEY``
+    sets KEY's start values per member (a list of KEY's type), ``pbt.start`` the whole table of them."""
     if key.startswith(PBT_START):
         _set_start_values(cfg, key[len(PBT_START):], value)
         return
@@ -98,7 +99,7 @@ def set_key(cfg: Config, key: str, value) -> None:
     declared = KEYS.get(key)
     if declared is None:
         raise _unknown_key_error(key)
-    set_value(cfg, key, _coerce(key, value, declared.type))
+    set_typed_value(cfg, key, _coerce(key, value, declared.type))
 
 
 def get_value(cfg: Config, key: str):
@@ -107,8 +108,9 @@ def get_value(cfg: Config, key: str):
     return getattr(getattr(cfg, section) if section else cfg, name)
 
 
-def set_value(cfg: Config, key: str, value) -> None:
-    """Store ``value`` at ``section.key`` unchecked (set_key checks what the user gives)."""
+def set_typed_value(cfg: Config, key: str, value) -> None:
+    """Store ``value``, already of the key's type, at ``section.key`` as it is (set_user_value parses
+    and checks what a user gives)."""
     section, _, name = key.rpartition(".")
     setattr(getattr(cfg, section) if section else cfg, name, value)
 
@@ -145,7 +147,7 @@ def apply_dict(cfg: Config, data: dict, prefix: str = "") -> None:
         if isinstance(value, dict) and not prefix and key in SECTIONS:
             apply_dict(cfg, value, prefix=f"{key}.")
         else:
-            set_key(cfg, full, value)
+            set_user_value(cfg, full, value)
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -194,7 +196,7 @@ def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: b
         present = flat_config(data)
         for name, declared in KEYS.items():
             if name not in present and declared.saved_default is not MISSING:
-                set_key(cfg, name, declared.saved_default)
+                set_user_value(cfg, name, declared.saved_default)
     return cfg
 
 
@@ -202,7 +204,7 @@ def build_config(profile: str = DEFAULT_PROFILE, overrides: dict | None = None) 
     """A profile with ``overrides`` ({"learner.lr": 1e-3, ...}) applied, validated."""
     cfg = load_profile(profile)
     for key, value in (overrides or {}).items():
-        set_key(cfg, key, value)
+        set_user_value(cfg, key, value)
     validate(cfg)
     return cfg
 

@@ -104,8 +104,8 @@ ANY_ACTION = Range(-2**31, 2**31 - 1)  # a Discrete space's values: the env's sp
 RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
 
-def key(default, *, help: str, allowed: Range | Choices | DeviceNames | None = None,
-        algos: tuple[str, ...] = ALGOS, unread: Range | None = None, saved_default=MISSING):
+def declare(default, *, help: str, allowed: Range | Choices | DeviceNames | None = None,
+            algos: tuple[str, ...] = ALGOS, unread: Range | None = None, saved_default=MISSING):
     """A config field declared once: its ``default``, the ``allowed`` values (for a list, each
     entry's), the ``algos`` that read it, and its ``help``. ``unread``, if given, is what is allowed
     instead under an algorithm that does not read the key (else ``allowed`` holds everywhere).
@@ -122,154 +122,158 @@ class EnvConfig:
     """The environments: which, made by which backend, and how they are spread over the rollout
     worker processes."""
 
-    id: str = key("CartPole-v1", help="envpool task id, gymnasium id, `module:callable` factory of one env, or "
-                            "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module, or a turn-based AEC one)")
-    backend: str = key("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
-                       help="who makes the envs; auto tries an envpool task, a gymnasium id, then `module:callable`")
-    num_workers: int = key(2, allowed=THREADS, help="rollout worker processes")
-    envs_per_worker: int = key(256, allowed=ENV_COUNT,
-                               help="envs each worker steps; a multiple of env.num_splits; for a multi-agent env, "
-                                    "agent rows (a split holds whole games; a turn-based game of n seats needs "
-                                    "env.num_splits a multiple of n)")
-    num_splits: int = key(2, allowed=Range(1, MAX_SPLITS),
-                          help="double buffering: the worker steps one split of its envs while another waits for "
-                               "actions")
-    async_mode: bool = key(False, help="envpool's async send/recv inside each worker")
-    num_threads: int = key(0, allowed=Range(0, THREADS.high), help="envpool threads per worker; 0 = envpool's default")
-    thread_affinity: bool = key(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
-    kwargs: dict = key({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
-    info_keys: list[str] = key([], help="numbers the env reports in its info at an episode's end, averaged per "
-                                        "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
-                                        "and factory envs")
-    actions: list[int] = key([], allowed=ANY_ACTION,
-                             help="the Discrete env's actions the policy chooses among, as the env numbers them "
-                                  "(a minimal action set); [] = all of them")
+    id: str = declare("CartPole-v1", help="envpool task id, gymnasium id, `module:callable` factory of one env, or "
+                                "`pettingzoo:MODULE` (a PettingZoo ParallelEnv module, or a turn-based AEC one)")
+    backend: str = declare("auto", allowed=Choices(("auto", "envpool", "gymnasium", "factory")),
+                           help="who makes the envs; auto tries an envpool task, a gymnasium id, then "
+                                "`module:callable`")
+    num_workers: int = declare(2, allowed=THREADS, help="rollout worker processes")
+    envs_per_worker: int = declare(256, allowed=ENV_COUNT,
+                                   help="envs each worker steps; a multiple of env.num_splits; for a multi-agent env, "
+                                        "agent rows (a split holds whole games; a turn-based game of n seats needs "
+                                        "env.num_splits a multiple of n)")
+    num_splits: int = declare(2, allowed=Range(1, MAX_SPLITS),
+                              help="double buffering: the worker steps one split of its envs while another waits for "
+                                   "actions")
+    async_mode: bool = declare(False, help="envpool's async send/recv inside each worker")
+    num_threads: int = declare(0, allowed=Range(0, THREADS.high),
+                               help="envpool threads per worker; 0 = envpool's default")
+    thread_affinity: bool = declare(False, help="pin envpool's threads to cores (helps Atari, halves CartPole)")
+    kwargs: dict = declare({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
+    info_keys: list[str] = declare([], help="numbers the env reports in its info at an episode's end, averaged per "
+                                            "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
+                                            "and factory envs")
+    actions: list[int] = declare([], allowed=ANY_ACTION,
+                                 help="the Discrete env's actions the policy chooses among, as the env numbers them "
+                                      "(a minimal action set); [] = all of them")
     # Image preprocessing of gymnasium and factory envs (fastrl.envs.wrappers.image_preprocessing); envpool's
     # Atari takes its own options in env.kwargs (frame_skip, img_height, img_width, gray_scale, stack_num).
-    frame_skip: int = key(1, allowed=FRAMES,
-                          help="repeat each action this many env frames, rewards summed, never past an episode's "
-                               "end; frames = env steps x frame_skip")
-    resize: list[int] = key([], allowed=IMAGE_SIDE, help="[height, width] of image observations (cv2 INTER_AREA); "
-                                                          "[] keeps their size")
-    grayscale: bool = key(False, help="image observations as one luminance channel (cv2 RGB2GRAY)")
-    frame_stack: int = key(1, allowed=FRAMES,
-                           help="the last n frames of an image observation stacked along channels (CHW, oldest "
-                                "first); an episode's first frame fills the stack")
-    image_keys: list[str] = key([], help="the leaves of a Dict observation preprocessed as images (key paths joined "
-                                         "by '.'); [] = every uint8 [height, width, channels] leaf, channels 1, 3 "
-                                         "or 4")
+    frame_skip: int = declare(1, allowed=FRAMES,
+                              help="repeat each action this many env frames, rewards summed, never past an episode's "
+                                   "end; frames = env steps x frame_skip")
+    resize: list[int] = declare([], allowed=IMAGE_SIDE, help="[height, width] of image observations (cv2 INTER_AREA); "
+                                                              "[] keeps their size")
+    grayscale: bool = declare(False, help="image observations as one luminance channel (cv2 RGB2GRAY)")
+    frame_stack: int = declare(1, allowed=FRAMES,
+                               help="the last n frames of an image observation stacked along channels (CHW, oldest "
+                                    "first); an episode's first frame fills the stack")
+    image_keys: list[str] = declare([],
+                                    help="the leaves of a Dict observation preprocessed as images (key paths joined by"
+                                         " '.'); [] = every uint8 [height, width, channels] leaf, channels 1, 3 or 4")
 
 
 @dataclass
 class ModelConfig:
     """The network: its encoder, an optional recurrent core, and the heads the algorithm needs."""
 
-    kind: str = key("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple",
-                                             "impala_resnet")),
-                    help="the encoder; auto: an MLP for vectors, a small CNN for images")
-    hidden_sizes: list[int] = key([64, 64], allowed=LAYER_WIDTH,
-                                  help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")
-    activation: str = key("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")
-    normalize_obs: bool = key(False, help="running mean/std normalization of float observations, kept in the model")
-    core: str = key("none", allowed=Choices(("none", "lstm", "gru")), algos=("appo", "impala", "r2d2"),
-                    help="a recurrent core between the encoder and the heads (dqn refuses one: use r2d2)")
-    core_size: int = key(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
-                         help="units of each recurrent layer")
-    core_layers: int = key(1, allowed=Range(1, 64), algos=("appo", "impala", "r2d2"), help="recurrent layers")
-    core_memory_steps: int = key(64, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"),
-                                 help="the horizon a new core keeps memories for (chrono initialization: each "
-                                      "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
-                                      "which halves a memory every step")
-    image_trunk: str = key("relu", allowed=Choices(("relu", "mlp")), saved_default="mlp",
-                           help="a Dict observation with image leaves (or code grids) read by CNNs: relu joins "
-                                "their features and the other leaves in one ReLU layer as wide as the CNNs' "
-                                "features; mlp in the MLP of model.hidden_sizes and model.activation (what a "
-                                "saved run without this key reads as)")
-    encode_action_mask: bool = key(False, help="feed a Dict observation's action_mask to the encoder too")
+    kind: str = declare("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple",
+                                                 "impala_resnet")),
+                        help="the encoder; auto: an MLP for vectors, a small CNN for images")
+    hidden_sizes: list[int] = declare([64, 64], allowed=LAYER_WIDTH,
+                                      help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")
+    activation: str = declare("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")
+    normalize_obs: bool = declare(False, help="running mean/std normalization of float observations, kept in the model")
+    core: str = declare("none", allowed=Choices(("none", "lstm", "gru")), algos=("appo", "impala", "r2d2"),
+                        help="a recurrent core between the encoder and the heads (dqn refuses one: use r2d2)")
+    core_size: int = declare(256, allowed=LAYER_WIDTH, algos=("appo", "impala", "r2d2"),
+                             help="units of each recurrent layer")
+    core_layers: int = declare(1, allowed=Range(1, 64), algos=("appo", "impala", "r2d2"), help="recurrent layers")
+    core_memory_steps: int = declare(64, allowed=AT_LEAST_1, algos=("appo", "impala", "r2d2"),
+                                     help="the horizon a new core keeps memories for (chrono initialization: each "
+                                          "unit's forget / update gate bias log U(1, steps - 1)); 1 zeroes the biases, "
+                                          "which halves a memory every step")
+    image_trunk: str = declare("relu", allowed=Choices(("relu", "mlp")), saved_default="mlp",
+                               help="a Dict observation with image leaves (or code grids) read by CNNs: relu joins "
+                                    "their features and the other leaves in one ReLU layer as wide as the CNNs' "
+                                    "features; mlp in the MLP of model.hidden_sizes and model.activation (what a "
+                                    "saved run without this key reads as)")
+    encode_action_mask: bool = declare(False, help="feed a Dict observation's action_mask to the encoder too")
     # The value loss then does not pull on the policy's features (MuJoCo: docs/results.md).
-    separate_critic: bool = key(False, algos=VTRACE,
-                                help="feed-forward only: the value head gets its own encoder (same shape) instead "
-                                     "of sharing the policy's")
+    separate_critic: bool = declare(False, algos=VTRACE,
+                                    help="feed-forward only: the value head gets its own encoder (same shape) instead "
+                                         "of sharing the policy's")
     # Inside fastrl.models.heads.LOG_STD_RANGE, which clamps the log-std the network outputs.
-    initial_log_std: float = key(0.0, allowed=Range(-5.0, 2.0, low_open=True, high_open=True), algos=VTRACE,
-                                 help="Box actions: the Gaussian policy's log-std at the start (0: std 1, the "
-                                      "action range's width)")
+    initial_log_std: float = declare(0.0, allowed=Range(-5.0, 2.0, low_open=True, high_open=True), algos=VTRACE,
+                                     help="Box actions: the Gaussian policy's log-std at the start (0: std 1, the "
+                                          "action range's width)")
 
 
 @dataclass
 class LearnerConfig:
     """The learning algorithm and its hyperparameters."""
 
-    algo: str = key("appo", allowed=Choices(ALGOS),
-                    help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X), r2d2 "
-                         "(recurrent Ape-X) or sac (soft actor-critic on the replay, continuous actions)")
-    rollout: int = key(32, allowed=STEPS,
-                       help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
-    batch_size: int = key(8192, allowed=BATCH, help="env steps per learner batch; a multiple of learner.rollout")
-    num_epochs: int = key(1, allowed=Range(1, 1000), algos=VTRACE, help="passes over each batch")
-    num_minibatches: int = key(1, allowed=AT_LEAST_1, algos=VTRACE,
-                               help="minibatches each pass splits the batch's trajectories into")
-    lr: float = key(3e-4, allowed=POSITIVE, help="Adam's learning rate")
-    lr_decay: bool = key(True, help="decay the learning rate linearly to 0 over the run's budget")
-    adam_eps: float = key(1e-5, allowed=POSITIVE, help="Adam's epsilon")
-    gamma: float = key(0.99, allowed=UNIT, help="discount factor")
-    vtrace_lambda: float = key(1.0, allowed=UNIT, algos=VTRACE, help="V-trace's lambda (trace decay)")
-    clip_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's rho-bar: clips the value target's "
-                                                                   "importance weights")
-    clip_c: float = key(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's c-bar: clips the traces")
-    clip_pg_rho: float = key(1.0, allowed=POSITIVE, algos=VTRACE,
-                             help="clips the policy gradient's importance weights")
-    ppo_clip: float = key(0.2, allowed=POSITIVE, algos=("appo",), help="PPO's surrogate clip range")
-    value_coef: float = key(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
-    entropy_coef: float = key(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
+    algo: str = declare("appo", allowed=Choices(ALGOS),
+                        help="appo (PPO surrogate on V-trace), impala (V-trace policy gradient), dqn (Ape-X), r2d2 "
+                             "(recurrent Ape-X) or sac (soft actor-critic on the replay, continuous actions)")
+    rollout: int = declare(32, allowed=STEPS,
+                           help="T: env steps per trajectory slot (r2d2: replayed sequences start every rollout steps)")
+    batch_size: int = declare(8192, allowed=BATCH, help="env steps per learner batch; a multiple of learner.rollout")
+    num_epochs: int = declare(1, allowed=Range(1, 1000), algos=VTRACE, help="passes over each batch")
+    num_minibatches: int = declare(1, allowed=AT_LEAST_1, algos=VTRACE,
+                                   help="minibatches each pass splits the batch's trajectories into")
+    lr: float = declare(3e-4, allowed=POSITIVE, help="Adam's learning rate")
+    lr_decay: bool = declare(True, help="decay the learning rate linearly to 0 over the run's budget")
+    adam_eps: float = declare(1e-5, allowed=POSITIVE, help="Adam's epsilon")
+    gamma: float = declare(0.99, allowed=UNIT, help="discount factor")
+    vtrace_lambda: float = declare(1.0, allowed=UNIT, algos=VTRACE, help="V-trace's lambda (trace decay)")
+    clip_rho: float = declare(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's rho-bar: clips the value target's "
+                                                                       "importance weights")
+    clip_c: float = declare(1.0, allowed=POSITIVE, algos=VTRACE, help="V-trace's c-bar: clips the traces")
+    clip_pg_rho: float = declare(1.0, allowed=POSITIVE, algos=VTRACE,
+                                 help="clips the policy gradient's importance weights")
+    ppo_clip: float = declare(0.2, allowed=POSITIVE, algos=("appo",), help="PPO's surrogate clip range")
+    value_coef: float = declare(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
+    entropy_coef: float = declare(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
     # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
-    max_grad_norm: float = key(0.5, allowed=POSITIVE, help="gradients are clipped to this global norm")
-    normalize_advantages: bool = key(True, algos=("appo",),
-                                     help="advantages to zero mean and unit std over each minibatch's valid steps")
-    normalize_returns: bool = key(False, algos=VTRACE,
-                                  help="divide rewards by the running std of the discounted return (per env stream, "
-                                       "pooled over torch.distributed ranks)")
-    reward_clip: float = key(0.0, allowed=NON_NEGATIVE,
-                             help="0 = off; else rewards are clipped to [-reward_clip, reward_clip]")
-    reward_scale: float = key(1.0, allowed=POSITIVE, help="rewards are multiplied by this")
-    max_policy_lag: int = key(100, allowed=NON_NEGATIVE, algos=VTRACE,
-                              help="transitions acted by a policy this many updates older are masked out of the loss")
-    max_consecutive_skips: int = key(50, allowed=AT_LEAST_1, help="non-finite updates in a row before the run stops")
-    burn_in: int = key(0, allowed=NON_NEGATIVE, algos=VTRACE,
-                       help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
-    torch_threads: int = key(1, allowed=THREADS, help="torch's intra-op threads in the learner")
+    max_grad_norm: float = declare(0.5, allowed=POSITIVE, help="gradients are clipped to this global norm")
+    normalize_advantages: bool = declare(True, algos=("appo",),
+                                         help="advantages to zero mean and unit std over each minibatch's valid steps")
+    normalize_returns: bool = declare(False, algos=VTRACE,
+                                      help="divide rewards by the running std of the discounted return (per env "
+                                           "stream, pooled over torch.distributed ranks)")
+    reward_clip: float = declare(0.0, allowed=NON_NEGATIVE,
+                                 help="0 = off; else rewards are clipped to [-reward_clip, reward_clip]")
+    reward_scale: float = declare(1.0, allowed=POSITIVE, help="rewards are multiplied by this")
+    max_policy_lag: int = declare(100, allowed=NON_NEGATIVE, algos=VTRACE,
+                                  help="transitions acted by a policy this many updates older are masked out of the "
+                                       "loss")
+    max_consecutive_skips: int = declare(50, allowed=AT_LEAST_1,
+                                         help="non-finite updates in a row before the run stops")
+    burn_in: int = declare(0, allowed=NON_NEGATIVE, algos=VTRACE,
+                           help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
+    torch_threads: int = declare(1, allowed=THREADS, help="torch's intra-op threads in the learner")
     # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
-    precision: str = key("float32", allowed=Choices(("float32", "bfloat16", "auto")),
-                         help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, V-trace "
-                              "and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
+    precision: str = declare("float32", allowed=Choices(("float32", "bfloat16", "auto")),
+                             help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, "
+                                  "V-trace and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
     # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/sampling/numpy_mlp.py
     # NumpyMLPActorCritic; docs/results.md has the measured gain).
-    numpy_mlp: bool = key(True, algos=VTRACE,
-                          help="on a CPU in float32, a plain MLP actor-critic over discrete actions trains through "
-                               "numpy and numba")
+    numpy_mlp: bool = declare(True, algos=VTRACE,
+                              help="on a CPU in float32, a plain MLP actor-critic over discrete actions trains through "
+                                   "numpy and numba")
     # Ape-X (Horgan et al. 2018): env i of N acts epsilon-greedily with
     # epsilon_i = epsilon ** (1 + epsilon_alpha * i / (N - 1)).
-    epsilon: float = key(0.4, allowed=UNIT, algos=Q_LEARNERS, unread=FINITE,
-                         help="the base exploration rate: env i of N acts with epsilon ** (1 + epsilon_alpha * i / "
-                              "(N - 1))")
-    epsilon_alpha: float = key(7.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS, unread=FINITE,
-                               help="how fast the exploration rate falls over the envs")
-    target_update_every: int = key(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
-                                   help="gradient steps between target-network copies")
-    double_q: bool = key(True, algos=Q_LEARNERS,
-                         help="the online network picks the bootstrap action, the target network rates it")
+    epsilon: float = declare(0.4, allowed=UNIT, algos=Q_LEARNERS, unread=FINITE,
+                             help="the base exploration rate: env i of N acts with epsilon ** (1 + epsilon_alpha * i / "
+                                  "(N - 1))")
+    epsilon_alpha: float = declare(7.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS, unread=FINITE,
+                                   help="how fast the exploration rate falls over the envs")
+    target_update_every: int = declare(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
+                                       help="gradient steps between target-network copies")
+    double_q: bool = declare(True, algos=Q_LEARNERS,
+                             help="the online network picks the bootstrap action, the target network rates it")
     # SAC (Haarnoja et al. 2018): the entropy temperature alpha, learned towards a target entropy
     # of -target_entropy_scale * |A| (their -|A| at 1), and the target critics' Polyak rate.
-    temperature: float = key(1.0, allowed=POSITIVE, algos=("sac",),
-                             help="SAC's entropy temperature alpha: its start value, or its value throughout with "
-                                  "learner.learn_temperature=false")
-    learn_temperature: bool = key(True, algos=("sac",),
-                                  help="learn alpha towards the target entropy -target_entropy_scale * action dims")
-    target_entropy_scale: float = key(1.0, allowed=FINITE, algos=("sac",),
-                                      help="the target entropy is -target_entropy_scale * action dims (of the "
-                                           "squashed action in [-1, 1])")
-    tau: float = key(0.005, allowed=Range(0, 1, low_open=True), algos=("sac",),
-                     help="Polyak rate: each update moves the target critics this share of the way to the critics")
+    temperature: float = declare(1.0, allowed=POSITIVE, algos=("sac",),
+                                 help="SAC's entropy temperature alpha: its start value, or its value throughout with "
+                                      "learner.learn_temperature=false")
+    learn_temperature: bool = declare(True, algos=("sac",),
+                                      help="learn alpha towards the target entropy -target_entropy_scale * action dims")
+    target_entropy_scale: float = declare(1.0, allowed=FINITE, algos=("sac",),
+                                          help="the target entropy is -target_entropy_scale * action dims (of the "
+                                               "squashed action in [-1, 1])")
+    tau: float = declare(0.005, allowed=Range(0, 1, low_open=True), algos=("sac",),
+                         help="Polyak rate: each update moves the target critics this share of the way to the critics")
 
 
 @dataclass
@@ -279,82 +283,80 @@ class ReplayConfig:
     sequence length) they take as arguments. dqn and r2d2 replay every batch; appo and impala
     replay when replay.vtrace_fraction > 0."""
 
-    capacity: int = key(1_000_000, allowed=REPLAY_RECORDS,
-                        help="records (env steps) kept, over all envs of this learner")
-    min_fill: int = key(50_000, allowed=Range(0, REPLAY_RECORDS.high),
-                        help="records stored before the first replayed batch; sac's actors act uniformly at random "
-                             "for this many env steps")
-    alpha: float = key(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
-    beta: float = key(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
-    n_step: int = key(3, allowed=Range(1, 1000), algos=REPLAY_LEARNERS, help="steps summed before bootstrapping")
-    frame_stack: int = key(1, allowed=FRAMES,
-                           help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
-    compress: str = key("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
-    memmap_dir: str = key("", help="a directory: raw frames in a scratch file there (beyond RAM); \"\" keeps them in "
-                                   "RAM")
-    threads: int = key(2, allowed=THREADS, help="threads that copy and (de)compress frames")
-    batch_size: int = key(512, allowed=BATCH, algos=REPLAY_LEARNERS,
-                          help="transitions (r2d2: sequences) per gradient step")
+    capacity: int = declare(1_000_000, allowed=REPLAY_RECORDS,
+                            help="records (env steps) kept, over all envs of this learner")
+    min_fill: int = declare(50_000, allowed=Range(0, REPLAY_RECORDS.high),
+                            help="records stored before the first replayed batch; sac's actors act uniformly at random "
+                                 "for this many env steps")
+    alpha: float = declare(0.6, allowed=NON_NEGATIVE, help="priority exponent (0 = uniform sampling)")
+    beta: float = declare(0.4, allowed=NON_NEGATIVE, help="importance-weight exponent")
+    n_step: int = declare(3, allowed=Range(1, 1000), algos=REPLAY_LEARNERS, help="steps summed before bootstrapping")
+    frame_stack: int = declare(1, allowed=FRAMES,
+                               help="frames stacked on axis 0 of the observation (Atari: 4); each stored once")
+    compress: str = declare("", allowed=Choices(("", "lz4")), help="\"\" or lz4 (pip install 'fastrl[replay]')")
+    memmap_dir: str = declare("", help="a directory: raw frames in a scratch file there (beyond RAM); "
+                                       "\"\" keeps them in RAM")
+    threads: int = declare(2, allowed=THREADS, help="threads that copy and (de)compress frames")
+    batch_size: int = declare(512, allowed=BATCH, algos=REPLAY_LEARNERS,
+                              help="transitions (r2d2: sequences) per gradient step")
     # The learner holds it whichever side is faster (fastrl/learner/qlearning.py; docs/offpolicy.md).
-    replay_ratio: float = key(1.0, allowed=NON_NEGATIVE, algos=REPLAY_LEARNERS,
-                              help="transitions sampled per env step added (r2d2: trained steps); > 0; gradient "
-                                   "steps per env step = replay_ratio / replay.batch_size")
-    vtrace_fraction: float = key(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
-                                 help="share of each batch drawn from replayed trajectories")
-    sequence_length: int = key(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
-    burn_in: int = key(40, allowed=NON_NEGATIVE, algos=("r2d2",),
-                       help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
-
-
-# Research code builds replays by hand from this name (fastrl.replay.buffer's docstring shows how).
-ReplaySettings = ReplayConfig
+    replay_ratio: float = declare(1.0, allowed=NON_NEGATIVE, algos=REPLAY_LEARNERS,
+                                  help="transitions sampled per env step added (r2d2: trained steps); > 0; gradient "
+                                       "steps per env step = replay_ratio / replay.batch_size")
+    vtrace_fraction: float = declare(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
+                                     help="share of each batch drawn from replayed trajectories")
+    sequence_length: int = declare(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
+    burn_in: int = declare(40, allowed=NON_NEGATIVE, algos=("r2d2",),
+                           help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")
 
 
 @dataclass
 class EvalConfig:
     """Evaluation during training: its own envs, the latest published weights, off the hot path."""
 
-    every_s: float = key(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
-    episodes: int = key(10, allowed=EPISODES, help="complete episodes per evaluation")
-    deterministic: bool = key(True, algos=(*VTRACE, "sac"),
-                              help="argmax / mean actions (a Q-learner always acts greedily)")
-    num_envs: int = key(10, allowed=ENV_COUNT,
-                        help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
-    video_every_s: float = key(0.0, allowed=SECONDS_OR_OFF,
-                               help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
-    opponents: list[str] = key([], help=f"a multi-agent game's scripted opponents (random, connect_four_one_ply, "
-                                        f"tictactoe_minimax or MODULE:CALLABLE, as fastrl-eval --opponent), each "
-                                        f"played eval.episodes episodes an evaluation by the first policy, every "
-                                        f"seat in turn: eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; "
-                                        f"at most {MAX_EVAL_OPPONENTS}")
+    every_s: float = declare(0.0, allowed=SECONDS_OR_OFF, help="seconds between evaluations; 0 = off")
+    episodes: int = declare(10, allowed=EPISODES, help="complete episodes per evaluation")
+    deterministic: bool = declare(True, algos=(*VTRACE, "sac"),
+                                  help="argmax / mean actions (a Q-learner always acts greedily)")
+    num_envs: int = declare(10, allowed=ENV_COUNT,
+                            help="evaluation envs (at most eval.episodes are used), stepped by the evaluator alone")
+    video_every_s: float = declare(0.0, allowed=SECONDS_OR_OFF,
+                                   help="seconds between short clips sent to TensorBoard / W&B; 0 = off")
+    opponents: list[str] = declare([], help=f"a multi-agent game's scripted opponents (random, "
+                                            f"connect_four_one_ply, tictactoe_minimax or MODULE:CALLABLE, as "
+                                            f"fastrl-eval --opponent), each played eval.episodes episodes an "
+                                            f"evaluation by the first policy, every seat in turn: "
+                                            f"eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
+                                            f"{MAX_EVAL_OPPONENTS}")
 
 
 @dataclass
 class InferenceConfig:
     """The inference batcher's policy."""
 
-    compile: bool = key(False, help="pad each batch to one of a few sizes and run the policy through torch.compile "
-                                    "(CUDA graphs on a GPU); the first batches of each size pay the compile")
-    device: str = key("", allowed=DeviceNames(("", "cpu"), "'' (the run's device), cpu or cuda:N"),
-                      help="where the batcher runs the policy; cuda:N (one process, not under torchrun) keeps its "
-                           "small batches off the learner's GPU")
-    numpy_mlp: bool = key(True, algos=VTRACE,
-                          help="on a CPU, a plain MLP policy over discrete actions acts through numpy and numba "
-                               "instead of torch ops")
+    compile: bool = declare(False, help="pad each batch to one of a few sizes and run the policy through torch.compile "
+                                        "(CUDA graphs on a GPU); the first batches of each size pay the compile")
+    device: str = declare("", allowed=DeviceNames(("", "cpu"), "'' (the run's device), cpu or cuda:N"),
+                          help="where the batcher runs the policy; cuda:N (one process, not under torchrun) keeps its "
+                               "small batches off the learner's GPU")
+    numpy_mlp: bool = declare(True, algos=VTRACE,
+                              help="on a CPU, a plain MLP policy over discrete actions acts through numpy and numba "
+                                   "instead of torch ops")
     # For small networks whose batches are already large (CartPole's 512 envs a request), where
     # the round trip and the batcher's loop cost more than the forward pass.
-    in_workers: bool = key(False, help="each rollout worker runs the policy on its own CPU and no batcher process "
-                                       "runs (serial mode acts inline either way)")
+    in_workers: bool = declare(False, help="each rollout worker runs the policy on its own CPU and no batcher process "
+                                           "runs (serial mode acts inline either way)")
 
 
 @dataclass
 class LoggingConfig:
     """Where metrics go besides metrics.jsonl and TensorBoard."""
 
-    wandb: bool = key(False, help="log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)")
-    wandb_project: str = key("fastrl", help="the W&B project")
-    wandb_entity: str = key("", help="the W&B entity; \"\" = your default")
-    wandb_group: str = key("", help="the W&B group; \"\" = no group")
+    wandb: bool = declare(False,
+                          help="log metrics, config, evaluations and videos to Weights & Biases (the [wandb] extra)")
+    wandb_project: str = declare("fastrl", help="the W&B project")
+    wandb_entity: str = declare("", help="the W&B entity; \"\" = your default")
+    wandb_group: str = declare("", help="the W&B group; \"\" = no group")
 
 
 @dataclass
@@ -362,10 +364,11 @@ class PoliciesConfig:
     """The run's policies and which one acts for, and trains on, each agent's rows
     (docs/multiagent.md). Each policy has its own weights, learner, checkpoints and metrics."""
 
-    names: list[str] = key(["main"], help="the run's policies; with mapping=per_agent leave it at the default: "
-                                          "each policy is named after its agent")
-    mapping: str = key("shared", help="agent -> policy: shared (every agent -> the first of policies.names), "
-                                      "per_agent (one policy per agent), or module:fn, fn(agent_id) -> a policy name")
+    names: list[str] = declare(["main"], help="the run's policies; with mapping=per_agent leave it at the default: "
+                                              "each policy is named after its agent")
+    mapping: str = declare("shared",
+                           help="agent -> policy: shared (every agent -> the first of policies.names), per_agent (one "
+                                "policy per agent), or module:fn, fn(agent_id) -> a policy name")
 
 
 @dataclass
@@ -374,18 +377,18 @@ class SelfPlayConfig:
     the policy plays one seat drawn at random and a snapshot every other seat; snapshot rows are
     never trained on."""
 
-    enabled: bool = key(False, help="play against the league of the policy's own snapshots (a multi-agent env, "
-                                    "one policy)")
-    snapshot_every: int = key(100, allowed=AT_LEAST_1, help="learner updates between snapshots")
-    max_snapshots: int = key(8, allowed=Range(1, 64), help="snapshots kept in the league; the oldest goes first")
-    latest_prob: float = key(0.5, allowed=UNIT, help="chance a game's opponent is the newest snapshot; otherwise "
-                                                     "one of the others, drawn by prioritized fictitious self-play")
-    pfsp_power: float = key(2.0, allowed=NON_NEGATIVE,
-                            help="PFSP weights each older snapshot (1 - win rate against it) ** pfsp_power "
-                                 "(0: uniform)")
-    pfsp_window: int = key(100, allowed=AT_LEAST_1,
-                           help="PFSP's win rate against a snapshot counts the policy's latest games against "
-                                "it, at most this many (a policy that improves leaves its early losses behind)")
+    enabled: bool = declare(False, help="play against the league of the policy's own snapshots (a multi-agent env, "
+                                        "one policy)")
+    snapshot_every: int = declare(100, allowed=AT_LEAST_1, help="learner updates between snapshots")
+    max_snapshots: int = declare(8, allowed=Range(1, 64), help="snapshots kept in the league; the oldest goes first")
+    latest_prob: float = declare(0.5, allowed=UNIT, help="chance a game's opponent is the newest snapshot; otherwise "
+                                                         "one of the others, drawn by prioritized fictitious self-play")
+    pfsp_power: float = declare(2.0, allowed=NON_NEGATIVE,
+                                help="PFSP weights each older snapshot (1 - win rate against it) ** pfsp_power "
+                                     "(0: uniform)")
+    pfsp_window: int = declare(100, allowed=AT_LEAST_1,
+                               help="PFSP's win rate against a snapshot counts the policy's latest games against "
+                                    "it, at most this many (a policy that improves leaves its early losses behind)")
 
 
 # What pbt.objective may name besides "info/<key>", an env info number (INFO_PREFIX + the key).
@@ -415,34 +418,34 @@ class PBTConfig:
     each game acted and trained by one member with its own learner and hyperparameters; every
     ``period_env_steps`` the bottom members copy a top member and perturb its hyperparameters."""
 
-    population: int = key(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
-    period_env_steps: int = key(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
-    warmup_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE,
-                                help="env steps before the first exploit (at the later of this and "
-                                     "pbt.period_env_steps)")
-    fraction: float = key(0.25, allowed=Range(0, 0.5, low_open=True),
-                          help="the bottom fraction copies the top fraction (at least one member each)")
-    margin_relative: float = key(0.05, allowed=NON_NEGATIVE,
-                                 help="a bottom member copies only when the top one leads by this share of "
-                                      "the top's |objective| ...")
-    margin_absolute: float = key(0.0, allowed=NON_NEGATIVE, help="... and by at least this much")
-    objective: str = key("episode_return_mean",
-                         help="what ranks members: episode_return_mean (their episodes' mean return since their "
-                              "last copy, at most the newest pbt.objective_episodes), eval_return_mean (their "
-                              "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
-                              "episodes' end, averaged as the return is)")
-    objective_episodes: int = key(100, allowed=EPISODES, help="a member's newest episodes its objective averages")
-    mutable: list[str] = key(list(PBT_MUTABLE[:5]),
-                             help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
-    perturb: list[float] = key([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
-                                                                    "these, drawn uniformly")
-    reset_prob: float = key(0.05, allowed=UNIT, help="chance a mutable value goes back to its start value instead")
-    control: bool = key(False, help="member 0 never copies nor mutates: a control run inside the population")
-    jitter: float = key(0.0, allowed=Range(0, 1, high_open=True),
-                        help="members 1.. start each mutable value not set in pbt.start multiplied by "
-                             "exp(u), u uniform in [-jitter, jitter]")
-    start: dict = key({}, help="start values per member: {\"learner.lr\" = [v0, v1, ...]} (one value per member); "
-                               "on the command line --set pbt.start.learner.lr=[v0,v1,...]")
+    population: int = declare(0, allowed=Range(0, 64), help="members; 0 = no population-based training")
+    period_env_steps: int = declare(1_000_000, allowed=AT_LEAST_1, help="env steps (all members) between exploits")
+    warmup_env_steps: int = declare(1_000_000, allowed=NON_NEGATIVE,
+                                    help="env steps before the first exploit (at the later of this and "
+                                         "pbt.period_env_steps)")
+    fraction: float = declare(0.25, allowed=Range(0, 0.5, low_open=True),
+                              help="the bottom fraction copies the top fraction (at least one member each)")
+    margin_relative: float = declare(0.05, allowed=NON_NEGATIVE,
+                                     help="a bottom member copies only when the top one leads by this share of "
+                                          "the top's |objective| ...")
+    margin_absolute: float = declare(0.0, allowed=NON_NEGATIVE, help="... and by at least this much")
+    objective: str = declare("episode_return_mean",
+                             help="what ranks members: episode_return_mean (their episodes' mean return since their "
+                                  "last copy, at most the newest pbt.objective_episodes), eval_return_mean (their "
+                                  "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
+                                  "episodes' end, averaged as the return is)")
+    objective_episodes: int = declare(100, allowed=EPISODES, help="a member's newest episodes its objective averages")
+    mutable: list[str] = declare(list(PBT_MUTABLE[:5]),
+                                 help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
+    perturb: list[float] = declare([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
+                                                                        "these, drawn uniformly")
+    reset_prob: float = declare(0.05, allowed=UNIT, help="chance a mutable value goes back to its start value instead")
+    control: bool = declare(False, help="member 0 never copies nor mutates: a control run inside the population")
+    jitter: float = declare(0.0, allowed=Range(0, 1, high_open=True),
+                            help="members 1.. start each mutable value not set in pbt.start multiplied by "
+                                 "exp(u), u uniform in [-jitter, jitter]")
+    start: dict = declare({}, help="start values per member: {\"learner.lr\" = [v0, v1, ...]} (one value per member); "
+                                   "on the command line --set pbt.start.learner.lr=[v0,v1,...]")
 
 
 @dataclass
@@ -452,17 +455,18 @@ class ExpectConfig:
     ``final_reports``, stands there over the run's last reports).
     scripts/bench.py learning checks it; training never reads it. All empty: no promise."""
 
-    metric: str = key("", help="the metrics.jsonl key the promise is about")
-    threshold: float = key(0.0, allowed=FINITE, help="the value the metric reaches")
-    budget_env_steps: int = key(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
-    budget_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="within this much wall time (or budget_env_steps)")
-    hardware: str = key("", help="what the budget holds on; required with budget_seconds")
+    metric: str = declare("", help="the metrics.jsonl key the promise is about")
+    threshold: float = declare(0.0, allowed=FINITE, help="the value the metric reaches")
+    budget_env_steps: int = declare(0, allowed=NON_NEGATIVE, help="within this many env steps (or budget_seconds)")
+    budget_seconds: float = declare(0.0, allowed=SECONDS_OR_OFF,
+                                    help="within this much wall time (or budget_env_steps)")
+    hardware: str = declare("", help="what the budget holds on; required with budget_seconds")
     # A self-play policy's first good evaluation says little of the one a user ends with: its
     # strength swings from report to report, so such a promise is judged at the run's end.
-    final_reports: int = key(0, allowed=Range(0, 1000),
-                             help="0: the first report with the metric at or above the threshold keeps the promise; "
-                                  "N: the mean of the metric over the run's last N reports that have it, at the "
-                                  "end of the budget, must reach the threshold")
+    final_reports: int = declare(0, allowed=Range(0, 1000),
+                                 help="0: the first report with the metric at or above the threshold keeps the "
+                                      "promise; N: the mean of the metric over the run's last N reports that have it, "
+                                      "at the end of the budget, must reach the threshold")
 
     @property
     def stated(self) -> bool:
@@ -473,45 +477,46 @@ class ExpectConfig:
 class Config:
     """A run: where it trains, for how long, how it keeps going; and one section per table."""
 
-    device: str = key("auto", allowed=RUN_DEVICES,
-                      help="where the learner (and the batcher, unless inference.device) runs; auto: a GPU if one "
-                           "is visible")
-    seed: int = key(0, allowed=Range(0, 2**32 - 1), help="seeds envs, networks and samplers (numpy takes 32 bits)")
-    train_for_env_steps: int = key(1_000_000, allowed=NON_NEGATIVE,
-                                   help="stop at this many env steps, a resumed run's earlier ones included; "
-                                        "0 = no step limit")
-    train_for_seconds: float = key(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
-                                                                     "0 = no time limit")
-    slots_per_env: int = key(3, allowed=Range(2, 256),
-                             help="trajectory slots per env: one filling, the rest queued for the learner")
-    report_every_s: float = key(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
+    device: str = declare("auto", allowed=RUN_DEVICES,
+                          help="where the learner (and the batcher, unless inference.device) runs; auto: a GPU if one "
+                               "is visible")
+    seed: int = declare(0, allowed=Range(0, 2**32 - 1), help="seeds envs, networks and samplers (numpy takes 32 bits)")
+    train_for_env_steps: int = declare(1_000_000, allowed=NON_NEGATIVE,
+                                       help="stop at this many env steps, a resumed run's earlier ones included; "
+                                            "0 = no step limit")
+    train_for_seconds: float = declare(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
+                                                                         "0 = no time limit")
+    slots_per_env: int = declare(3, allowed=Range(2, 256),
+                                 help="trajectory slots per env: one filling, the rest queued for the learner")
+    report_every_s: float = declare(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
     # A serial run's steps do not depend on the clock, its reports do: by env steps, two runs with
     # one seed write the same metrics.jsonl (docs/reproducibility.md). Parallel ranks report in
     # step by the clock (a collective), so only serial runs take it.
-    report_every_env_steps: int = key(0, allowed=NON_NEGATIVE,
-                                      help="serial runs: report at the first step at or past each multiple of "
-                                           "this many env steps, in place of report_every_s; 0 = by the clock")
-    checkpoint_every_s: float = key(300.0, allowed=SECONDS, help="seconds between checkpoints")
-    keep_checkpoints: int = key(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
-    max_worker_restarts: int = key(10, allowed=NON_NEGATIVE,
-                                   help="rollout worker crashes tolerated within restart_window_s")
-    restart_window_s: float = key(300.0, allowed=SECONDS, help="the window max_worker_restarts counts crashes in")
-    dist_timeout_s: float = key(120.0, allowed=SECONDS,
-                                help="torch.distributed collectives wait this long for a peer, then fail (a rank "
-                                     "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
-                                     "an elastic restart waits this long for rank 0's decision, and rank 0 half "
-                                     "of it for the dead attempt's last process")
-    serial: bool = key(False, help="everything in one process, for debugging")
-    sample_only: bool = key(False, help="profiling: the learner hands slots straight back without training")
-    retain_freed_memory: bool = key(True, help="child processes keep freed heap blocks for their next batch "
-                                               "(fastrl.ipc.allocator): no page faults per batch, resident memory "
-                                               "stays at its peak")
+    report_every_env_steps: int = declare(0, allowed=NON_NEGATIVE,
+                                          help="serial runs: report at the first step at or past each multiple of "
+                                               "this many env steps, in place of report_every_s; 0 = by the clock")
+    checkpoint_every_s: float = declare(300.0, allowed=SECONDS, help="seconds between checkpoints")
+    keep_checkpoints: int = declare(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
+    max_worker_restarts: int = declare(10, allowed=NON_NEGATIVE,
+                                       help="rollout worker crashes tolerated within restart_window_s")
+    restart_window_s: float = declare(300.0, allowed=SECONDS, help="the window max_worker_restarts counts crashes in")
+    dist_timeout_s: float = declare(120.0, allowed=SECONDS,
+                                    help="torch.distributed collectives wait this long for a peer, then fail (a rank "
+                                         "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
+                                         "an elastic restart waits this long for rank 0's decision, and rank 0 half "
+                                         "of it for the dead attempt's last process")
+    serial: bool = declare(False, help="everything in one process, for debugging")
+    sample_only: bool = declare(False, help="profiling: the learner hands slots straight back without training")
+    retain_freed_memory: bool = declare(True,
+                                        help="child processes keep freed heap blocks for their next batch "
+                                             "(fastrl.ipc.allocator): no page faults per batch, resident memory stays "
+                                             "at its peak")
     # Linux's range; an unprivileged process may only raise it. It pays where a CPU learner bounds
     # training (atari-appo on a CPU: 1.23x) and costs where the actors' round trips do
     # (atari-appo-cpu, cartpole-appo): see fastrl.ipc.child.configure_child.
-    actor_niceness: int = key(0, allowed=Range(0, 19),
-                              help="added to the rollout workers' and the batcher's niceness, so that when cores "
-                                   "are short the learner comes first")
+    actor_niceness: int = declare(0, allowed=Range(0, 19),
+                                  help="added to the rollout workers' and the batcher's niceness, so that when cores "
+                                       "are short the learner comes first")
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -559,7 +564,7 @@ SECTIONS = {"env": EnvConfig, "model": ModelConfig, "learner": LearnerConfig, "r
 
 @dataclass(frozen=True)
 class Key:
-    """One config key as declared with :func:`key`; ``name`` is ``section.field`` (``field`` at the top level)."""
+    """One config key as declared with :func:`declare`; ``name`` is ``section.field`` (``field`` at the top level)."""
 
     name: str
     type: typing.Any
@@ -601,7 +606,7 @@ def _declared_keys(cls, prefix: str) -> dict[str, Key]:
         if cls is Config and f.name in SECTIONS:
             continue
         if "help" not in f.metadata:
-            raise TypeError(f"{cls.__name__}.{f.name} is not declared with fastrl.config.schema.key()")
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with fastrl.config.schema.declare()")
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         keys[prefix + f.name] = Key(prefix + f.name, hints[f.name], default, f.metadata["allowed"],
                                     f.metadata["algos"], f.metadata["help"], f.metadata["unread"],

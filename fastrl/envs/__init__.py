@@ -1,19 +1,19 @@
 """Env backends behind one interface (`VecEnv`, see base.py), chosen by `make_vec_env`.
 
   backend     env_id                                   class
-  envpool     an envpool task id ("CartPole-v1")        EnvpoolSplits (sync) / EnvpoolAsync
+  envpool     an envpool task id ("CartPole-v1")        EnvpoolSplitVecEnv (sync) / EnvpoolAsync
               ... a multi-player one ("TicTacToe-v1")   EnvpoolTurns (turn-based) / PlayerRows of the
                                                         above: every player a row (envpool_players.py)
-  gymnasium   a registered gymnasium id                 GymnasiumSplits; Atari ids ("ALE/Pong-v5")
+  gymnasium   a registered gymnasium id                 GymnasiumSplitVecEnv; Atari ids ("ALE/Pong-v5")
                                                         are preprocessed like envpool (atari.py);
                                                         ViZDoom ids ("VizdoomBasic-v1") render small
                                                         and skip frames in the engine (vizdoom_backend.py)
-  factory     "module:callable" returning a gym.Env     GymnasiumSplits
+  factory     "module:callable" returning a gym.Env     GymnasiumSplitVecEnv
               ... or "module:Class", a VecEnv subclass   Class itself: a vectorized env that makes a
                                                         worker's whole group (fastrl.envs.toy.AgreementGames)
-  pettingzoo  "pettingzoo:MODULE", a PettingZoo           PettingZooSplits: every agent a row, games of
+  pettingzoo  "pettingzoo:MODULE", a PettingZoo           PettingZooSplitVecEnv: every agent a row, games of
               ParallelEnv module (env.backend auto)     n agents in n consecutive rows
-              ... or an AEC (turn-based) module         TurnBasedGames: every seat a row, a batch the
+              ... or an AEC (turn-based) module         PettingZooTurnVecEnv: every seat a row, a batch the
                                                         seat to move of each game of a group
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium
 
 from fastrl.envs.backends import atari, vizdoom_backend
-from fastrl.envs.backends.gym_backend import GymnasiumSplits
+from fastrl.envs.backends.gym_backend import GymnasiumSplitVecEnv
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv
 from fastrl.envs.multiagent.pettingzoo_backend import is_pettingzoo_id
 from fastrl.envs.spaces import ActionLayout, ObsLayout, UnsupportedSpace, check_action_mask
@@ -167,7 +167,7 @@ def make_vec_env(
             env = vector(num_envs, batch_size, seed, **env_kwargs)
         else:
             env_fn, frame_skip = _gymnasium_env_fn(env_id, backend, env_kwargs, preprocessing)
-            env = GymnasiumSplits(env_fn, num_envs, batch_size, seed, frame_skip)
+            env = GymnasiumSplitVecEnv(env_fn, num_envs, batch_size, seed, frame_skip)
     _check_spaces(env, env_id)
     return with_action_subset(env, env_id, actions)
 

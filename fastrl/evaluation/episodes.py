@@ -16,7 +16,7 @@ from ..config import (
     weights_mismatch,
 )
 from ..envs import make_episode_env, probe_env
-from ..envs.multiagent.pettingzoo_games import Games
+from ..envs.multiagent.pettingzoo_games import PettingZooGamesMixin
 from ..envs.spaces import ObsLayout
 from ..files.checkpoint import (
     CheckpointError,
@@ -198,7 +198,7 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     try:
-        check_opponent_seats(cfg.env.id, len(getattr(env, "agents", ())), isinstance(env, Games))
+        check_opponent_seats(cfg.env.id, len(getattr(env, "agents", ())), isinstance(env, PettingZooGamesMixin))
         play = make_opponent(found, env.observation_space, env.action_space, seed)
         n = len(env.agents)
         games = env.num_envs // n

@@ -40,7 +40,7 @@ from ..files.checkpoint import CheckpointError, best_checkpoint_path, load_check
 from ..files.run_dir import make_dir
 from ..ipc.arena import Arena, total_env_steps
 from ..ipc.child import WAIT_TIMEOUT_S, ProcessExit, check_alive, configure_child
-from ..ipc.weights import PublishedWeights
+from ..ipc.weights import WeightReader
 from ..models.networks import build_model
 from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
 from ..reporting.metrics import OPPONENT_STATS
@@ -157,9 +157,9 @@ class Evaluator:
         self.device = device
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep_going = keep_going
-        # A population's members each on a model of their own: a PublishedWeights views its model's tensors.
+        # A population's members each on a model of their own: a WeightReader views its model's tensors.
         self.models = [self.model, *(copy.deepcopy(self.model) for _ in range(1, max(cfg.pbt.population, 1)))]
-        self.weights = [PublishedWeights(arena, m, torch.device(device), k) for k, m in enumerate(self.models)]
+        self.weights = [WeightReader(arena, m, torch.device(device), k) for k, m in enumerate(self.models)]
         self.stats = arena.eval_stats
         # An evaluator killed while writing a result left SEQ odd: back to the last complete one,
         # else every later result would read as being written.

@@ -189,7 +189,7 @@ def _open_backend_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable
                              f"must accept render_mode='rgb_array' and return RGB frames from render()") from None
         return game, game.render_game
     from ..envs import ImageOptions, _gymnasium_env_fn
-    from ..envs.backends.gym_backend import GymnasiumSplits
+    from ..envs.backends.gym_backend import GymnasiumSplitVecEnv
 
     make_env, _ = _gymnasium_env_fn(env_id, backend, kwargs, ImageOptions.from_config(cfg.env))
     made: list = []
@@ -204,7 +204,7 @@ def _open_backend_rendered_env(cfg: Config, seed: int) -> tuple[VecEnv, Callable
                              f"render_mode='rgb_array' and return RGB frames from render()") from None
         return made[-1]
 
-    return GymnasiumSplits(make_and_keep, 1, 1, seed), lambda: made[0].render()
+    return GymnasiumSplitVecEnv(make_and_keep, 1, 1, seed), lambda: made[0].render()
 
 
 def _checked_frame(frame, env_id: str) -> np.ndarray:

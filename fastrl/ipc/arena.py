@@ -1,4 +1,4 @@
-"""Shared-memory arena: trajectory slots, per-env cursors, counters, the weight buffer.
+"""Shared-memory arena: trajectory slots, per-env cursors, counters, the published weights' arrays.
 
 One POSIX shared-memory segment per run, named ``fastrl_<pid namespace>_<runner pid>_<token>``, carved into
 named numpy arrays. The runner creates and unlinks it; children map it by name. If the runner is
@@ -104,7 +104,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("episode_opponent", (W, EPISODE_RING), "<i8"),
         ArraySpec("episode_version", (W, EPISODE_RING), "<i8"),  # the policy version that chose its first action
         ArraySpec("episode_count", (W,), "<i8"),
-        ArraySpec("weights", (K, 2, num_weights), "<f4"),  # a double buffer per weight set, see WeightBuffer
+        ArraySpec("weights", (K, 2, num_weights), "<f4"),  # a double buffer per weight set, see fastrl.ipc.weights
         ArraySpec("weight_seq", (K, 2), "<i8"),
         ArraySpec("weight_version", (K,), "<i8"),
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
@@ -271,38 +271,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class WeightBuffer:
-    """Flat float32 weights of weight set ``index`` (a policy, or a league snapshot) published by
-    the learner, read by the inference batcher.
-
-    Two buffers and a seqlock per buffer: the learner writes version ``v`` into buffer ``v % 2``
-    (sequence odd while writing), then publishes ``v``. A reader copies buffer ``v % 2`` and keeps
-    the copy only if that buffer's sequence was even and unchanged around the copy, so a torn read
-    is retried instead of used.
-    """
-
-    def __init__(self, arena: Arena, index: int = 0):
-        self.weights = arena.weights[index]
-        self.seq = arena.weight_seq[index]
-        self.version = arena.weight_version[index:index + 1]
-
-    def publish(self, flat: np.ndarray, version: int) -> None:
-        slot = version % 2
-        self.seq[slot] += 1
-        self.weights[slot, :] = flat
-        self.seq[slot] += 1
-        self.version[0] = version
-
-    def read_into(self, out: np.ndarray) -> int | None:
-        """Copy the newest weights into ``out``; return their version, or None if torn."""
-        version = int(self.version[0])
-        slot = version % 2
-        before = int(self.seq[slot])
-        if before % 2:
-            return None
-        out[:] = self.weights[slot]
-        if int(self.seq[slot]) != before:
-            return None
-        return version

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import Config, set_value
+from ..config import Config, set_typed_value
 from ..ipc.arena import Arena
 from ..multiagent.league import League
 from ..multiagent.policy_map import PolicyMap
@@ -87,7 +87,7 @@ class PolicyRuntimes:
             runtime.trained_env_steps = saved.get(name, {}).get("trained_env_steps", 0)
         for name, runtime in zip(self.names, self.runtimes):
             for key, value in saved.get(name, {}).get("hyperparameters", {}).items():
-                set_value(runtime.cfg, key, value)
+                set_typed_value(runtime.cfg, key, value)
         self.population = None
         if cfg.pbt.population:
             self.population = Population(cfg, arena, self.runtimes, self.names, run_dir,

@@ -8,8 +8,9 @@ import torch
 
 from ..config import Config
 from ..files.checkpoint import capture_rng, restore_rng, save_checkpoint
-from ..ipc.arena import Control, WeightBuffer
+from ..ipc.arena import Control
 from ..ipc.device_io import pinned_empty
+from ..ipc.weights import WeightBuffer
 from ..models.networks import num_state_values, state_to_flat
 from ..reporting.metrics import write_learner_stats
 from ..reporting.timers import Timers

@@ -1,9 +1,8 @@
 """The V-trace learner: APPO (default) and IMPALA on batches of full trajectories.
 
-Usable on its own: build a :class:`VTraceLearner` (also exported as ``fastrl.learner.Learner``),
-assemble a :class:`~fastrl.learner.batch.Trajectories` batch yourself and call
-:meth:`VTraceLearner.train`. The losses themselves are the pure functions of
-:mod:`fastrl.learner.losses`.
+Usable on its own: build a :class:`VTraceLearner` (exported from ``fastrl.learner``), assemble a
+:class:`~fastrl.learner.batch.Trajectories` batch yourself and call :meth:`VTraceLearner.train`. The
+losses themselves are the pure functions of :mod:`fastrl.learner.losses`.
 
 Autoreset and truncation. Gymnasium 1.x and envpool autoreset on the step *after* a done: that
 step's action is ignored and its "transition" goes from the final observation to the reset

@@ -34,7 +34,8 @@ import torch
 from ..config import ConfigError, SelfPlayConfig
 from ..files.checkpoint import CheckpointError, warn, write_checkpoint_file
 from ..files.run_dir import make_dir, write_atomic
-from ..ipc.arena import Arena, WeightBuffer
+from ..ipc.arena import Arena
+from ..ipc.weights import WeightBuffer
 
 SNAPSHOT_FILE = re.compile(r"snapshot-(\d+)\.pt")
 SET_ASIDE = ".bad"  # a league file a run must not restore, renamed, not deleted

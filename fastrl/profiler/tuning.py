@@ -6,7 +6,7 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..config import Config, ConfigError, set_key, to_toml, validate
+from ..config import Config, ConfigError, set_user_value, to_toml, validate
 from ..envs import resolve_backend
 from .diagnosis import STARTUP_MARGIN, LateStart, ProfileError
 from .measure import STARTUP_ESTIMATE_S, check_durations, default_warmup, log_progress, measure_run
@@ -74,7 +74,7 @@ def get_key(cfg: Config, key: str):
 def with_settings(cfg: Config, settings: dict) -> Config:
     out = copy.deepcopy(cfg)
     for key, value in settings.items():
-        set_key(out, key, value)
+        set_user_value(out, key, value)
     return out
 
 

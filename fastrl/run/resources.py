@@ -32,7 +32,7 @@ RAM_SHARE = 0.8
 LEARNER_COPIES_ON_CPU = 5
 LEARNER_COPIES_ON_GPU = 1
 READER_COPIES = 2
-ARENA_COPIES = 2  # the arena's double-buffered published weights (fastrl.ipc.arena.WeightBuffer)
+ARENA_COPIES = 2  # the arena's double-buffered published weights (fastrl.ipc.weights.WeightBuffer)
 
 
 class ResourceError(RuntimeError):

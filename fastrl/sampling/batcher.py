@@ -30,7 +30,7 @@ from ..ipc.arena import Arena, set_error, total_env_steps
 from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
-from ..ipc.weights import PublishedWeights
+from ..ipc.weights import WeightReader
 from ..models.heads import MASKED_LOGIT
 from ..models.networks import ActorCritic, action_head, build_model
 from ..reporting.metrics import BatcherTiming
@@ -46,7 +46,7 @@ def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, t
     return (epsilon ** exponent).astype(np.float32)
 
 
-class Actor:
+class WeightSetPolicy:
     """One weight set's network as the batcher acts with it: the model at the weights the learner
     publishes for that set (a policy, or a self-play snapshot), and the function that acts.
 
@@ -56,7 +56,7 @@ class Actor:
     def __init__(self, arena: Arena, model: torch.nn.Module, device: torch.device, index: int, compile: bool,
                  numpy_mlp: bool):
         self.model = model.to(device).eval()
-        self.weights = PublishedWeights(arena, self.model, device, index)
+        self.weights = WeightReader(arena, self.model, device, index)
         self.recurrent = bool(getattr(model, "is_recurrent", False))
         if self.recurrent:
             self.policy = self.model
@@ -86,7 +86,7 @@ at random until the run's workers took this many env steps (sac).
     BatcherTiming columns go to, the arena's batcher row by default (a rollout worker acting for
     itself passes a private row: two processes adding to one shared row would lose updates).
 
-    One Actor per weight set of the arena (``model`` is copied for the others): each env row is
+    One WeightSetPolicy per weight set of the arena (``model`` is copied for the others): each env row is
     acted by the set ``arena.env_actor`` names, one forward pass per set a batch holds rows of."""
 
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
@@ -104,10 +104,10 @@ at random until the run's workers took this many env steps (sac).
         numpy_mlp = (numpy_mlp and device.type == "cpu" and epsilons is None and not compile and not self.masks
                      and NumpyMLPPolicy.supports(model, arena.obs.dtype))
         models = [model] + [copy.deepcopy(model) for _ in range(arena.weight_version.shape[0] - 1)]
-        self.actors = [Actor(arena, m, device, k, compile, numpy_mlp) for k, m in enumerate(models)]
+        self.weight_sets = [WeightSetPolicy(arena, m, device, k, compile, numpy_mlp) for k, m in enumerate(models)]
         self.num_policies = arena.learner_stats.shape[0]  # weight sets that are policies; then snapshots
-        self.model = self.actors[0].model
-        self.weights = self.actors[0].weights
+        self.model = self.weight_sets[0].model
+        self.weights = self.weight_sets[0].weights
         self.transfer = BatchTransfer(device) if transfer is None else transfer
         self.timings = BatcherTiming.row(arena) if timings is None else timings
         self.slot_actions = arena.actions.reshape(*arena.actions.shape[:2], -1)  # [N, T, action size] view
@@ -121,7 +121,7 @@ at random until the run's workers took this many env steps (sac).
         self.env_actor = arena.env_actor.reshape(W * E)  # [W * E] views
         self.env_final = arena.env_final.reshape(W * E)
         # Row ids across workers are needed beyond the plain single-policy feed-forward batch.
-        self.needs_env_rows = self.recurrent or self.masks or epsilons is not None or len(self.actors) > 1
+        self.needs_env_rows = self.recurrent or self.masks or epsilons is not None or len(self.weight_sets) > 1
         if self.recurrent:
             S = arena.env_state.shape[2]
             self.env_state = arena.env_state.reshape(W * E, S)
@@ -135,10 +135,10 @@ at random until the run's workers took this many env steps (sac).
     def refresh_weights(self) -> bool:
         """Load the newest published weights of every weight set; True once the first policy's are loaded."""
         start = time.perf_counter()
-        for actor in self.actors:
-            actor.weights.refresh()
+        for weight_set in self.weight_sets:
+            weight_set.weights.refresh()
         self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
-        return all(actor.weights.version >= 0 for actor in self.actors[:self.num_policies])
+        return all(weight_set.weights.version >= 0 for weight_set in self.weight_sets[:self.num_policies])
 
     def wait_for_weights(self, control, parent_pid: int) -> None:
         """Block until the learner's first weights are loaded (it publishes them within a moment of
@@ -155,29 +155,29 @@ at random until the run's workers took this many env steps (sac).
         if self.needs_env_rows:
             env_rows = (workers[:, None].astype(np.int64) * self.envs_per_worker
                         + self.arena.request_envs[workers, requests]).reshape(-1)
-        if len(self.actors) == 1:
-            self.act(self.actors[0], slots, steps, obs_index, env_rows)
+        if len(self.weight_sets) == 1:
+            self.act(self.weight_sets[0], slots, steps, obs_index, env_rows)
         else:
             acting = self.env_actor[env_rows]
             first = acting[0]
             if (acting == first).all():
-                self.act(self.actors[first], slots, steps, obs_index, env_rows)
+                self.act(self.weight_sets[first], slots, steps, obs_index, env_rows)
             else:
                 for k in np.unique(acting):
                     rows = np.flatnonzero(acting == k)
-                    self.act(self.actors[k], slots[rows], steps[rows], obs_index[rows], env_rows[rows])
+                    self.act(self.weight_sets[k], slots[rows], steps[rows], obs_index[rows], env_rows[rows])
         self.timings[BatcherTiming.FORWARD] += time.perf_counter() - start
         self.timings[BatcherTiming.BATCHES] += 1
         self.timings[BatcherTiming.REQUESTS] += len(requests)
 
-    def act(self, actor: Actor, slots: np.ndarray, steps: np.ndarray, obs_index: np.ndarray,
+    def act(self, weight_set: WeightSetPolicy, slots: np.ndarray, steps: np.ndarray, obs_index: np.ndarray,
             env_rows: np.ndarray | None) -> None:
-        """Act with ``actor`` for the env rows at cursors ``(slots, steps)`` ``[n]`` (observations at
+        """Act with ``weight_set`` for the env rows at cursors ``(slots, steps)`` ``[n]`` (observations at
         ``obs_index``, env rows ``env_rows`` across workers): actions, behaviour log-probs and the
-        actor's version into those slot rows."""
+        weight set's version into those slot rows."""
         n = len(slots)
-        if actor.weights.version < 0:
-            actor.weights.load_newest()  # a snapshot drawn as it was published
+        if weight_set.weights.version < 0:
+            weight_set.weights.load_newest()  # a snapshot drawn as it was published
         rows = padded_size(n, self.buckets)
         inputs = self.transfer.host_arrays(self.input_specs(rows))
         # Padding rows repeat row 0: a valid input, whose outputs are dropped. mode="clip" writes
@@ -185,26 +185,27 @@ at random until the run's workers took this many env steps (sac).
         np.take(self.obs_rows, pad_rows(obs_index, rows), axis=0, out=inputs[0], mode="clip")
         if self.recurrent:
             self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
-        if actor.numpy_mlp is not None:
-            actions, behaviour_logp = actor.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
+        if weight_set.numpy_mlp is not None:
+            actions, behaviour_logp = weight_set.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
         else:
             with torch.inference_mode():
-                outputs, actions, behaviour_logp = self.act_in_torch(actor, inputs, env_rows, n)
+                outputs, actions, behaviour_logp = self.act_in_torch(weight_set, inputs, env_rows, n)
         if self.recurrent:
             self.env_state[env_rows] = outputs[-1][:n]
-        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, actor.weights.version, *self.slot_outputs)
+        write_actions(slots, steps, actions.reshape(n, -1), behaviour_logp, weight_set.weights.version,
+                      *self.slot_outputs)
 
-    def act_in_torch(self, actor: Actor, inputs: list[np.ndarray], env_rows: np.ndarray | None,
+    def act_in_torch(self, weight_set: WeightSetPolicy, inputs: list[np.ndarray], env_rows: np.ndarray | None,
                      n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-        """The actor's outputs for a batch's ``inputs`` (padded to their rows), then the actions and
+        """The weight set's outputs for a batch's ``inputs`` (padded to their rows), then the actions and
         behaviour log-probabilities of its ``n`` real rows (epsilon-greedy for dqn)."""
         if self.masks:
             final = self.env_final[env_rows]
-            actor.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
+            weight_set.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
         if self.random_until and total_env_steps(self.arena) < self.random_until:
             actions, behaviour_logp = self.head.sample_uniform(n)
             return [], actions.numpy(), behaviour_logp.numpy()
-        outputs = self.transfer.to_host(self.forward(actor, self.transfer.to_device(inputs)))
+        outputs = self.transfer.to_host(self.forward(weight_set, self.transfer.to_device(inputs)))
         if self.epsilons is None:
             return outputs, outputs[0][:n], outputs[1][:n]
         actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), self.epsilons[env_rows])
@@ -225,15 +226,15 @@ at random until the run's workers took this many env steps (sac).
         first = np.flatnonzero(steps == 0)
         self.arena.slot_state[slots[first]] = out[first]
 
-    def forward(self, actor: Actor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def forward(self, weight_set: WeightSetPolicy, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Device inputs (obs ``[rows, *obs]``, state ``[rows, S]`` when recurrent) -> what goes back
         to the host: (actions ``[rows, ...]``, behaviour log-probs ``[rows]``), or Q-values
         ``[rows, A]`` for dqn, then the new states ``[rows, S]`` when recurrent."""
         if self.recurrent:
-            params, _, new_state = actor.policy(inputs[0].unsqueeze(0), inputs[1], None)
+            params, _, new_state = weight_set.policy(inputs[0].unsqueeze(0), inputs[1], None)
             params, extra = params[0], [new_state]
         else:
-            params = actor.policy(inputs[0])
+            params = weight_set.policy(inputs[0])
             extra = []
         if self.epsilons is not None:
             return [params, *extra]

@@ -308,8 +308,8 @@ def _gather_actions(ids, env_slot, env_t, slot_actions, out):
             out[i, a] = slot_actions[slot, t, a]
 
 
-def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, model, parent_pid: int,
-                   rank: int) -> None:
+def run_acting_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, model, parent_pid: int,
+                      rank: int) -> None:
     """The worker's loop with ``inference.in_workers``: step a batch, run the policy on it here,
     send its actions; until the run stops (ProcessExit).
 
@@ -350,8 +350,8 @@ def act_for_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, mod
         check_alive(control, parent_pid)
 
 
-def serve_through_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int,
-                          codec: RequestCodec) -> None:
+def run_with_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int,
+                     codec: RequestCodec) -> None:
     """The worker's loop with the batcher process: step every batch it can, send each one's request
     byte, act on the answers meant for this generation (``codec``); until the run stops (ProcessExit)."""
     requests_out, actions_in = channels.requests_out, channels.actions_in
@@ -426,7 +426,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     meant for the process it replaces, and takes back its slots not queued for the learner
     (fastrl.ipc.slots).
 
-    With ``inference.in_workers`` the worker acts for its own batches (``act_for_itself``):
+    With ``inference.in_workers`` the worker acts for its own batches (``run_acting_itself``):
     ``spaces`` (observation, action) and ``model`` (the user's network or None) are then the
     batcher's, see ``fastrl.sampling.batcher.make_batcher``. ``policies``: the run's, which act for and
     train on its rows (None: one policy).
@@ -441,10 +441,10 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
                                slots.emit, *worker_policies(cfg, arena, policies, worker_id, rank, generation))
         worker.start()
         if cfg.inference.in_workers:
-            act_for_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
+            run_acting_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
         else:
-            serve_through_batcher(worker, channels, arena.control, parent_pid,
-                                  RequestCodec(cfg.env.num_splits, generation))
+            run_with_batcher(worker, channels, arena.control, parent_pid,
+                             RequestCodec(cfg.env.num_splits, generation))
     except ProcessExit:
         pass
     finally:

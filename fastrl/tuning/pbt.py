@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_value
+from ..config import KEYS, Config, PBTConfig, get_value, objective_info_key, set_typed_value
 from ..evaluation.evaluator import MemberEvalStats, member_evaluations
 from ..files.run_dir import make_dir, open_for_append, write_atomic
 from ..ipc.arena import Arena, new_episodes, total_env_steps
@@ -47,12 +47,12 @@ def member_configs(cfg: Config, members: int) -> list[Config]:
     for k in range(members):
         member = copy.deepcopy(cfg)
         for key, values in cfg.pbt.start.items():
-            set_value(member, key, values[k])
+            set_typed_value(member, key, values[k])
         if k and cfg.pbt.jitter:
             for key in cfg.pbt.mutable:
                 if key not in cfg.pbt.start:
                     factor = math.exp(rng.uniform(-cfg.pbt.jitter, cfg.pbt.jitter))
-                    set_value(member, key, scaled(key, get_value(member, key), factor))
+                    set_typed_value(member, key, scaled(key, get_value(member, key), factor))
         configs.append(member)
     return configs
 
@@ -227,7 +227,7 @@ class Population:
         fastrl.learner.vtrace), and its versions stay in order."""
         learner, parent = self.runtimes[target].learner, self.runtimes[source].learner
         for key in self.keys:
-            set_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
+            set_typed_value(self.runtimes[target].cfg, key, get_value(self.runtimes[source].cfg, key))
         state = copy.deepcopy(parent.state_dict())
         self.copied_version[target] = learner.version + learner.lcfg.max_policy_lag + 1
         state.update(version=self.copied_version[target], updates=learner.updates,
@@ -244,7 +244,7 @@ class Population:
                 new = self.start_values[member][key]
             else:
                 new = scaled(key, value, float(self.rng.choice(self.settings.perturb)))
-            set_value(cfg, key, new)
+            set_typed_value(cfg, key, new)
 
     def write_lineage(self, env_steps: int, member: int, parent: int, objectives: list[float]) -> None:
         if self.dir is None:

@@ -18,7 +18,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from ..config import INFO_PREFIX, KEYS, PBT_START, Config, ConfigError, Range, get_value, set_key, validate
+from ..config import INFO_PREFIX, KEYS, PBT_START, Config, ConfigError, Range, get_value, set_user_value, validate
 from ..evaluation.evaluator import OPPONENT_STATS
 from ..reporting.metrics import (
     EVALUATION,
@@ -172,7 +172,7 @@ def check_params(params: list[Param], cfg: Config, overrides: list[str]) -> list
                               f"{param.key[len(PBT_START):]} (every member starts from it, pbt.jitter spreads them) "
                               f"or give pbt.start with --set")
         if key is None:
-            set_key(cfg, param.key, None)  # raises the config's unknown-key error, with its suggestions
+            set_user_value(cfg, param.key, None)  # raises the config's unknown-key error, with its suggestions
         if param.key in seen:
             raise ConfigError(f"--param {param.key} is given twice: keep one")
         if param.key in set_keys:
@@ -208,7 +208,7 @@ def configured(cfg: Config, values) -> Config:
     cfg = copy.deepcopy(cfg)
     try:
         for key, value in values:
-            set_key(cfg, key, value)
+            set_user_value(cfg, key, value)
         validate(cfg)
     except TypeError as exc:
         raise ConfigError(f"a value of a type the config's checks do not take ({exc}): check the types of the "
@@ -223,7 +223,7 @@ def _typed_choices(param: Param, cfg: Config) -> Param:
     for text in param.choices:
         probe = copy.deepcopy(cfg)
         try:
-            set_key(probe, param.key, text)
+            set_user_value(probe, param.key, text)
         except ConfigError as exc:
             raise ConfigError(f"--param {param.spec}: {exc}") from None
         value = get_value(probe, param.key)

@@ -36,7 +36,8 @@ def measure(profile: str, calls: int) -> dict[str, float]:
 
     from fastrl.config import build_config
     from fastrl.envs import probe_env
-    from fastrl.ipc.arena import Arena, WeightBuffer
+    from fastrl.ipc.arena import Arena
+    from fastrl.ipc.weights import WeightBuffer
     from fastrl.models.networks import build_model, num_state_values, state_to_flat
     from fastrl.run.training import arena_layout
     from fastrl.sampling.batcher import InferenceBatcher

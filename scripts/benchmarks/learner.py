@@ -1,4 +1,4 @@
-"""The learner alone: Learner.train() calls per second on synthetic batches of a profile's shape.
+"""The learner alone: train() calls per second on synthetic batches of a profile's shape.
 
     python scripts/bench.py learner --setup pong-cpu --rounds 4
     python scripts/bench.py learner --profile atari-appo-cpu --rounds 4

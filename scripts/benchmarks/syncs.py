@@ -18,8 +18,9 @@ import torch
 
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.learner import DQNLearner, R2D2Learner, Trajectories, VTraceLearner
 from fastrl.models.networks import num_state_values, state_to_flat
 from fastrl.run.training import arena_layout

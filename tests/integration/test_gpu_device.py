@@ -13,8 +13,8 @@ from torch import nn
 
 from fastrl.config import ConfigError, build_config
 from fastrl.distributed.process_group import DistInfo
-from fastrl.ipc.arena import WeightBuffer
-from fastrl.learner import DQNLearner, Learner, LearnerRuntime, R2D2Learner, process
+from fastrl.ipc.weights import WeightBuffer
+from fastrl.learner import DQNLearner, LearnerRuntime, R2D2Learner, VTraceLearner, process
 from fastrl.learner import policy_set as policies
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import RunError, resolve_device, train
@@ -211,7 +211,7 @@ def test_a_v_trace_learner_on_cuda_learns_what_its_device_path_learns_on_the_cpu
     learners = []
     for device in (CPU, CUDA):
         torch.manual_seed(0)
-        learners.append(Learner(cfg, OBS_SPACE, ACTION_SPACE, device=device, device_path=True))
+        learners.append(VTraceLearner(cfg, OBS_SPACE, ACTION_SPACE, device=device, device_path=True))
     exact_float32(monkeypatch)
     for seed in range(3):
         batch = random_batch(seed=seed)
@@ -302,7 +302,7 @@ def test_the_compiled_batcher_on_cuda_acts_as_the_cpu(monkeypatch):
 @needs_cuda
 def test_a_cuda_learner_publishes_the_weights_it_holds():
     cfg, spec, _, arena = small_run()
-    learner = Learner(cfg, spec.observation_space, spec.action_space, device=CUDA)
+    learner = VTraceLearner(cfg, spec.observation_space, spec.action_space, device=CUDA)
     learner.train(random_batch(T=cfg.learner.rollout))
     runtime = LearnerRuntime(cfg, arena, learner)
     assert runtime.device_flat.is_cuda and runtime.publish()
@@ -316,7 +316,7 @@ def test_bfloat16_on_cuda_trains_close_to_float32():
     for precision in ("float32", "bfloat16"):
         torch.manual_seed(0)
         cfg = build_config("cartpole-appo", {"learner.precision": precision})
-        learner = Learner(cfg, OBS_SPACE, ACTION_SPACE, device=CUDA)
+        learner = VTraceLearner(cfg, OBS_SPACE, ACTION_SPACE, device=CUDA)
         assert learner.precision == precision
         results.append(learner.train(random_batch(T=16)))
     full, half = results

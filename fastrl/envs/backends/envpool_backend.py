@@ -1,7 +1,7 @@
 """envpool backend: C++ thread pools stepping envs outside the GIL.
 
 Two modes (both `env_type="gymnasium"`, NEXT_STEP autoreset):
-- sync (`EnvpoolSplits`): `num_envs // batch_size` envpool instances of `batch_size` envs each;
+- sync (`EnvpoolSplitVecEnv`): `num_envs // batch_size` envpool instances of `batch_size` envs each;
   `send()` hands one split to its pool and returns, so a split steps while the worker computes
   the actions of another.
 - async (`EnvpoolAsync`): one envpool instance with `num_envs` envs whose `recv()` returns the
@@ -43,7 +43,7 @@ def make_envpool_vec_env(
     thread_affinity: bool = False,
     env_kwargs: dict[str, Any] | None = None,
 ) -> VecEnv:
-    """`EnvpoolAsync` over one pool, or `EnvpoolSplits` over `num_envs // batch_size` pools; for a
+    """`EnvpoolAsync` over one pool, or `EnvpoolSplitVecEnv` over `num_envs // batch_size` pools; for a
     multi-player task (fastrl/envs/multiagent/envpool_players.py), every player a row: `num_envs` and
     `batch_size` count rows, and the games are `EnvpoolTurns` (turn-based, `async_mode` ignored)
     or `PlayerRows` of those."""
@@ -75,7 +75,7 @@ def make_envpool_vec_env(
     else:
         pools = [first] + [make_pool(games_per_batch, games_per_batch, seed + start)
                            for start in range(games_per_batch, games, games_per_batch)]
-        env = EnvpoolSplits(pools, _frame_skip(env_id, first))
+        env = EnvpoolSplitVecEnv(pools, _frame_skip(env_id, first))
     return PlayerRows(env, players) if players > 1 else env
 
 
@@ -235,7 +235,7 @@ def pool_io(pool: Any) -> DirectPoolIO | _PublicPoolIO:
     return DirectPoolIO.of(pool) or _PublicPoolIO(pool)
 
 
-class EnvpoolSplits(SplitVecEnv):
+class EnvpoolSplitVecEnv(SplitVecEnv):
     """Sync mode: one envpool instance per split; split s holds envs [s*B, (s+1)*B).
 
     `recv()` returns fresh arrays from envpool.

@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from fastrl.envs.base import Batch, SplitVecEnv
 
 
-class GymnasiumSplits(SplitVecEnv):
+class GymnasiumSplitVecEnv(SplitVecEnv):
     """Split s is a `SyncVectorEnv` over envs [s*B, (s+1)*B), NEXT_STEP autoreset.
 
     `recv()` returns the split's observation buffer itself (copy=False): valid until the next

@@ -162,7 +162,7 @@ class EnvpoolTurns(TurnGroups):
 
 class PlayerRows(VecEnv):
     """The players of a simultaneous multi-player task as rows of ``games``, a VecEnv of its games
-    (EnvpoolSplits or EnvpoolAsync) whose batches of ``b`` games hold ``b * n`` players' observations
+    (EnvpoolSplitVecEnv or EnvpoolAsync) whose batches of ``b`` games hold ``b * n`` players' observations
     and rewards in game order (see the module)."""
 
     def __init__(self, games: VecEnv, players: int) -> None:

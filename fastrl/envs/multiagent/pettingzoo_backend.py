@@ -37,8 +37,8 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from fastrl.config import ConfigError
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, check_whole_games
-from fastrl.envs.multiagent.pettingzoo_games import Games
-from fastrl.envs.multiagent.pettingzoo_turns import TurnBasedGames
+from fastrl.envs.multiagent.pettingzoo_games import PettingZooGamesMixin
+from fastrl.envs.multiagent.pettingzoo_turns import PettingZooTurnVecEnv
 from fastrl.envs.multiagent.turns import check_turn_groups
 from fastrl.user_code import import_user_module
 
@@ -105,8 +105,8 @@ def make_pettingzoo_vec_env(env_id: str, num_envs: int, batch_size: int, seed: i
         first.close()
         raise
     if turn_based:
-        return TurnBasedGames(env_id, make_game, num_envs // n, batch_size, seed, first)
-    return PettingZooSplits(env_id, make_game, num_envs // n, batch_size // n, seed, first)
+        return PettingZooTurnVecEnv(env_id, make_game, num_envs // n, batch_size, seed, first)
+    return PettingZooSplitVecEnv(env_id, make_game, num_envs // n, batch_size // n, seed, first)
 
 
 def open_games(env_id: str, min_rows: int, seed: int, env_kwargs: dict[str, Any]) -> VecEnv:
@@ -116,13 +116,13 @@ def open_games(env_id: str, min_rows: int, seed: int, env_kwargs: dict[str, Any]
     first = make_game()
     games = -(-min_rows // len(first.possible_agents))
     if turn_based:
-        return TurnBasedGames(env_id, make_game, games, games, seed, first)
-    return PettingZooSplits(env_id, make_game, games, games, seed, first)
+        return PettingZooTurnVecEnv(env_id, make_game, games, games, seed, first)
+    return PettingZooSplitVecEnv(env_id, make_game, games, games, seed, first)
 
 
-class PettingZooSplits(Games, SplitVecEnv):
+class PettingZooSplitVecEnv(PettingZooGamesMixin, SplitVecEnv):
     """``games`` games of one ParallelEnv, ``games_per_split`` to a split, every agent a row
-    (seeds: see Games)."""
+    (seeds: see PettingZooGamesMixin)."""
 
     def __init__(self, env_id: str, make_game: Callable[[], Any], games: int, games_per_split: int, seed: int,
                  first) -> None:

@@ -30,7 +30,7 @@ def shared_spaces(env_id: str, game, agents: tuple[str, ...]) -> tuple[gymnasium
     return (game.observation_space(agents[0]), game.action_space(agents[0]))
 
 
-class Games:
+class PettingZooGamesMixin:
     """What both kinds of group share: their games (``_games``, None until made), seeded, reset,
     rendered and closed one way. Game g's first reset is seeded ``seed + g * n`` (the seed of its
     first row, as envs are seeded ``seed + i`` elsewhere); later resets continue its own random

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from fastrl.envs.multiagent.pettingzoo_games import Games
+from fastrl.envs.multiagent.pettingzoo_games import PettingZooGamesMixin
 from fastrl.envs.multiagent.turns import TurnGroups
 
 
-class TurnBasedGames(Games, TurnGroups):
+class PettingZooTurnVecEnv(PettingZooGamesMixin, TurnGroups):
     """``games`` games of one AECEnv in groups of ``games_per_group`` (a batch: one row from each
-    game of a group), every seat a row (see the module; seeds: see Games)."""
+    game of a group), every seat a row (see the module; seeds: see PettingZooGamesMixin)."""
 
     def __init__(self, env_id: str, make_game: Callable[[], Any], games: int, games_per_group: int, seed: int,
                  first) -> None:

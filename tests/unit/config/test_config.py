@@ -15,7 +15,7 @@ from fastrl.config import (
     build_config,
     load_profile,
     load_run_config,
-    set_key,
+    set_user_value,
     to_toml,
     validate,
 )
@@ -61,12 +61,12 @@ def test_a_run_directory_that_holds_the_promise_as_a_line_still_loads(tmp_path):
 
 def test_set_parses_by_declared_type():
     cfg = load_profile("cartpole-appo")
-    set_key(cfg, "learner.lr", "1e-3")
-    set_key(cfg, "env.num_workers", "3")
-    set_key(cfg, "model.hidden_sizes", "[32, 16]")
-    set_key(cfg, "model.normalize_obs", "true")
-    set_key(cfg, "device", "cpu")
-    set_key(cfg, "env.kwargs", "{max_episode_steps = 100}")
+    set_user_value(cfg, "learner.lr", "1e-3")
+    set_user_value(cfg, "env.num_workers", "3")
+    set_user_value(cfg, "model.hidden_sizes", "[32, 16]")
+    set_user_value(cfg, "model.normalize_obs", "true")
+    set_user_value(cfg, "device", "cpu")
+    set_user_value(cfg, "env.kwargs", "{max_episode_steps = 100}")
     assert cfg.learner.lr == 1e-3 and cfg.env.num_workers == 3
     assert cfg.model.hidden_sizes == [32, 16] and cfg.model.normalize_obs is True
     assert cfg.device == "cpu" and cfg.env.kwargs == {"max_episode_steps": 100}
@@ -75,9 +75,9 @@ def test_set_parses_by_declared_type():
 @pytest.mark.parametrize("text", ['["first", "second"]', "[first, second]", "['first','second']"])
 def test_set_takes_a_list_of_strings_quoted_as_toml_or_bare(text):
     cfg = load_profile("cartpole-appo")
-    set_key(cfg, "policies.names", text)
+    set_user_value(cfg, "policies.names", text)
     assert cfg.policies.names == ["first", "second"]
-    set_key(cfg, "model.hidden_sizes", "64")  # one bare item is a list of one
+    set_user_value(cfg, "model.hidden_sizes", "64")  # one bare item is a list of one
     assert cfg.model.hidden_sizes == [64]
 
 
@@ -91,7 +91,7 @@ def test_set_takes_a_list_of_strings_quoted_as_toml_or_bare(text):
 def test_bad_keys_and_values_name_the_fix(key, value, message):
     cfg = load_profile("cartpole-appo")
     with pytest.raises(ConfigError, match=message):
-        set_key(cfg, key, value)
+        set_user_value(cfg, key, value)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -418,7 +418,7 @@ def test_every_key_is_declared_with_its_help_and_readers():
     class Undeclared:
         width: int = 3
 
-    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.schema.key\(\)$"):
+    with pytest.raises(TypeError, match=r"^Undeclared.width is not declared with fastrl.config.schema.declare\(\)$"):
         _declared_keys(Undeclared, "x.")
 
 

@@ -12,7 +12,7 @@ import torch
 from fastrl.cli import train_main
 from fastrl.config import build_config
 from fastrl.envs import make_episode_env, make_vec_env, probe_env
-from fastrl.envs.multiagent.pettingzoo_backend import PettingZooSplits
+from fastrl.envs.multiagent.pettingzoo_backend import PettingZooSplitVecEnv
 from fastrl.envs.spaces import ObsLayout, UnsupportedSpace
 from fastrl.learner import VTraceLearner, gather_trajectories
 from fastrl.models.networks import build_model
@@ -144,7 +144,7 @@ class LateAgentGame(CueGame):
 @pytest.mark.parametrize("late, message", [(True, "every agent must play from the reset"),
                                            (False, "'agent_2' left the game .* but is among its agents again")])
 def test_agents_that_join_late_or_come_back_are_refused(late, message):
-    env = PettingZooSplits("pettingzoo:late", lambda: LateAgentGame(late), 1, 1, 0, LateAgentGame(late))
+    env = PettingZooSplitVecEnv("pettingzoo:late", lambda: LateAgentGame(late), 1, 1, 0, LateAgentGame(late))
     env.async_reset()
     with pytest.raises(RuntimeError, match=message):
         for _ in range(3):

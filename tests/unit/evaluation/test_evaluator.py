@@ -12,7 +12,8 @@ from fastrl.envs import probe_env
 from fastrl.evaluation import evaluator as evaluator_module
 from fastrl.evaluation.evaluator import EvalResults, EvalStats, Evaluator
 from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
 from tests.e2e.test_cli_errors import one_line_error

@@ -6,7 +6,7 @@ import torch
 
 from fastrl.config import build_config
 from fastrl.ipc.sync_counter import SyncCounter, optimizer_steps
-from fastrl.learner import Learner
+from fastrl.learner import VTraceLearner
 from tests.unit.learner.test_vtrace_learner import random_batch
 
 OBS = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -51,7 +51,7 @@ def test_vtrace_learner_reads_the_device_twice_per_train_call():
     """CartPole's shape (cartpole-appo: T = 32, 4-float observations, 2 actions) on the device
     path: the gradient norm once (it also carries the finite check) and the statistics once."""
     torch.manual_seed(0)
-    learner = Learner(build_config("cartpole-appo"), OBS, gymnasium.spaces.Discrete(2), device_path=True)
+    learner = VTraceLearner(build_config("cartpole-appo"), OBS, gymnasium.spaces.Discrete(2), device_path=True)
     batch = random_batch(T=32, B=16)
     batch.valid[5, :3] = False
     learner.train(batch)  # the optimizer's state is made on its first step

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from fastrl.config import build_config
 from fastrl.distributed import process_group as distributed
-from fastrl.learner import PRIORITY_EPS, DQNLearner, Learner, Trajectories, make_learner
+from fastrl.learner import PRIORITY_EPS, DQNLearner, Trajectories, VTraceLearner, make_learner
 from fastrl.models.networks import DuelingQNetwork
 from tests.support.device_copies import DeviceCopies
 from tests.support.small_learners import (
@@ -44,7 +44,7 @@ def test_the_replays_and_make_learner_follow_the_config():
     assert isinstance(learner, DQNLearner) and isinstance(learner.model, DuelingQNetwork)
     assert learner.replay.num_streams == E and learner.replay.horizon == 5
     assert not any(p.requires_grad for p in learner.target.parameters())
-    assert type(make_learner(build_config("cartpole-appo"), OBS_SPACE, ACTION_SPACE)) is Learner
+    assert type(make_learner(build_config("cartpole-appo"), OBS_SPACE, ACTION_SPACE)) is VTraceLearner
 
 
 def test_a_non_finite_reward_is_dropped_and_counted_as_a_skipped_update():

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from fastrl.config import build_config
 from fastrl.kernels import vtrace
-from fastrl.learner import Learner, appo_loss, impala_loss, td_loss, vtrace_targets
+from fastrl.learner import VTraceLearner, appo_loss, impala_loss, td_loss, vtrace_targets
 from fastrl.learner.losses import sequence_priorities
 from tests.unit.learner.test_dqn import E, T, make_dqn, perturb, reference_windows, stream_batches
 from tests.unit.learner.test_vtrace_learner import random_batch
@@ -23,7 +23,7 @@ def learner_and_tensors(algo):
     torch.manual_seed(0)
     cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.vtrace_lambda": 0.9,
                                          "learner.clip_rho": 1.5, "learner.entropy_coef": 0.02})
-    learner = Learner(cfg, OBS, gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(cfg, OBS, gymnasium.spaces.Discrete(2))
     batch = random_batch(seed=3)
     batch.behaviour_logp = batch.behaviour_logp + 0.3 * torch.randn(batch.behaviour_logp.shape)  # off-policy
     batch.valid[2, :4] = False

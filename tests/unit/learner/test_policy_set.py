@@ -12,8 +12,9 @@ from fastrl.cli import train_main
 from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import serial_slots
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.multiagent.policy_map import policy_map
 from fastrl.reporting.metrics import WorkerTiming
@@ -193,13 +194,13 @@ def route_rows(cfg, rounds: int, numpy_mlp: bool):
     for p in range(policies.num_policies):
         WeightBuffer(arena, p).publish(forced_policy_weights(model, p), 10 + p)
     batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"), numpy_mlp=numpy_mlp)
-    assert len(batcher.actors) == policies.num_policies
+    assert len(batcher.weight_sets) == policies.num_policies
     forwards: list[list[tuple[int, int]]] = []
     act = batcher.act
 
-    def counted_act(actor, slots, *rest):
-        forwards[-1].append((batcher.actors.index(actor), len(slots)))
-        act(actor, slots, *rest)
+    def counted_act(weight_set, slots, *rest):
+        forwards[-1].append((batcher.weight_sets.index(weight_set), len(slots)))
+        act(weight_set, slots, *rest)
 
     batcher.act = counted_act
     W, E = cfg.env.num_workers, cfg.env.envs_per_worker

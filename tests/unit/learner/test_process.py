@@ -11,7 +11,7 @@ import torch
 from fastrl.config import build_config
 from fastrl.ipc.arena import Arena, Control, trajectory_layout
 from fastrl.ipc.child import ProcessExit
-from fastrl.learner import Learner, LearnerRuntime
+from fastrl.learner import LearnerRuntime, VTraceLearner
 from fastrl.learner.process import FullSlots
 from fastrl.reporting.metrics import read_learner_stats
 from fastrl.reporting.timers import Timers
@@ -70,7 +70,7 @@ def test_waiting_for_full_slots_ends_when_the_run_stops():
 
 def test_every_learner_times_its_phases_under_the_metrics_names():
     torch.manual_seed(0)
-    appo = Learner(build_config("cartpole-appo"), OBS, gymnasium.spaces.Discrete(2))
+    appo = VTraceLearner(build_config("cartpole-appo"), OBS, gymnasium.spaces.Discrete(2))
     appo.train(random_batch())
     timed = appo.timers.read()
     assert set(timed) == {"forward_backward_s", "vtrace_s", "optimizer_s"} and all(timed.values())
@@ -87,7 +87,7 @@ def test_every_learner_times_its_phases_under_the_metrics_names():
 def test_the_host_writes_the_learners_timings_and_its_own_into_the_arena():
     arena = random_arena()
     cfg = build_config("cartpole-appo", {"learner.rollout": 5, "learner.batch_size": 5 * B})
-    host = LearnerRuntime(cfg, arena, Learner(cfg, OBS, gymnasium.spaces.Discrete(2)))
+    host = LearnerRuntime(cfg, arena, VTraceLearner(cfg, OBS, gymnasium.spaces.Discrete(2)))
     stats = host.train_on(np.array([0, 3, 6, 9]), lambda ids: None)
     written = read_learner_stats(arena)
     for name in ("forward_backward_s", "vtrace_s", "optimizer_s", "gather_s", "publish_s"):

@@ -9,8 +9,8 @@ import torch
 
 from fastrl.config import build_config
 from fastrl.ipc.arena import Arena, trajectory_layout
-from fastrl.learner import Learner, LearnerRuntime
-from fastrl.learner.batch import BatchStaging, gather_trajectories
+from fastrl.learner import LearnerRuntime, VTraceLearner
+from fastrl.learner.staging import BatchStaging, gather_trajectories
 from fastrl.models.networks import num_state_values
 from tests.support.device_copies import DeviceCopies
 
@@ -22,7 +22,7 @@ def random_arena(state_size=0, seed=0):
     """An arena whose trajectory arrays hold random data (flags 0/1)."""
     layout = trajectory_layout(num_slots=NUM_SLOTS, rollout=T, obs_shape=(4,), obs_dtype=np.float32, action_shape=(),
                                action_dtype=np.int64, num_workers=1, envs_per_worker=4, num_splits=1,
-                               num_weights=num_state_values(Learner(build_config("cartpole-appo"), OBS,
+                               num_weights=num_state_values(VTraceLearner(build_config("cartpole-appo"), OBS,
                                                                      gymnasium.spaces.Discrete(2)).model),
                                state_size=state_size)
     arena = Arena(layout, shared=False)
@@ -77,7 +77,7 @@ def test_each_batch_is_trained_once_as_gathered_its_slots_released_first(device_
     torch.manual_seed(0)
     arena = random_arena()
     cfg = build_config("cartpole-appo", {"learner.rollout": T, "learner.batch_size": T * B})
-    learner = Learner(cfg, OBS, gymnasium.spaces.Discrete(2), device_path=device_path)
+    learner = VTraceLearner(cfg, OBS, gymnasium.spaces.Discrete(2), device_path=device_path)
     host = LearnerRuntime(cfg, arena, learner)
     trained, released, gather_threads = [], [], []
     train = learner.train

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fastrl.config import build_config
-from fastrl.learner import Learner, Trajectories, gather_trajectories
+from fastrl.learner import Trajectories, VTraceLearner, gather_trajectories
 from fastrl.learner.precision import cpu_flags, learner_precision
 from tests.support.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config
 from tests.unit.sampling.test_rollout_worker import countdown_config, run_worker
@@ -34,7 +34,7 @@ def targets_for(cfg):
     from fastrl.envs import probe_env
 
     spec = probe_env(cfg)
-    learner = Learner(cfg, spec.observation_space, spec.action_space, model=LinearValue())
+    learner = VTraceLearner(cfg, spec.observation_space, spec.action_space, model=LinearValue())
     _, values, logp, _ = learner.evaluate(batch)
     rewards, discounts = learner.rewards_and_discounts(batch)
     vs, pg_adv = learner.vtrace_targets(batch, logp, values, rewards, discounts)
@@ -77,7 +77,7 @@ def test_learner_trains_on_a_batch_the_caller_assembled(algo):
     cfg = build_config("cartpole-appo", {"learner.algo": algo, "learner.lr_decay": False, "learner.lr": 3e-3,
                                          "learner.reward_scale": 1.0})
     obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-    learner = Learner(cfg, obs_space, gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(cfg, obs_space, gymnasium.spaces.Discrete(2))
     batch = random_batch()
     before = [p.detach().clone() for p in learner.model.parameters()]
     stats = learner.train(batch)
@@ -93,7 +93,7 @@ def test_policy_lag_is_reported_and_old_transitions_are_masked():
     import gymnasium
 
     cfg = build_config("cartpole-appo", {"learner.max_policy_lag": 3})
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
     learner.version = 10
     batch = random_batch(version=2)  # lag 8 > 3: every transition masked, nothing to learn from
     before = [p.detach().clone() for p in learner.model.parameters()]
@@ -106,8 +106,8 @@ def test_policy_lag_is_reported_and_old_transitions_are_masked():
 def test_policy_lag_statistics_cover_the_valid_steps_only():
     import gymnasium
 
-    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-                      gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                            gymnasium.spaces.Discrete(2))
     learner.version = 10
     batch = random_batch(T=2, B=2)
     batch.version = torch.tensor([[9, 1], [8, 4]])  # lags 1, 9 (invalid), 2, 6
@@ -128,8 +128,8 @@ def test_device_path_learns_what_the_cpu_path_learns(algo, minibatches):
     learners, stats = [], []
     for device_path in (False, True):
         torch.manual_seed(0)
-        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
-                          device_path=device_path)
+        learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                                gymnasium.spaces.Discrete(2), device_path=device_path)
         runs = []
         for seed in range(3):
             batch = random_batch(seed=seed)
@@ -155,7 +155,8 @@ def test_fused_adam_takes_the_steps_foreach_adam_takes():
     learners = []
     for fused in (True, False):
         torch.manual_seed(0)
-        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+        learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                                gymnasium.spaces.Discrete(2))
         if not learner.optimizer.param_groups[0]["fused"]:
             pytest.skip("this torch has no fused Adam on the CPU (< 2.4): make_adam falls back to foreach")
         if not fused:
@@ -213,7 +214,8 @@ def test_bfloat16_autocast_trains_close_to_float32():
     for precision in ("float32", "bfloat16"):
         torch.manual_seed(0)
         cfg = build_config("cartpole-appo", {"learner.precision": precision})
-        learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+        learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                                gymnasium.spaces.Discrete(2))
         results.append((learner.train(random_batch(T=16)), learner.model))
     (full, full_model), (half, half_model) = results
     assert half["value_loss"] != full["value_loss"]  # the network did run in bfloat16
@@ -255,7 +257,7 @@ def test_a_learner_set_to_auto_runs_in_the_precision_this_cpu_calls_for():
     import gymnasium
 
     cfg = build_config("cartpole-appo", {"learner.precision": "auto"})
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
     assert learner.precision == learner_precision("auto", "appo", torch.device("cpu"), cpu_flags())
     batch = random_batch(T=16)
     with learner.autocast():
@@ -268,8 +270,8 @@ def test_a_learner_set_to_auto_runs_in_the_precision_this_cpu_calls_for():
 def test_a_nan_loss_skips_the_step_even_when_its_gradients_are_finite():
     import gymnasium
 
-    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-                      gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                            gymnasium.spaces.Discrete(2))
     before = [p.detach().clone() for p in learner.model.parameters()]
     grad_norm, _ = learner.gradient_step(sum(p.sum() for p in learner.model.parameters()) + float("nan"))
     assert math.isnan(grad_norm) and learner.skipped_updates == 1 and learner.updates == 0
@@ -282,8 +284,8 @@ def test_non_finite_loss_skips_the_update(device_path):
     import gymnasium
 
     cfg = build_config("cartpole-appo")
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
-                      device_path=device_path)
+    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
+                            device_path=device_path)
     batch = random_batch()
     batch.rewards[0, 0] = float("nan")
     before = [p.detach().clone() for p in learner.model.parameters()]
@@ -296,7 +298,7 @@ def test_bad_batch_shapes_name_the_field():
     import gymnasium
 
     cfg = build_config("cartpole-appo")
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
     batch = random_batch()
     batch.obs = batch.obs[:-1]
     with pytest.raises(ValueError, match="Trajectories.obs"):
@@ -317,7 +319,7 @@ def test_the_numpy_mlp_path_gives_the_torch_path_outputs_gradients_and_steps(act
                                              "model.hidden_sizes": hidden, "learner.entropy_coef": 0.01,
                                              "learner.numpy_mlp": numpy_mlp})
         torch.manual_seed(0)
-        learners.append(Learner(cfg, obs_space, gymnasium.spaces.Discrete(3)))
+        learners.append(VTraceLearner(cfg, obs_space, gymnasium.spaces.Discrete(3)))
     fast, reference = learners
     assert fast.numpy_mlp is not None and reference.numpy_mlp is None
     batch = random_batch(obs_dim=5, n_actions=3)
@@ -348,16 +350,16 @@ def test_the_numpy_mlp_path_is_taken_only_where_it_reproduces_the_model(override
     import gymnasium
 
     cfg = build_config("cartpole-appo", overrides)
-    learner = Learner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
-                      device_path=device_path)
+    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2),
+                            device_path=device_path)
     assert learner.numpy_mlp is None
 
 
 def test_the_numpy_mlp_path_refuses_a_backward_after_an_in_place_weight_edit():
     import gymnasium
 
-    learner = Learner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-                      gymnasium.spaces.Discrete(2))
+    learner = VTraceLearner(build_config("cartpole-appo"), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+                            gymnasium.spaces.Discrete(2))
     _, values, _, _ = learner.evaluate(random_batch())
     with torch.no_grad():
         learner.model.value.weight.add_(1.0)
@@ -374,7 +376,7 @@ FIELDS = ("obs", "actions", "behaviour_logp", "rewards", "terminated", "truncate
 @pytest.mark.parametrize("fraction", [0.25, 0.6])
 def test_learner_appends_replayed_trajectories_of_the_right_stream(fraction):
     torch.manual_seed(0)
-    learner = Learner(vtrace_replay_config(fraction, min_fill=3 * T * E), OBS_SPACE, ACTION_SPACE)
+    learner = VTraceLearner(vtrace_replay_config(fraction, min_fill=3 * T * E), OBS_SPACE, ACTION_SPACE)
     outputs = []
     original = learner.with_replayed
 
@@ -411,7 +413,7 @@ def test_learner_appends_replayed_trajectories_of_the_right_stream(fraction):
 
 
 def test_learner_with_vtrace_replay_needs_env_ids():
-    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    learner = VTraceLearner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
     (batch, env_ids), = stream_batches(1)
     with pytest.raises(ValueError, match=r"needs env_ids \[4\]"):
         learner.train(batch)
@@ -421,7 +423,7 @@ def test_learner_with_vtrace_replay_needs_env_ids():
 
 
 def test_vtrace_replay_never_stores_a_batch_with_non_finite_data():
-    learner = Learner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
+    learner = VTraceLearner(vtrace_replay_config(0.5, min_fill=T * E), OBS_SPACE, ACTION_SPACE)
     *good, (bad, bad_ids) = stream_batches(3)
     for batch, env_ids in good:
         learner.train(batch, env_ids=env_ids)

@@ -11,9 +11,11 @@ import torch
 from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.envs.toy import MemoryEnv
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import worker_slot_ids
-from fastrl.learner.batch import Trajectories, gather_trajectories
+from fastrl.ipc.weights import WeightBuffer
+from fastrl.learner.batch import Trajectories
+from fastrl.learner.staging import gather_trajectories
 from fastrl.learner.vtrace import VTraceLearner
 from fastrl.models.networks import num_state_values, state_to_flat
 from fastrl.models.recurrent import RecurrentCore

@@ -11,8 +11,9 @@ import torch
 from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.files.checkpoint import write_checkpoint_file
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import PolicyQueues, serial_slots
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.models.networks import build_model, num_state_values
 from fastrl.multiagent.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots, snapshot_path
 from fastrl.multiagent.policy_map import policy_map

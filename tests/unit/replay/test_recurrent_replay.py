@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from fastrl.config import build_config
-from fastrl.learner import Learner, Trajectories
+from fastrl.learner import Trajectories, VTraceLearner
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 ACTION_SPACE = gymnasium.spaces.Discrete(2)
@@ -19,7 +19,7 @@ def test_replayed_trajectories_carry_their_stored_initial_states():
         "replay.vtrace_fraction": 0.5, "replay.capacity": 64 * E, "replay.min_fill": 2 * T * E,
         "env.num_workers": 1, "env.envs_per_worker": E, "env.num_splits": 1, "learner.rollout": T,
         "learner.batch_size": T * E, "model.core": "gru", "model.core_size": 8})
-    learner = Learner(cfg, OBS_SPACE, ACTION_SPACE)
+    learner = VTraceLearner(cfg, OBS_SPACE, ACTION_SPACE)
     S = learner.model.state_size
     outputs = []
     original = learner.with_replayed

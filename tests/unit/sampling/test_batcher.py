@@ -12,9 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.ipc.arena import Arena, WeightBuffer
+from fastrl.ipc.arena import Arena
 from fastrl.ipc.device_io import BatchTransfer
-from fastrl.learner import Learner, LearnerRuntime
+from fastrl.ipc.weights import WeightBuffer
+from fastrl.learner import LearnerRuntime, VTraceLearner
 from fastrl.models.networks import build_model, num_state_values, state_to_flat
 from fastrl.run.training import arena_layout
 from fastrl.sampling.batcher import (
@@ -107,7 +108,7 @@ def test_the_numpy_mlp_path_acts_as_torch_and_follows_refreshed_weights(activati
     cfg, spec, model, arena = small_run(**{"model.activation": activation, "model.hidden_sizes": hidden})
     torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"))
     numpy_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), numpy_mlp=True)
-    assert torch_path.actors[0].numpy_mlp is None and numpy_path.actors[0].numpy_mlp is not None
+    assert torch_path.weight_sets[0].numpy_mlp is None and numpy_path.weight_sets[0].numpy_mlp is not None
     for version in (0, 1):
         if version:
             with torch.no_grad():
@@ -132,7 +133,7 @@ def test_models_the_numpy_mlp_path_does_not_reproduce_act_through_torch(override
     epsilons = np.full(arena.env_slot.shape, 0.1, np.float32) if overrides.get("learner.algo") == "dqn" else None
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), epsilons,
                                numpy_mlp=True)
-    assert batcher.actors[0].numpy_mlp is None
+    assert batcher.weight_sets[0].numpy_mlp is None
 
 
 @pytest.mark.parametrize("edit", ["extra module", "linear without activation", "mixed activations"])
@@ -198,7 +199,7 @@ def test_a_weight_refresh_is_one_copy_into_the_weights_the_model_views():
 
 def test_the_learner_publishes_its_weights_in_one_copy_from_the_device():
     cfg, spec, model, arena = small_run()
-    learner = Learner(cfg, spec.observation_space, spec.action_space, device_path=True)
+    learner = VTraceLearner(cfg, spec.observation_space, spec.action_space, device_path=True)
     host = LearnerRuntime(cfg, arena, learner)
     assert host.device_flat is not host.flat
     with CopyCounter(host.flat) as counter:

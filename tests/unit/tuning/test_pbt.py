@@ -17,7 +17,8 @@ from fastrl.config import PBT_MUTABLE, ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.evaluation.evaluator import EvalStats, MemberEvalStats
 from fastrl.files.checkpoint import best_checkpoint_path, load_checkpoint
-from fastrl.ipc.arena import EPISODE_RING, Arena, WeightBuffer
+from fastrl.ipc.arena import EPISODE_RING, Arena
+from fastrl.ipc.weights import WeightBuffer
 from fastrl.learner.policy_set import PolicyRuntimes, make_policy_learners
 from fastrl.models.networks import num_state_values
 from fastrl.multiagent.policy_map import policy_map
