@@ -81,6 +81,16 @@ from .storage import make_frame_store
 _MAX_PRIORITY = 1e100
 
 
+
+def frames_out(out: np.ndarray | None, shape: tuple, dtype, caller: str) -> np.ndarray:
+    """The array a sample's frames go into: ``out`` when it is a C-contiguous ``dtype`` array of
+    ``shape`` (a caller's staging buffer, reused batch after batch), a new one when it is None."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"{caller}: out must be a C-contiguous {dtype} array of shape {shape}")
+    return out
+
 class ReplayRatio:
     """Rate limiter: how many batches the learner may sample for the records added so far.
 
@@ -494,11 +504,7 @@ class TransitionReplay(_StreamReplay):
             return None
         indices, generations, weights = drawn
         shape = self.frames_shape(batch_size)
-        if out is None:
-            out = np.empty(shape, self.obs_dtype)
-        elif out.shape != shape or out.dtype != self.obs_dtype or not out.flags.c_contiguous:
-            raise ValueError(f"TransitionReplay.sample: out must be a C-contiguous "
-                             f"{self.obs_dtype} array of shape {shape}")
+        out = frames_out(out, shape, self.obs_dtype, "TransitionReplay.sample")
         n, S = self.horizon, self.frame_stack
         rows = np.empty((batch_size, S + n), np.int64)
         returns, discounts = np.empty(batch_size, np.float32), np.empty(batch_size, np.float32)
@@ -577,11 +583,7 @@ class SequenceReplay(_StreamReplay):
         rows = np.empty((T + 1, batch_size, S), np.int64)
         _plan_sequences(indices, self._written, self.ring_len, self._first, steps, rows)
         shape = self.obs_shape_of(batch_size)
-        if out is None:
-            out = np.empty(shape, self.obs_dtype)
-        elif out.shape != shape or out.dtype != self.obs_dtype or not out.flags.c_contiguous:
-            raise ValueError(f"SequenceReplay.sample: out must be a C-contiguous {self.obs_dtype} array "
-                             f"of shape {shape}")
+        out = frames_out(out, shape, self.obs_dtype, "SequenceReplay.sample")
         obs = out
         self._frames.read(rows.ravel(), obs)
         taken = steps[:-1]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from fastrl.files.checkpoint import load_latest_checkpoint
-from fastrl.multiagent.league import League, LeagueRecord, league_dir, saved_snapshots, snapshot_path
+from fastrl.multiagent.league import League, league_dir, saved_snapshots, snapshot_path
 from fastrl.run.training import train
-from tests.unit.multiagent.test_league import count_game_config, league_files, read_snapshot
+from tests.unit.multiagent.test_league import count_game_config, league_files, read_snapshot, watch_league_starts
 
 
 def read_metrics(run_dir):
@@ -30,7 +30,7 @@ def check_league_run(run_dir, max_snapshots: int = 3):
 
 def test_selfplay_trains_against_its_league_and_resumes_it(tmp_path, monkeypatch):
     taken = {}
-    after_update, restore, record_init = League.after_update, League.restore, LeagueRecord.__init__
+    after_update = League.after_update
 
     def unchanged_snapshots(league, version, flat):
         """Every update: the snapshots in the arena are the weights of the update they were taken at."""
@@ -44,19 +44,8 @@ def test_selfplay_trains_against_its_league_and_resumes_it(tmp_path, monkeypatch
                 assert league.buffers[j].read_into(out) == v
                 np.testing.assert_array_equal(out, taken[v])
 
-    restored, started = [], []
-
-    def restore_seen(league, num_values):
-        restore(league, num_values)
-        restored.append(sorted(v for v in league.versions if v >= 0))
-
-    def record_seen(record, *args, **kwargs):
-        record_init(record, *args, **kwargs)
-        started.append({v: list(r) for v, r in record.results.items()})
-
     monkeypatch.setattr(League, "after_update", unchanged_snapshots)
-    monkeypatch.setattr(League, "restore", restore_seen)
-    monkeypatch.setattr(LeagueRecord, "__init__", record_seen)
+    restored, started = watch_league_starts(monkeypatch)
     train(count_game_config(2_500), run_dir=tmp_path, quiet=True)
     versions = check_league_run(tmp_path)
     assert versions == sorted(taken)[-3:] and len(taken) > 3  # the oldest dropped
@@ -113,19 +102,7 @@ def test_a_resume_restores_the_league_of_its_checkpoint_and_skips_a_bad_snapshot
     record_path.write_text(json.dumps(record))
     (league_dir(tmp_path) / f".snapshot-{newer:012d}.x1y2.tmp").write_bytes(b"half")
     snapshot_path(tmp_path, versions[1]).write_bytes(b"not a snapshot")  # corrupt
-    restored, started = [], []
-    restore, record_init = League.restore, LeagueRecord.__init__
-
-    def restore_seen(league, num_values):
-        restore(league, num_values)
-        restored.append(sorted(v for v in league.versions if v >= 0))
-
-    def record_seen(record, *args, **kwargs):
-        record_init(record, *args, **kwargs)
-        started.append(set(record.results) | set(record.recent))
-
-    monkeypatch.setattr(League, "restore", restore_seen)
-    monkeypatch.setattr(LeagueRecord, "__init__", record_seen)
+    restored, started = watch_league_starts(monkeypatch, lambda record: set(record.results) | set(record.recent))
     capsys.readouterr()
     train(count_game_config(3_000, **{"selfplay.snapshot_every": 100_000}), run_dir=tmp_path, resume=True,
           quiet=True)

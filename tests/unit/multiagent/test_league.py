@@ -328,7 +328,9 @@ def league_files(run_dir):
     return sorted(path.name for path in league_dir(run_dir).iterdir())
 
 
-def test_a_new_run_never_restores_a_league_it_finds(tmp_path, monkeypatch):
+def watch_league_starts(monkeypatch, record_view=lambda record: {v: list(r) for v, r in record.results.items()}):
+    """What each start of a league restores: the snapshot versions (one sorted list per start)
+    and ``record_view`` of the record it begins with (one per start), filled as runs start."""
     restored, started = [], []
     restore, record_init = League.restore, LeagueRecord.__init__
 
@@ -338,10 +340,15 @@ def test_a_new_run_never_restores_a_league_it_finds(tmp_path, monkeypatch):
 
     def record_seen(record, *args, **kwargs):
         record_init(record, *args, **kwargs)
-        started.append({v: list(r) for v, r in record.results.items()})
+        started.append(record_view(record))
 
     monkeypatch.setattr(League, "restore", restore_seen)
     monkeypatch.setattr(LeagueRecord, "__init__", record_seen)
+    return restored, started
+
+
+def test_a_new_run_never_restores_a_league_it_finds(tmp_path, monkeypatch):
+    restored, started = watch_league_starts(monkeypatch)
     # An earlier run's league, and no run marker beside it (it was killed before its first checkpoint).
     cfg = count_game_config(300)
     spec = probe_env(cfg)
