@@ -373,7 +373,7 @@ class PoliciesConfig:
 
 @dataclass
 class SelfPlayConfig:
-    """Self-play against a league of frozen snapshots of the policy (docs/multiagent.md): per game
+    """Self-play against a league of frozen snapshots of the policy (docs/selfplay.md): per game
     the policy plays one seat drawn at random and a snapshot every other seat; snapshot rows are
     never trained on."""
 
