@@ -99,17 +99,17 @@ def test_a_section_that_failed_or_was_not_reached_says_so_in_the_markdown():
 
 
 def test_the_quick_report_on_the_cpu_has_every_section(tmp_path):
-    """The whole report, as a GPU runs it, on the CPU. In the default budget of the full report,
-    not --quick's, so that a busy machine still measures every section."""
-    out = tmp_path / "report"
+    """The whole report, as a GPU runs it, on the CPU. Each section ends when it has measured, well
+    inside its share; the budget is --quick's with a margin, so that a busy machine still measures
+    every section."""
+    out, minutes = tmp_path / "report", 1.5 * gpu.QUICK_MINUTES
     done = subprocess.run([sys.executable, str(SCRIPTS / "bench.py"), "gpu", "--device", "cpu", "--quick",
-                           "--minutes", str(gpu.DEFAULT_MINUTES), "--out", str(out)], capture_output=True,
-                          text=True, timeout=gpu.DEFAULT_MINUTES * 60 + 60,
-                          env={**os.environ, "PYTHONPATH": str(SCRIPTS.parent)})
+                           "--minutes", str(minutes), "--out", str(out)], capture_output=True,
+                          text=True, timeout=minutes * 60 + 60, env={**os.environ, "PYTHONPATH": str(SCRIPTS.parent)})
     assert done.returncode in (0, 1), done.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     sections = report["sections"]
-    assert report["finished"] and report["wall_s"] <= gpu.DEFAULT_MINUTES * 60
+    assert report["finished"] and report["wall_s"] <= minutes * 60
     assert list(sections) == [section.name for section in gpu.SECTIONS]
     assert all(section["status"] == "ok" for section in sections.values()), \
         {name: section.get("reason") or section.get("error") for name, section in sections.items()}
