@@ -1,6 +1,7 @@
 """The suite's rules: a test's kind is its folder, and `slow` follows it (integration, e2e and
-benchmarks are slow: `python -m pytest -m "not slow" tests` runs the unit tests alone); a
-session-wide guard fails the suite if any fastrl process or shared-memory segment is left behind."""
+benchmarks are slow: `python -m pytest -m "not slow" tests` runs the unit tests alone); the
+session fails if any fastrl process or shared-memory segment is left behind, with or without
+pytest-xdist's workers (`-n 2`)."""
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from fastrl.ipc.arena import segment_creator
 
-pytest_plugins = ("tests.support.torchrun",)  # the agent_store fixture
+pytest_plugins = ("tests.support.torchrun", "tests.support.runs")  # agent_store; the shared runs
 
 TESTS = Path(__file__).resolve().parent
 SLOW_KINDS = ("integration", "e2e", "benchmarks", "learning")  # runs, processes, benchmark scripts: not unit tests
@@ -35,8 +36,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _segments() -> set[str]:
-    """Segments of this pid namespace whose creator is gone or is this test session: what the
-    suite could have leaked (live runs of other processes are not ours to judge)."""
+    """Segments of this pid namespace whose creator is gone or is this process: what the suite
+    could have leaked (live runs of other processes are not ours to judge)."""
     if not os.path.isdir("/dev/shm"):
         return set()
     ours = set()
@@ -47,12 +48,34 @@ def _segments() -> set[str]:
     return ours
 
 
+def _is_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+SEGMENTS_BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session):
+    # Shared memory is judged once, by the process that runs the session (pytest-xdist's controller
+    # when -n is given): a worker that finishes first would see another's run mid-test.
+    if not _is_xdist_worker():
+        session.config.stash[SEGMENTS_BEFORE] = _segments()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _is_xdist_worker() or SEGMENTS_BEFORE not in session.config.stash:
+        return
+    left = _segments() - session.config.stash[SEGMENTS_BEFORE]
+    if left:
+        print(f"\nshared memory left in /dev/shm: {sorted(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers():
-    before = _segments()
+    """Every process a test started has ended by the end of the session (of each xdist worker)."""
     yield
     me = psutil.Process()
     children = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                 and "resource_tracker" not in " ".join(p.cmdline())]
     assert not children, f"processes left behind: {[(p.pid, p.cmdline()) for p in children]}"
-    assert _segments() <= before, f"shared memory left in /dev/shm: {_segments() - before}"

@@ -15,17 +15,7 @@ import pytest
 from fastrl.cli import train_main
 from fastrl.files.checkpoint import list_checkpoints
 from fastrl.files.run_dir import RunDirError, check_run_dir
-from fastrl.run.training import train
-from tests.unit.files.test_run_dir import tiny_config
 
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A run directory with a config, metrics and a final checkpoint (serial: quick, one process)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    train(tiny_config(serial=True), run_dir=run_dir, quiet=True)
-    assert list_checkpoints(run_dir)
-    return run_dir
 
 def keep_lock_for(lock, seconds):
     """A spawned child given the run directory's lock (as the learner is)."""

@@ -66,7 +66,7 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
-        f"import fastrl.reporting.wandb_logger\nfastrl.wandb_logger.CLOSE_WAIT_S = {close_wait_s}\n")
+        f"import fastrl.reporting.wandb_logger\nfastrl.reporting.wandb_logger.CLOSE_WAIT_S = {close_wait_s}\n")
     env = {**os.environ, "WANDB_MODE": "online", "WANDB_BASE_URL": server.url, "WANDB_API_KEY": "0" * 40,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

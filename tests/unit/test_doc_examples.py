@@ -8,12 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from fastrl.evaluation.export import export_run
-from tests.e2e.test_cli_errors import small_config
 from tests.support.repo import REPO
-from tests.unit.evaluation.test_export import have_onnx, untrained_run
 
 ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -54,13 +49,3 @@ def test_a_failing_block_fails_and_fastrl_can_be_kept_out(tmp_path):
     assert "ModuleNotFoundError" in run_script("import fastrl.config.schema\n", tmp_path, without_fastrl=True).stderr
 
 
-@pytest.fixture
-def exported_policies(tmp_path):
-    """policy.pt and policy.onnx of a CartPole run in ``tmp_path``, as the export blocks load them."""
-    run = tmp_path / "run"
-    run.mkdir()
-    untrained_run(run, small_config(**{"env.id": "CartPole-v1", "env.kwargs": {}}))
-    export_run(run, "torchscript", tmp_path / "policy.pt")
-    if have_onnx():
-        export_run(run, "onnx", tmp_path / "policy.onnx")
-    return tmp_path

@@ -135,7 +135,7 @@ def check_self_play_trains_and_evaluates(tmp_path, env_id, serial, env_steps, tu
         "env.id": env_id, "env.num_workers": 1 if serial else 2, "env.envs_per_worker": 8,
         "env.num_splits": 4, "learner.rollout": 8, "learner.batch_size": 64, "train_for_env_steps": env_steps,
         "report_every_s": 0.5, "serial": serial, "inference.in_workers": False, "device": "cpu",
-        "eval.every_s": 0.5 if serial else 0.0, "eval.episodes": 4})
+        "eval.every_s": 0.05 if serial else 0.0, "eval.episodes": 4})
     result = train(cfg, run_dir=tmp_path, quiet=True)
     assert result.final["env_steps"] >= env_steps and result.final["learner_updates"] > 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -14,9 +14,8 @@ from fastrl.config import build_config
 from fastrl.envs import probe_env
 from fastrl.evaluation import video as video_module
 from fastrl.evaluation.video import VideoError, record_frames, write_video
-from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint, write_checkpoint_file
+from fastrl.files.checkpoint import best_checkpoint_path, write_checkpoint_file
 from fastrl.models.networks import build_model
-from fastrl.run.training import train
 
 needs_imageio = pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
                                    reason="the [video] extra (imageio, imageio-ffmpeg) is not installed")
@@ -114,15 +113,6 @@ def test_a_factory_without_render_mode_is_one_line():
     cfg = toy_config("fastrl.envs.toy:make_countdown", {"length": 3})
     with pytest.raises(VideoError, match="takes no render_mode"):
         record_frames(cfg, untrained_model(cfg))
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A run of a few seconds, and a best.pt made from its checkpoint (as the evaluator writes it)."""
-    run_dir = tmp_path_factory.mktemp("painted")
-    train(toy_config(), run_dir=run_dir, quiet=True)
-    latest = load_checkpoint(list_checkpoints(run_dir)[-1])
-    return run_dir, latest
 
 
 def write_best(run_dir, latest, env_steps):

@@ -75,11 +75,6 @@ def reporter_for(run_dir):
                     console=Console(run_dir, quiet=True))
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-
-
 @needs_wandb
 def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, offline):
     run_dir = wandb_run_dir(tmp_path)
