@@ -334,7 +334,7 @@ def policy_state(state: dict, names: tuple[str, ...], name: str, path_hint: str 
 
 def evaluation_device(name: str) -> str:
     """fastrl-eval's --device as torch takes it: auto (a GPU if one is visible), cpu, cuda or
-    cuda:N; ConfigError (one line) for another name or a GPU this machine does not have."""
+    cuda:N; ConfigError (one line) for another name or a GPU torch cannot see."""
     if not is_device_name(name):
         raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got '{name}'")
     if name == "auto":
@@ -342,7 +342,7 @@ def evaluation_device(name: str) -> str:
     if name == "cpu":
         return name
     if not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
+        raise ConfigError(f"--device {name}: torch sees no CUDA device; use --device cpu")
     count = torch.cuda.device_count()
     if torch.device(name).index is not None and torch.device(name).index >= count:
         raise ConfigError(f"--device {name}: {count} GPU(s) are visible (cuda:0 to cuda:{count - 1}); pick one of "

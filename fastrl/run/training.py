@@ -91,7 +91,7 @@ def _run(plan: RunPlan, quiet: bool) -> RunResult:
     if plan.cfg.learner.precision == "auto":
         # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
         chosen = learner_precision("auto", plan.cfg.learner.algo, torch.device(plan.device))
-        line = f"[fastrl] learner.precision=auto: {chosen} on this machine"
+        line = f"[fastrl] learner.precision=auto: {chosen} on {plan.device}"
         console.status(line)
         console.record(line)
     try:

@@ -56,7 +56,7 @@ def test_eval_options_that_cannot_work_are_one_line(run_dir, capsys, args, messa
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA runs --device cuda")
 def test_eval_on_cuda_without_cuda_says_to_use_the_cpu(run_dir, capsys):
     one_line_error(capsys, eval_main([str(run_dir), "--device", "cuda"]), 2, "fastrl-eval",
-                   "--device cuda: CUDA is not available on this machine; use --device cpu")
+                   "--device cuda: torch sees no CUDA device; use --device cpu")
 
 
 def test_a_gpu_index_beyond_the_visible_ones_is_one_line(run_dir, capsys, monkeypatch):
