@@ -7,7 +7,6 @@ main module, and a rollout worker should not pay for torch.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
@@ -115,22 +114,22 @@ def train_main(argv=None) -> int:
 
         write_best_effort(sys.stdout, list_keys())
         return 0
-    made_dir, runs_root = None, Path("runs")
-    made_root = not runs_root.exists()
+    made_dir = None
     try:
-        from .files.run_dir import RunDirError, default_run_dir, remove_unused_run_dir
+        from .files.run_dir import RunDirError, default_run_dir, first_missing, remove_unused_run_dir
         from .run.training import train
 
         cfg = resolve_train_config(args)
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.profile, runs_root)
-        made_dir = None if args.run_dir else run_dir
+        if args.run_dir:
+            run_dir = Path(args.run_dir)  # train() removes what it makes of it on a refusal
+        else:
+            runs_root = Path("runs")
+            made_from = first_missing(runs_root)
+            run_dir = made_dir = default_run_dir(args.profile, runs_root)
         result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
     except (*_user_errors(), RunDirError) as exc:
         if made_dir is not None:
-            remove_unused_run_dir(made_dir)
-            if made_root:
-                with contextlib.suppress(OSError):
-                    runs_root.rmdir()  # the runs folder this command made, if nothing else is in it
+            remove_unused_run_dir(made_dir, made_from)
         return _fail("fastrl-train", exc)
     final = result.final
     summary = {"run_dir": str(run_dir), "env_steps": final.get("env_steps"),
