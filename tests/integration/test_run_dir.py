@@ -7,7 +7,7 @@ import pytest
 from fastrl.config import load_run_config
 from fastrl.files.checkpoint import list_checkpoints
 from fastrl.run.training import RunError, train
-from tests.unit.files.test_run_dir import tiny_config
+from tests.support.runs import tiny_config
 
 
 def test_a_directory_that_holds_a_run_is_refused_before_the_env_is_even_made(finished_run):

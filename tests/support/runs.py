@@ -5,8 +5,25 @@ import pytest
 from fastrl.config import build_config
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.run.training import train
-from tests.unit.evaluation.test_video import toy_config
-from tests.unit.files.test_run_dir import tiny_config
+
+PAINTED = "fastrl.envs.toy:make_painted_countdown"
+LENGTH = 7  # steps per episode: L + 1 frames (the first observation, then one per step)
+TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
+        "learner.batch_size": 512, "train_for_env_steps": 4096, "report_every_s": 0.2}
+
+
+def tiny_config(**overrides):
+    """A CartPole run of a few seconds: one worker, 4,096 env steps."""
+    return build_config("cartpole-appo", {**TINY, **overrides})
+
+
+def toy_config(env_id=PAINTED, env_kwargs=None, **overrides):
+    """A serial run of 2,000 env steps of ``env_id`` (the painted countdown: frames that show the step)."""
+    settings = {"env.id": env_id, "env.kwargs": {"length": LENGTH} if env_kwargs is None else env_kwargs,
+                "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "learner.rollout": 8,
+                "learner.batch_size": 64, "slots_per_env": 3, "train_for_env_steps": 2_000, "device": "cpu",
+                "report_every_s": 1.0, "serial": True, "model.kind": "mlp", "model.hidden_sizes": [32]}
+    return build_config("cartpole-appo", {**settings, **overrides})
 
 
 @pytest.fixture(scope="session")

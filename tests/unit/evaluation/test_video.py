@@ -16,19 +16,12 @@ from fastrl.evaluation import video as video_module
 from fastrl.evaluation.video import VideoError, record_frames, write_video
 from fastrl.files.checkpoint import best_checkpoint_path, write_checkpoint_file
 from fastrl.models.networks import build_model
+from tests.support.runs import LENGTH, toy_config
 
 needs_imageio = pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
                                    reason="the [video] extra (imageio, imageio-ffmpeg) is not installed")
-PAINTED = "fastrl.envs.toy:make_painted_countdown"
-LENGTH = 7  # steps per episode: L + 1 frames (the first observation, then one per step)
 
 
-def toy_config(env_id=PAINTED, env_kwargs=None, **overrides):
-    settings = {"env.id": env_id, "env.kwargs": {"length": LENGTH} if env_kwargs is None else env_kwargs,
-                "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2, "learner.rollout": 8,
-                "learner.batch_size": 64, "slots_per_env": 3, "train_for_env_steps": 2_000, "device": "cpu",
-                "report_every_s": 1.0, "serial": True, "model.kind": "mlp", "model.hidden_sizes": [32]}
-    return build_config("cartpole-appo", {**settings, **overrides})
 
 
 def untrained_model(cfg):

@@ -12,7 +12,6 @@ import threading
 import pytest
 
 from fastrl.cli import train_main
-from fastrl.config import build_config
 from fastrl.files.checkpoint import write_checkpoint_file
 from fastrl.files.run_dir import (
     LOCK_FILE,
@@ -25,13 +24,7 @@ from fastrl.files.run_dir import (
     write_atomic,
 )
 from fastrl.run.training import RunError, train
-
-TINY = {"device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 32, "env.num_splits": 2,
-        "learner.batch_size": 512, "train_for_env_steps": 4096, "report_every_s": 0.2}
-
-
-def tiny_config(**overrides):
-    return build_config("cartpole-appo", {**TINY, **overrides})
+from tests.support.runs import tiny_config
 
 
 def test_overwrite_removes_only_what_fastrl_wrote(tmp_path):

@@ -91,7 +91,8 @@ def test_a_resumed_run_logs_to_the_same_wandb_run(tmp_path, offline):
 def test_a_video_is_logged_as_mp4(tmp_path, offline):
     pytest.importorskip("imageio_ffmpeg")
     from fastrl.evaluation.video import write_video
-    from tests.unit.evaluation.test_video import PAINTED, toy_config, untrained_model
+    from tests.support.runs import PAINTED, toy_config
+    from tests.unit.evaluation.test_video import untrained_model
 
     cfg = toy_config(PAINTED)
     video = write_video(cfg, untrained_model(cfg), tmp_path / "clip.mp4", episodes=1)["video"]
