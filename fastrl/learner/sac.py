@@ -58,6 +58,8 @@ class SACLearner(ReplayLearner):
         self.head = SquashedGaussianHead(action_space)
         self.critic = TwinQCritic(int(np.prod(layout.storage_shape)), dims, cfg.model).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        # The pairs Polyak averages after every update, listed once (load_state_dict copies in place).
+        self.polyak_pairs = (list(self.target_critic.parameters()), list(self.critic.parameters()))
         self.log_temperature = torch.tensor(math.log(lcfg.temperature), device=self.device,
                                             requires_grad=lcfg.learn_temperature)
         self.target_entropy = -lcfg.target_entropy_scale * dims
@@ -136,7 +138,7 @@ class SACLearner(ReplayLearner):
 
     def refresh_targets(self) -> None:
         """The target critics move ``learner.tau`` of the way to the critics after every update."""
-        polyak_update(list(self.target_critic.parameters()), list(self.critic.parameters()), self.lcfg.tau)
+        polyak_update(*self.polyak_pairs, self.lcfg.tau)
 
     def counters(self) -> dict:
         return {**super().counters(), "temperature": self.temperature}
