@@ -101,6 +101,7 @@ BATCH = Range(1, 2**24)  # env steps or transitions in one batch
 EPISODES = Range(1, 10**6)  # episodes one evaluation plays or one objective averages
 REPLAY_RECORDS = Range(1, 10**9)  # records in a replay: 500 times Ape-X's 2 million
 ANY_ACTION = Range(-2**31, 2**31 - 1)  # a Discrete space's values: the env's space bounds them further
+SERIAL_REPORT_BATCHES = 10  # a serial run reports every this many learner batches by default
 RUN_DEVICES = DeviceNames(("auto", "cpu", "cuda"), "auto, cpu, cuda or cuda:N")
 
 
@@ -489,12 +490,14 @@ class Config:
     slots_per_env: int = declare(3, allowed=Range(2, 256),
                                  help="trajectory slots per env: one filling, the rest queued for the learner")
     report_every_s: float = declare(5.0, allowed=SECONDS, help="seconds between status lines and metrics records")
-    # A serial run's steps do not depend on the clock, its reports do: by env steps, two runs with
-    # one seed write the same metrics.jsonl (docs/reproducibility.md). Parallel ranks report in
-    # step by the clock (a collective), so only serial runs take it.
+    # A serial run's steps do not depend on the clock, its reports would: by env steps, two runs
+    # with one seed write the same metrics.jsonl (docs/reproducibility.md). Parallel ranks report
+    # in step by the clock (a collective), so only serial runs take it.
     report_every_env_steps: int = declare(0, allowed=NON_NEGATIVE,
-                                          help="serial runs: report at the first step at or past each multiple of "
-                                               "this many env steps, in place of report_every_s; 0 = by the clock")
+                                          help="serial runs report at the first step at or past each multiple of "
+                                               "this many env steps, in place of report_every_s; 0 = every 10 "
+                                               "learner batches (10 x learner.batch_size); parallel runs report by "
+                                               "the clock")
     checkpoint_every_s: float = declare(300.0, allowed=SECONDS, help="seconds between checkpoints")
     keep_checkpoints: int = declare(3, allowed=AT_LEAST_1, help="checkpoints kept; older ones are deleted")
     max_worker_restarts: int = declare(10, allowed=NON_NEGATIVE,
@@ -535,6 +538,17 @@ class Config:
         population's pbt.objective names (info/<key>)."""
         objective = objective_info_key(self.pbt.objective) if self.pbt.population else None
         return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else [])]))
+
+    @property
+    def serial_report_every_env_steps(self) -> int:
+        """A serial run's report period in env steps: the key's, or 10 learner batches."""
+        return self.report_every_env_steps or SERIAL_REPORT_BATCHES * self.learner.batch_size
+
+    @property
+    def serial_evaluate_every_reports(self) -> int:
+        """A serial run evaluates in line at every this-many-th report: the clock would put its
+        figures into other reports on each run. eval.every_s over report_every_s, at least 1."""
+        return max(1, round(self.eval.every_s / self.report_every_s))
 
     @property
     def trajectories_per_batch(self) -> int:

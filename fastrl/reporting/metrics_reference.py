@@ -18,8 +18,8 @@ def markdown() -> str:
              "Generated from `fastrl/reporting/metrics.py` by "
              "`python -m fastrl.reporting.metrics_reference > docs/metrics.md`; "
              "`tests/unit/test_docs.py` checks that it is current and that a run writes no undeclared key.", "",
-             "A run appends one JSON object per report (every `report_every_s`, or in a serial run every "
-             "`report_every_env_steps` when set) to `RUN_DIR/metrics.jsonl`. "
+             "A run appends one JSON object per report (every `report_every_s`; a serial run every "
+             "`report_every_env_steps`, by default 10 learner batches) to `RUN_DIR/metrics.jsonl`. "
              "TensorBoard (when installed) and Weights & Biases (`logging.wandb`) receive the same figures. "
              "A figure that is not known yet (no episode has ended) is `null`.", "",
              "`<...>` in a key is filled in by the run: `<policy>` is `policy/<name>` with several policies or "

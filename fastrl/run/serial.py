@@ -4,7 +4,6 @@ InferenceBatcher, LearnerRuntime), over a private arena."""
 from __future__ import annotations
 
 import copy
-import time
 
 import numpy as np
 import torch
@@ -62,9 +61,10 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                         members=bool(policies.members), info_keys=cfg.info_keys,
                         info_due_env_steps=info_due_env_steps(cfg), objective=cfg.pbt.objective,
                         league=plan.league_record(arena), stop_when=plan.stop_when,
-                        report_every_s=cfg.report_every_s, report_every_env_steps=cfg.report_every_env_steps)
+                        report_every_s=cfg.report_every_s,
+                        report_every_env_steps=cfg.serial_report_every_env_steps)
     runtime.publish()
-    evaluations = InlineEvaluations(cfg.eval.every_s,
+    evaluations = InlineEvaluations(cfg.serial_evaluate_every_reports,
                                     lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
     eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
@@ -84,9 +84,9 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
                 workers[w].act(request)
             while (batch := full.next_batch()) is not None:
                 runtime.consume(*batch, full.release)
-            if evaluations is not None:
-                evaluations.evaluate_if_due()
             if reporter.report_due():
+                if evaluations is not None:
+                    evaluations.evaluate_if_due()
                 reporter.report({**evaluation_counts(evaluations), **eval_results.new()})
             if runtime.checkpoint_due():
                 runtime.checkpoint()
@@ -106,26 +106,30 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
 
 
 class InlineEvaluations:
-    """The serial run's evaluations, in line every ``every_s`` seconds (training waits meanwhile:
-    this mode is for debugging, not speed). As expendable as the parallel run's evaluator process:
-    a failed evaluation is followed by a new Evaluator (new envs) up to MAX_RESTARTS times, then
-    training goes on without evaluation; each step says so in the notices the supervisor gives."""
+    """The serial run's evaluations, in line at every ``every_reports``-th report (training waits
+    meanwhile: this mode is for debugging, not speed). Reports come at fixed env steps, so two
+    runs with one seed evaluate at the same steps. As expendable as the parallel run's evaluator
+    process: a failed evaluation is followed by a new Evaluator (new envs) up to MAX_RESTARTS
+    times, then training goes on without evaluation; each step says so in the notices the
+    supervisor gives."""
 
-    def __init__(self, every_s: float, make_evaluator, console: Console):
-        self.every_s = every_s
+    def __init__(self, every_reports: int, make_evaluator, console: Console):
+        self.every_reports = every_reports
         self.make_evaluator = make_evaluator
         self.console = console
         self.evaluator: Evaluator | None = None
         self.restarts = 0
         self.given_up = False
-        self.due = time.time() + every_s
+        self.reports = 0
 
     def evaluate_if_due(self) -> None:
-        if self.given_up or time.time() < self.due:
+        """Called at each report: evaluates at every ``every_reports``-th."""
+        self.reports += 1
+        if self.given_up or self.reports % self.every_reports:
             return
         try:
-            # Its own torch RNG stream: when the clock brings an evaluation must not change the
-            # draws training makes after it (docs/reproducibility.md).
+            # Its own torch RNG stream: an evaluation must not change the draws training makes
+            # after it (docs/reproducibility.md).
             with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
                 if self.evaluator is None:
                     self.evaluator = self.make_evaluator()
@@ -133,7 +137,6 @@ class InlineEvaluations:
         except Exception as exc:  # an observer's failure never stops training; Ctrl-C still does
             self.evaluator = None
             self._failed(f"the evaluator failed ({failure_line(exc)})")
-        self.due = time.time() + self.every_s
 
     def _failed(self, failure: str) -> None:
         if self.restarts >= MAX_RESTARTS:

@@ -31,14 +31,20 @@ def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_p
     cfg = build_config("cartpole-appo", {"device": "cpu", "train_for_env_steps": 800_000, "train_for_seconds": 0.0,
                                          "report_every_s": 0.5, "eval.every_s": 0.75, "eval.episodes": 4,
                                          "serial": serial, "env.num_workers": 1, "env.envs_per_worker": 64,
-                                         "learner.batch_size": 1024})
+                                         "learner.batch_size": 1024,
+                                         **({"report_every_env_steps": 50_000} if serial else {})})
     run_dir = tmp_path / "run"
     train(cfg, run_dir=run_dir, quiet=True)
     rows = _rows(run_dir)
     evaluated = [r for r in rows if "eval_return_mean" in r]
-    # Serial mode with the numpy policy trains this budget in about 8 s here, the processes (acting in the
-    # workers) in a few: a 0.75 s cadence still gives several.
-    assert 2 <= len(evaluated) <= rows[-1]["trained_seconds"] / 0.75 + 1
+    if serial:
+        # In line at every round(eval.every_s / report_every_s) = 2nd report, whatever the clock.
+        numbers = [k for k, r in enumerate(rows, start=1) if "eval_return_mean" in r]
+        assert numbers[:3] == [2, 4, 6] and all(k % 2 == 0 for k in numbers)
+    else:
+        # The processes (acting in the workers) train this budget in a few seconds: a 0.75 s
+        # cadence still gives several.
+        assert 2 <= len(evaluated) <= rows[-1]["trained_seconds"] / 0.75 + 1
     # Weights only move forward; the evaluation's env steps only grow and are not in env_steps.
     versions = [r["eval_weights_version"] for r in evaluated]
     assert versions == sorted(versions)

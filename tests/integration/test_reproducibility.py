@@ -1,6 +1,5 @@
 """The tests of tests/unit/run/test_reproducibility.py's subject that train in this process."""
 import json
-import time
 
 import numpy as np
 import pytest
@@ -15,10 +14,11 @@ from fastrl.run.training import train
 from tests.support.same_state import assert_same_state
 from tests.support.seed_envs import recorded_resets
 
-REPORT_EVERY = 500
-
+# Serial runs as a user starts them: reports every 10 learner batches (the default), and
+# evaluations in line every report_every_s * 2 seconds' worth, i.e. at every second report.
 SMALL = {"serial": True, "device": "cpu", "env.num_workers": 1, "env.envs_per_worker": 8,
-         "train_for_env_steps": 3_000, "report_every_env_steps": REPORT_EVERY, "eval.every_s": 0.0}
+         "train_for_env_steps": 3_000, "report_every_s": 1.0, "eval.every_s": 2.0, "eval.episodes": 2,
+         "eval.num_envs": 2}
 
 REPLAY = {"learner.rollout": 8, "learner.batch_size": 64, "replay.min_fill": 500, "replay.batch_size": 32,
           "model.hidden_sizes": [16]}
@@ -44,7 +44,9 @@ RUNS = [
 
 def serial_run(run_dir, profile: str, overrides: dict, seed: int):
     """A serial run of ``profile`` with ``overrides``; its metrics.jsonl lines and final checkpoint."""
-    train(build_config(profile, {**SMALL, **overrides, "seed": seed}), run_dir=run_dir, quiet=True)
+    cfg = build_config(profile, {**SMALL, **overrides, "seed": seed})
+    assert cfg.serial_report_every_env_steps == 10 * cfg.learner.batch_size
+    train(cfg, run_dir=run_dir, quiet=True)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return lines, load_checkpoint(list_checkpoints(run_dir)[-1])
 
@@ -62,11 +64,15 @@ def learned_state(checkpoint: dict) -> dict:
 def test_a_serial_run_repeated_writes_the_same_metrics_and_weights(tmp_path, profile, overrides):
     first_lines, first = serial_run(tmp_path / "first", profile, overrides, seed=7)
     second_lines, second = serial_run(tmp_path / "second", profile, overrides, seed=7)
-    # Reports at the first step at or past each multiple of report_every_env_steps, then the final one.
+    # Reports at the first step at or past each multiple of 10 learner batches, then the final one;
+    # an evaluation at every second report.
+    every = 10 * {**SMALL, **overrides}["learner.batch_size"]
     steps = [line["env_steps"] for line in first_lines]
-    assert len(steps) >= 3_000 // REPORT_EVERY
-    assert all(k * REPORT_EVERY <= s < k * REPORT_EVERY + 100 for k, s in enumerate(steps[:-1], start=1))
+    assert len(steps) >= 3_000 // every
+    assert all(k * every <= s < k * every + 100 for k, s in enumerate(steps[:-1], start=1))
     assert first_lines[-1]["learner_updates"] > 0
+    evaluated = [k for k, line in enumerate(first_lines, start=1) if "eval_return_mean" in line]
+    assert evaluated[0] == 2 and all(k % 2 == 0 for k in evaluated)
     assert [without_clock(line) for line in first_lines] == [without_clock(line) for line in second_lines]
     assert_same_state(learned_state(first), learned_state(second))
 
@@ -79,18 +85,19 @@ def test_another_seed_gives_another_run(tmp_path):
     assert any(not torch.equal(weights[name], other_weights[name]) for name in weights)
 
 def test_a_serial_run_s_evaluations_leave_its_torch_draws_alone():
-    """A serial run evaluates when the clock says: its own draws must not shift the training's."""
+    """A serial run evaluates at every n-th report: its own draws must not shift the training's."""
     drawn = []
 
     class DrawingEvaluator:
         def evaluate(self):
             drawn.append(torch.rand(3))
 
-    evaluations = InlineEvaluations(1e-6, DrawingEvaluator, Console(None, quiet=True))
+    evaluations = InlineEvaluations(2, DrawingEvaluator, Console(None, quiet=True))
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    time.sleep(0.01)
+    evaluations.evaluate_if_due()  # the first report: not yet
+    assert not drawn
     evaluations.evaluate_if_due()
     assert len(drawn) == 1 and torch.equal(torch.rand(3), expected)
 

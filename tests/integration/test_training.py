@@ -106,13 +106,15 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(cartpole_run, tmp_pat
     run_dir, _ = cartpole_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
-    newest = list_checkpoints(copy)[-1]
-    newest.write_bytes(newest.read_bytes()[:1000])  # truncated mid-write
+    # A newer checkpoint truncated mid-write beside the run's own (the run may have only one).
+    previous = list_checkpoints(copy)[-1]
+    newest = previous.with_name(f"ckpt_{int(previous.stem.split('_')[1]) + 1:012d}.pt")
+    newest.write_bytes(previous.read_bytes()[:1000])
     from fastrl.files.checkpoint import load_latest_checkpoint
 
     warnings = []
     path, state = load_latest_checkpoint(copy, warn=warnings.append)
-    assert path != newest and "counters" in state
+    assert path == previous and "counters" in state
     assert any("corrupt or truncated" in w for w in warnings)
 
 
