@@ -1,8 +1,8 @@
 """Command-line entry points: fastrl-train, fastrl-eval, fastrl-export, fastrl-profile, fastrl-sweep and
 fastrl-plot.
 
-Heavy imports (torch, envs) happen inside the commands: spawned worker processes re-import the
-main module, and a rollout worker should not pay for torch.
+Heavy imports (torch, envs) happen inside the commands: a command that needs none (fastrl-plot,
+--help, a refused config) answers without them.
 """
 from __future__ import annotations
 

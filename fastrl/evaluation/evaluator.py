@@ -282,20 +282,20 @@ def evaluator_niceness(cfg: Config) -> int:
 
 
 def evaluator_process(cfg: Config, layout, arena_name: str, spaces, model: torch.nn.Module | None,
-                      run_dir: Path | None, parent_pid: int, failures: Connection) -> None:
+                      run_dir: Path | None, failures: Connection) -> None:
     """Main loop of the evaluator process: sleep (blocking, checking the stop flag), evaluate, repeat.
 
     The first evaluation comes ``eval.every_s`` after start; an evaluation that overruns its
     interval pushes the next one back instead of running back to back. On an error it sends
     one line (failure_line) through ``failures`` and exits with code 1."""
-    configure_child(parent_pid, cfg.retain_freed_memory, evaluator_niceness(cfg))
+    configure_child(cfg.retain_freed_memory, evaluator_niceness(cfg))
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed + SEED_OFFSET)
     arena = Arena.attach(layout, arena_name)
     control = arena.control
 
     def keep_going() -> None:
-        check_alive(control, parent_pid)
+        check_alive(control)
 
     evaluator = None
     try:

@@ -196,12 +196,12 @@ class RunDirLock:
     """An exclusive ``flock`` on ``RUN_DIR/.lock``: one run works in a directory at a time.
 
     The kernel drops the lock when the last descriptor of its open file closes, so a killed run
-    leaves nothing to clean up. The descriptor is close-on-exec and spawn passes a child only the
-    descriptors it is given, so children do not hold the lock unless given it: pickled while a
-    child is spawned, a RunDirLock passes its descriptor on. The learner is given it, so that the
-    final checkpoint it writes when the runner was killed is still the run's, not a race with the
-    next run's pruning. A child left hanging would then keep the directory locked: the refusal
-    names its pid. The file records the pid of the runner that holds the lock."""
+    leaves nothing to clean up. The descriptor is close-on-exec and a child started by the fork
+    server (fastrl.ipc.start) gets only the descriptors it is given, so children do not hold the
+    lock unless given it: pickled while a child starts, a RunDirLock passes its descriptor on.
+    The learner is given it, so that the final checkpoint it writes when the runner was killed is
+    still the run's, not a race with the next run's pruning. A child left hanging would then keep
+    the directory locked: the refusal names its pid. The file records the pid of the runner that holds the lock."""
 
     def __init__(self, path: Path, fd: int):
         self.path = path
@@ -250,12 +250,12 @@ class RunDirLock:
             self.fd = -1
 
     def __reduce__(self):
-        # reduction.DupFd during a spawn adds the descriptor to those the child keeps.
+        # reduction.DupFd while a child starts adds the descriptor to those the child keeps.
         return _adopt_lock, (self.path, reduction.DupFd(self.fd))
 
 
 def _adopt_lock(path: Path, dup) -> RunDirLock:
-    """A spawned child's share of the runner's lock; held until the child exits."""
+    """A child's share of the runner's lock; held until the child exits."""
     fd = dup.detach()
     os.set_inheritable(fd, False)  # the child's own children do not get it
     return RunDirLock(path, fd)

@@ -2,6 +2,7 @@
 pipes that carry slot and request ids between the processes."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ class ProcessExit(Exception):
     """The run is stopping (stop flag set or the runner is gone): leave the main loop."""
 
 
-def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 0) -> None:
+def configure_child(retain_freed_memory: bool, niceness: int = 0) -> None:
     """Ctrl-C goes to the runner, which stops the children in order; a child ignores it, SIGTERM
     sent to the whole process group (torchrun stopping a rank, fastrl-sweep a trial: the learner
     must live to write its final checkpoint), and a terminal's hang-up, which the runner survives.
@@ -50,7 +51,7 @@ def configure_child(parent_pid: int, retain_freed_memory: bool, niceness: int = 
         allocator.retain_freed_memory()
     if niceness:
         lower_priority(niceness)
-    check_alive(None, parent_pid)
+    _watch_the_runner()
 
 
 def _ignore_signal(signum, frame) -> None:
@@ -74,10 +75,48 @@ def lower_priority(niceness: int) -> None:
             return  # not permitted here (a sandbox): run at the same priority, which only costs speed
 
 
-def check_alive(control, parent_pid: int) -> None:
+class _RunnerWatch:
+    """How a child tells that the runner is gone, in about a microsecond.
+
+    A child started through multiprocessing holds a pipe end whose other end only the runner
+    holds (the parent sentinel): it reads as closed once the runner has exited, however it died.
+    getppid() would not do: a child forked from the fork server (fastrl.ipc.start) has the server
+    as its parent, and the server lives as long as any child does. A process started otherwise
+    (a test's plain subprocess) watches its parent's pid."""
+
+    def __init__(self) -> None:
+        parent = multiprocessing.parent_process()
+        self.poller = None
+        self.parent_pid = os.getppid()
+        if parent is not None:
+            self.poller = select.poll()
+            self.poller.register(parent.sentinel, select.POLLIN)
+
+    def runner_gone(self) -> bool:
+        if self.poller is not None:
+            return bool(self.poller.poll(0))
+        return os.getppid() != self.parent_pid
+
+
+_runner: _RunnerWatch | None = None  # set by configure_child
+
+
+def _watch_the_runner() -> None:
+    global _runner
+    _runner = _RunnerWatch()
+    check_alive(None)
+
+
+def runner_alive() -> bool:
+    """Whether the runner that started this child is still there (True outside a child)."""
+    return _runner is None or not _runner.runner_gone()
+
+
+def check_alive(control) -> None:
+    """Raise ProcessExit when the run is stopping or the runner is gone."""
     if control is not None and control[Control.STOP]:
         raise ProcessExit
-    if os.getppid() != parent_pid:
+    if not runner_alive():
         raise ProcessExit
 
 
@@ -101,10 +140,10 @@ class ReadablePipes:
         """The ends with a message waiting (or whose other end closed), after at most ``timeout_s``."""
         return [self._conn_of_fd[fd] for fd, _ in self._poller.poll(timeout_s * 1000.0)]
 
-    def wait(self, control, parent_pid: int, timeout_s: float = WAIT_TIMEOUT_S) -> list[Connection]:
+    def wait(self, control, timeout_s: float = WAIT_TIMEOUT_S) -> list[Connection]:
         """Block until an end is readable; raise ProcessExit when the run stops."""
         ready = self.ready(timeout_s)
-        check_alive(control, parent_pid)
+        check_alive(control)
         return ready
 
 

@@ -6,8 +6,6 @@ update and no peer is left waiting inside a collective.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
@@ -16,7 +14,7 @@ from ..distributed import process_group as distributed
 from ..distributed.process_group import PEER_FAILURE
 from ..files.checkpoint import CheckpointError
 from ..ipc.arena import Arena, Control, set_error
-from ..ipc.child import ProcessExit, ReadablePipes, configure_child
+from ..ipc.child import ProcessExit, ReadablePipes, configure_child, runner_alive
 from ..ipc.slots import PolicyQueues, slot_bytes, slot_ids_from
 from ..multiagent.policy_map import PolicyMap, policy_map
 from ..reporting.timers import Timers
@@ -77,12 +75,11 @@ class FullSlots:
     out): full slot ids queued per policy in arrival order and taken a batch at a time; slots
     handed back to the worker that owns them once copied out (``release``)."""
 
-    def __init__(self, cfg: Config, arena: Arena, channels, parent_pid: int, timers: Timers,
+    def __init__(self, cfg: Config, arena: Arena, channels, timers: Timers,
                  policies: PolicyMap | None = None):
         full_in, free_out = channels
         self.pipes = ReadablePipes(full_in)
         self.arena = arena
-        self.parent_pid = parent_pid
         self.timers = timers
         policies = policy_map(cfg, ()) if policies is None else policies
         row_policy = policies.run_row_policies(cfg.env.num_workers, cfg.env.envs_per_worker)
@@ -104,7 +101,7 @@ class FullSlots:
     def receive(self) -> None:
         """Block until a worker sends full slot ids (or the wait times out); queue all that came."""
         with self.timers.time("wait_s"):
-            ready = self.pipes.wait(self.arena.control, self.parent_pid)
+            ready = self.pipes.wait(self.arena.control)
         while ready:
             for conn in ready:
                 self.full.put(slot_ids_from(conn.recv_bytes()))
@@ -112,7 +109,7 @@ class FullSlots:
 
 
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
-                    parent_pid: int, run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None,
+                    run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None,
                     policies: PolicyMap | None = None) -> None:
     """Main loop of the learner process. ``channels``: (full-slot pipes in, free-slot pipes out),
     one per rollout worker. With ``dist_info`` (several ranks) only rank 0 gets a ``run_dir`` to
@@ -120,7 +117,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     (fastrl.files.run_dir.RunDirLock): received, this process holds it too until it exits, so the final
     checkpoint it writes after the runner was killed still belongs to this run. ``policies``: the
     run's (fastrl.learner.policy_set trains each); None, one policy."""
-    configure_child(parent_pid, cfg.retain_freed_memory)
+    configure_child(cfg.retain_freed_memory)
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -143,7 +140,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     stopping = DistributedStop(arena, learner.device) if parallel else LocalStop(arena)
     runtime = PolicyRuntimes(cfg, arena, learners, policies, run_dir, dist_info.world_size if parallel else 1,
                              resume_state)
-    slots = FullSlots(cfg, arena, channels, parent_pid, runtime.timers, policies)
+    slots = FullSlots(cfg, arena, channels, runtime.timers, policies)
     checkpoint_failed = False
     runtime.publish()
     try:
@@ -163,7 +160,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
         # With several ranks a flush would be an extra all-reduce that a rank stopping from its
         # own wait (not from the agreement) does not join: there the last batch is dropped, as
         # it is when the parent is gone.
-        if not parallel and os.getppid() == parent_pid:
+        if not parallel and runner_alive():
             try:
                 runtime.flush(runtime.progress())
             except NonFiniteTraining as exc:

@@ -2,8 +2,6 @@
 as many processes as rollout workers, with no trainer around them: the honest limit of that layout."""
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import queue
 import time
 from dataclasses import dataclass
@@ -14,6 +12,7 @@ import numpy as np
 from ..config import Config
 from ..envs.spaces import MASK_KEY, ActionLayout, ObsLayout, box_bounds
 from ..ipc.child import configure_child
+from ..ipc.start import child_context, child_process
 from ..sampling.rollout_worker import make_worker_env
 from .diagnosis import ProfileError
 from .sampling import ProcessSampler, cores_used
@@ -60,15 +59,15 @@ def legal_random_actions(layout: ActionLayout, mask: np.ndarray, uniform: np.nda
     return columns[0] if layout.shape == () else np.stack(columns, axis=1)
 
 
-def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: float, barrier, results,
-                     parent_pid: int) -> None:
+def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: float, barrier,
+                     results) -> None:
     """One raw env process: the env group of rollout worker ``worker_id``, random actions, and
     the same double buffering (``num_splits`` batches in flight). Puts (worker_id, result).
 
     Actions are drawn among those the observation's ``action_mask`` allows: an illegal move ends a
     PettingZoo classic game at once (or raises, in envs that refuse it), which would measure
     something other than the game."""
-    configure_child(parent_pid, cfg.retain_freed_memory)
+    configure_child(cfg.retain_freed_memory)
     try:
         env = make_worker_env(cfg, worker_id)
     except Exception as exc:
@@ -109,11 +108,11 @@ def _raw_env_process(worker_id: int, cfg: Config, warmup_s: float, window_s: flo
 def measure_env(cfg: Config, seconds: float, warmup_s: float) -> EnvMeasurement:
     """Raw env throughput of ``cfg``'s rollout layout with random actions, summed over workers:
     ``seconds`` measured after ``warmup_s``, once every process has built its envs."""
-    ctx = mp.get_context("spawn")
+    ctx = child_context()
     W = cfg.env.num_workers
     barrier, results = ctx.Barrier(W), ctx.Queue()
-    procs = [ctx.Process(target=_raw_env_process, name=f"fastrl-rawenv-{w}", daemon=True,
-                         args=(w, cfg, warmup_s, seconds, barrier, results, os.getpid()))
+    procs = [child_process(ctx, _raw_env_process, f"fastrl-rawenv-{w}", daemon=True,
+                           args=(w, cfg, warmup_s, seconds, barrier, results))
              for w in range(W)]
     got: dict[int, dict] = {}
     try:

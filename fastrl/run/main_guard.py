@@ -1,7 +1,8 @@
 """Refuse, before any child starts, a script that would start the run again in every child.
 
-fastrl starts its processes with ``spawn``: each child imports the user's main module again
-(as ``__mp_main__``). A script that calls :func:`fastrl.train` at its top level, outside
+Each child fastrl starts (forked from its fork server, fastrl.ipc.start) imports the user's
+main module again (as ``__mp_main__``), as a spawned one does. A script that calls
+:func:`fastrl.train` at its top level, outside
 ``if __name__ == "__main__":``, would call it again inside every child while that child is still
 starting; multiprocessing refuses that in the child, the child dies, and the parent can be left
 blocked writing the child's start-up arguments into a pipe nobody reads.

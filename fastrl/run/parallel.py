@@ -12,14 +12,13 @@ Process layout of one node::
 """
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import signal
 
 from ..distributed import process_group as distributed
 from ..evaluation.evaluator import EvalResults, evaluator_process
 from ..ipc.arena import Arena, Control, get_error
 from ..ipc.child import make_channels
+from ..ipc.start import child_context, child_process
 from ..learner import learner_process
 from ..reporting.console import Console
 from ..reporting.metrics import MetricsWriteError, Reporter
@@ -54,7 +53,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     try:
         arena = plan.new_arena(shared=True)
         eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
-        supervisor = _supervised_children(plan, mp.get_context("spawn"), arena, console)
+        supervisor = _supervised_children(plan, child_context(), arena, console)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():
             p.start()
@@ -121,9 +120,8 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
 def _supervised_children(plan: RunPlan, ctx, arena: Arena, console: Console) -> Supervisor:
     """The run's child processes, made (not started) under a Supervisor that can make them again."""
     cfg, dist_info, main = plan.cfg, plan.dist_info, plan.dist_info.is_main
-    parent = os.getpid()
-    # Children build their networks from the config (a user's model travels as it is): spawn
-    # writes each child's arguments into a pipe the parent itself keeps open, so a child that
+    # Children build their networks from the config (a user's model travels as it is): the
+    # runner writes each child's arguments into a pipe it keeps open itself, so a child that
     # dies before reading megabytes of weights (e.g. a script without the __main__ guard)
     # would leave the parent blocked in Process.start() for ever.
     spaces = (plan.spec.observation_space, plan.spec.action_space)
@@ -133,25 +131,25 @@ def _supervised_children(plan: RunPlan, ctx, arena: Arena, console: Console) -> 
     def make_worker(w: int, generation: int = 0):
         # The runner keeps every pipe end open, so a dead worker never shows up as EOF
         # elsewhere and its replacement reuses the same pipes.
-        return ctx.Process(target=rollout_process, name=f"fastrl-rollout-{w}",
-                           args=(w, cfg, plan.layout, arena.name, channels.workers[w], parent, generation,
-                                 dist_info.rank, spaces if in_workers else None, plan.model if in_workers else None,
-                                 plan.policies))
+        return child_process(ctx, rollout_process, f"fastrl-rollout-{w}",
+                             args=(w, cfg, plan.layout, arena.name, channels.workers[w], generation,
+                                   dist_info.rank, spaces if in_workers else None,
+                                   plan.model if in_workers else None, plan.policies))
 
     procs = {
-        "learner": [ctx.Process(target=learner_process, name="fastrl-learner", args=(
-            cfg, plan.layout, arena.name, spaces, plan.model, plan.device, channels.learner, parent,
+        "learner": [child_process(ctx, learner_process, "fastrl-learner", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.device, channels.learner,
             plan.run_dir if main else None, plan.resume_state, dist_info, plan.lock, plan.policies))],
         # inference.in_workers: each worker acts for itself, no batcher process.
-        "inference": [] if in_workers else [ctx.Process(target=inference_process, name="fastrl-inference", args=(
-            cfg, plan.layout, arena.name, spaces, plan.model, plan.inference_device, channels.batcher, parent))],
+        "inference": [] if in_workers else [child_process(ctx, inference_process, "fastrl-inference", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.inference_device, channels.batcher))],
         "rollout": [make_worker(w) for w in range(cfg.env.num_workers)],
     }
     evaluator_failures, failures_out = ctx.Pipe(duplex=False)
 
     def make_evaluator():
-        return ctx.Process(target=evaluator_process, name="fastrl-evaluator", args=(
-            cfg, plan.layout, arena.name, spaces, plan.model, plan.run_dir, parent, failures_out))
+        return child_process(ctx, evaluator_process, "fastrl-evaluator", args=(
+            cfg, plan.layout, arena.name, spaces, plan.model, plan.run_dir, failures_out))
 
     if cfg.eval.every_s and main:
         procs["evaluator"] = [make_evaluator()]

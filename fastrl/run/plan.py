@@ -21,6 +21,10 @@ class RunError(RuntimeError):
     """The run could not go on; the message says which process failed and why."""
 
 
+class ChildExited(RunError):
+    """A child that is not restarted (the learner, the batcher) exited while the run went on."""
+
+
 @dataclass
 class RunResult:
     run_dir: Path | None

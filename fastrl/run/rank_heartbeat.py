@@ -17,7 +17,7 @@ import time
 
 from ..distributed import process_group as distributed
 from ..distributed.process_group import PEER_FAILURE, DistInfo
-from .plan import RunError
+from .plan import ChildExited, RunError
 
 BEAT_S = 0.5
 SILENCE_MAX_S = 10.0
@@ -61,10 +61,12 @@ class RankWatch:
     def explains(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a peer's failure that the watch names: waits for it to do so (up to
         ``silence_s`` and two beats); afterwards ``lost`` says who went away. Any failure after a
-        rank went away is put down to it (a learner that NCCL's watchdog aborted, say)."""
+        rank went away is put down to it (a learner that NCCL's watchdog aborted, say), and so is a
+        child's exit, which may follow a peer's (a learner that agreed to stop with a rank whose
+        runner was killed)."""
         if self.lost:
             return True
-        if not (distributed.is_peer_failure(exc) or str(exc).startswith(PEER_FAILURE)):
+        if not (distributed.is_peer_failure(exc) or str(exc).startswith(PEER_FAILURE) or isinstance(exc, ChildExited)):
             return False
         deadline = time.monotonic() + self.silence_s + 2 * BEAT_S
         while not self.lost and self._thread.is_alive() and time.monotonic() < deadline:

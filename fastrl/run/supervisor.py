@@ -21,7 +21,7 @@ from ..files.run_dir import write_atomic
 from ..ipc.arena import Arena, Control, get_error
 from ..ipc.child import SHUTDOWN_GRACE_S
 from ..reporting.console import Console
-from .plan import RunError
+from .plan import ChildExited, RunError
 
 
 class Supervisor:
@@ -74,7 +74,7 @@ class Supervisor:
             elif p in self.procs.get("evaluator", ()):
                 self.restart_evaluator(p)
             else:
-                raise RunError(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
+                raise ChildExited(f"{p.name} (pid {p.pid}) exited with code {p.exitcode}; the run stopped "
                                f"(the last checkpoint is kept)")
 
     def restart_worker(self, w: int, dead) -> None:

@@ -140,12 +140,12 @@ at random until the run's workers took this many env steps (sac).
         self.timings[BatcherTiming.WEIGHT_REFRESH] += time.perf_counter() - start
         return all(weight_set.weights.version >= 0 for weight_set in self.weight_sets[:self.num_policies])
 
-    def wait_for_weights(self, control, parent_pid: int) -> None:
+    def wait_for_weights(self, control) -> None:
         """Block until the learner's first weights are loaded (it publishes them within a moment of
         starting); raise ProcessExit when the run stops meanwhile."""
         while not self.refresh_weights():
             wait([], 0.01)
-            check_alive(control, parent_pid)
+            check_alive(control)
 
     def infer(self, workers: np.ndarray, requests: np.ndarray) -> None:
         """Act for the requests ``(workers[i], requests[i])``."""
@@ -346,10 +346,10 @@ def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndar
 
 
 def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
-                      channels: BatcherChannels, parent_pid: int) -> None:
+                      channels: BatcherChannels) -> None:
     """Main loop of the inference process: wait for requests, batch them, answer each worker
     (``spaces``, ``model``: see ``make_batcher``)."""
-    configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
+    configure_child(cfg.retain_freed_memory, cfg.actor_niceness)
     torch.manual_seed(cfg.seed + 7919)
     arena = Arena.attach(layout, arena_name)
     requests_in, actions_out = channels.requests_in, channels.actions_out
@@ -358,10 +358,10 @@ def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,
     S = arena.request_envs.shape[1]
     batcher = make_batcher(cfg, arena, spaces, model, device)
     try:
-        batcher.wait_for_weights(arena.control, parent_pid)
+        batcher.wait_for_weights(arena.control)
         while True:
             waited = time.perf_counter()
-            ready = request_pipes.wait(arena.control, parent_pid)
+            ready = request_pipes.wait(arena.control)
             batcher.timings[BatcherTiming.WAIT_REQUESTS] += time.perf_counter() - waited
             messages = gather_ready_requests(ready, worker_of, request_pipes)
             if not messages:

@@ -308,7 +308,7 @@ def _gather_actions(ids, env_slot, env_t, slot_actions, out):
             out[i, a] = slot_actions[slot, t, a]
 
 
-def run_acting_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, model, parent_pid: int,
+def run_acting_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, model,
                       rank: int) -> None:
     """The worker's loop with ``inference.in_workers``: step a batch, run the policy on it here,
     send its actions; until the run stops (ProcessExit).
@@ -326,7 +326,7 @@ def run_acting_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, 
     # A stream of draws per worker (and rank), apart from the batcher's seed + 7919.
     torch.manual_seed(cfg.seed + 7919 + 1 + rank * 4096 + worker.worker_id)
     batcher = make_batcher(cfg, arena, spaces, model, "cpu", timings=np.zeros(arena.timings.shape[1]))
-    batcher.wait_for_weights(arena.control, parent_pid)
+    batcher.wait_for_weights(arena.control)
     timings, control = worker.timings, arena.control
     this_worker = np.array([worker.worker_id])
     this_request = np.zeros(1, dtype=np.int64)  # reused: infer() takes arrays, one request a batch here
@@ -347,10 +347,10 @@ def run_acting_itself(worker: RolloutWorker, cfg: Config, arena: Arena, spaces, 
         worker.act(request)
         # No pipe wakes this loop to look: once per batch is cheap (a shared-memory read and
         # getppid).
-        check_alive(control, parent_pid)
+        check_alive(control)
 
 
-def run_with_batcher(worker: RolloutWorker, channels: WorkerChannels, control, parent_pid: int,
+def run_with_batcher(worker: RolloutWorker, channels: WorkerChannels, control,
                      codec: RequestCodec) -> None:
     """The worker's loop with the batcher process: step every batch it can, send each one's request
     byte, act on the answers meant for this generation (``codec``); until the run stops (ProcessExit)."""
@@ -362,7 +362,7 @@ def run_with_batcher(worker: RolloutWorker, channels: WorkerChannels, control, p
         while worker.can_recv():
             requests_out.send_bytes(messages[worker.recv_batch()])
         waited = time.perf_counter()
-        while not actions_pipe.wait(control, parent_pid):
+        while not actions_pipe.wait(control):
             pass
         timings[WorkerTiming.WAIT_ACTIONS] += time.perf_counter() - waited
         while actions_pipe.ready():
@@ -372,7 +372,7 @@ def run_with_batcher(worker: RolloutWorker, channels: WorkerChannels, control, p
                     worker.act(request)
 
 
-def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChannels, parent_pid: int) -> WorkerSlots:
+def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChannels) -> WorkerSlots:
     """Worker ``worker_id``'s side of the slot protocol over its pipes: full slots out on the full
     pipe, released ones in from the free pipe (waits end when the run stops: ProcessExit)."""
     full_out, free_in = channels.full_out, channels.free_in
@@ -381,7 +381,7 @@ def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChan
 
     def receive(slots: WorkerSlots, block: bool) -> None:
         # Blocks until the learner returns slots: this is the backpressure that bounds lag.
-        if block and not free_pipe.wait(control, parent_pid):
+        if block and not free_pipe.wait(control):
             return
         while free_pipe.ready():
             slots.returned(slot_ids_from(free_in.recv_bytes()))
@@ -418,7 +418,7 @@ def make_worker_env(cfg: Config, worker_id: int, rank: int = 0):
 
 
 def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channels: WorkerChannels,
-                    parent_pid: int, generation: int = 0, rank: int = 0, spaces=None, model=None,
+                    generation: int = 0, rank: int = 0, spaces=None, model=None,
                     policies: PolicyMap | None = None) -> None:
     """Main loop of a rollout worker process.
 
@@ -431,9 +431,9 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     batcher's, see ``fastrl.sampling.batcher.make_batcher``. ``policies``: the run's, which act for and
     train on its rows (None: one policy).
     """
-    configure_child(parent_pid, cfg.retain_freed_memory, cfg.actor_niceness)
+    configure_child(cfg.retain_freed_memory, cfg.actor_niceness)
     arena = Arena.attach(layout, arena_name)
-    slots = worker_slots(cfg, arena, worker_id, channels, parent_pid)
+    slots = worker_slots(cfg, arena, worker_id, channels)
     env = None
     try:
         env = make_worker_env(cfg, worker_id, rank)
@@ -441,9 +441,9 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
                                slots.emit, *worker_policies(cfg, arena, policies, worker_id, rank, generation))
         worker.start()
         if cfg.inference.in_workers:
-            run_acting_itself(worker, cfg, arena, spaces, model, parent_pid, rank)  # leaves by ProcessExit
+            run_acting_itself(worker, cfg, arena, spaces, model, rank)  # leaves by ProcessExit
         else:
-            run_with_batcher(worker, channels, arena.control, parent_pid,
+            run_with_batcher(worker, channels, arena.control,
                              RequestCodec(cfg.env.num_splits, generation))
     except ProcessExit:
         pass

@@ -11,8 +11,8 @@ import pytest
 
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.files.run_dir import ELASTIC_RECORD, RunDirError, check_run_dir
-from fastrl.ipc.arena import SHM_DIR, segment_creator
 from fastrl.run.plan import RunError
+from tests.support.processes import segments_of, still_running
 from tests.support.torchrun import free_port
 from tests.unit.run.test_elastic import first_attempt, restart
 
@@ -103,9 +103,7 @@ def all_pids(process_files: list[dict]) -> list[int]:
 
 def leftovers(pids: list[int]) -> tuple[list[int], list[str]]:
     """Of ``pids``, those still running; fastrl segments in /dev/shm that they created."""
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    segments = [name for name in os.listdir(SHM_DIR) if segment_creator(name) in pids]
-    return alive, segments
+    return still_running(pids), segments_of(*pids)
 
 def test_a_killed_rank_restarts_the_group_and_the_run_goes_on_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"

@@ -4,22 +4,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import torch
 
 from fastrl.cli import train_main
 from fastrl.config import build_config
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.ipc.arena import SEGMENT_PREFIX, pid_namespace, remove_stale_segments
+from fastrl.ipc.arena import remove_stale_segments
 from fastrl.run.training import RunError, train
-
-
-def segments():
-    """This pid namespace's fastrl segments."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid_namespace()}_")}
+from tests.support.processes import segments_of, still_running, wait_for
+from tests.support.training import read_metrics
 
 
 def start_cli(run_dir, *args, env=None):
@@ -41,27 +36,9 @@ os.open = _open_full
 """
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def metrics(run_dir):
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def children_of(run_dir):
     roles = json.loads((run_dir / "processes.json").read_text())
     return [pid for role, group in roles.items() if role != "runner" for pid in group]
-
-
-def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_killed_rollout_worker_is_restarted_and_the_run_finishes(tmp_path):
@@ -77,12 +54,12 @@ def test_killed_rollout_worker_is_restarted_and_the_run_finishes(tmp_path):
 
     result = train(cfg, run_dir=tmp_path, quiet=True, stop_when=kill_a_worker_once_training)
     (victim,) = victims
-    final = metrics(tmp_path)[-1]
+    final = read_metrics(tmp_path)[-1]
     assert result.final["env_steps"] == final["env_steps"]
     assert final["worker_restarts"] >= 1
     assert final["env_steps"] >= 1_500_000
     assert victim not in json.loads((tmp_path / "processes.json").read_text())["rollout"]
-    assert not alive(children_of(tmp_path))
+    assert not still_running(children_of(tmp_path))
 
 
 def fault_env_config(factory: str, env_kwargs: dict, **overrides):
@@ -94,11 +71,13 @@ def fault_env_config(factory: str, env_kwargs: dict, **overrides):
 
 
 def test_env_that_raises_is_survived_by_restarting_its_worker(tmp_path):
-    # Each worker's 8 envs raise on their 1000th step: the first worker at ~8K env steps, and its
-    # replacement trains the rest of the 12K before its own would.
-    cfg = fault_env_config("make_raises_at", {"step": 1000, "length": 50}, train_for_env_steps=12_000,
-                         report_every_s=0.5)
-    result = train(cfg, run_dir=tmp_path, quiet=True)
+    # The worker's 8 envs raise once, on their 1000th step (at ~8K env steps); its replacement
+    # trains the rest of the 12K.
+    marker = tmp_path / "raised"
+    cfg = fault_env_config("make_raises_at", {"step": 1000, "length": 50, "once_marker": str(marker)},
+                           train_for_env_steps=12_000, report_every_s=0.5)
+    result = train(cfg, run_dir=tmp_path / "run", quiet=True)
+    assert marker.exists()
     assert result.final["worker_restarts"] == 1
     assert result.final["env_steps"] >= 12_000
 
@@ -123,7 +102,8 @@ def interrupt_training(run_dir, min_updates: int, stop) -> tuple[subprocess.Pope
     ``stop(proc)``; returns the trainer and its children's pids."""
     proc = start_cli(run_dir, "--train-for-env-steps", "100000000")
     try:
-        wait_for(lambda: any(r["learner_updates"] > min_updates for r in metrics(run_dir)), 90, "training to start")
+        wait_for(lambda: any(r["learner_updates"] > min_updates for r in read_metrics(run_dir)), 90,
+                 "training to start")
         pids = children_of(run_dir)
         stop(proc)
     finally:
@@ -132,8 +112,6 @@ def interrupt_training(run_dir, min_updates: int, stop) -> tuple[subprocess.Pope
 
 
 def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
-    before = segments()
-
     def sigint(proc):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
@@ -143,25 +121,22 @@ def test_sigint_writes_a_final_checkpoint_and_leaves_nothing_behind(tmp_path):
     assert list_checkpoints(tmp_path)
     state = load_checkpoint(list_checkpoints(tmp_path)[-1])
     assert state["learner"]["updates"] > 5
-    wait_for(lambda: not alive(pids), 15, "children to exit")
-    assert segments() <= before
+    wait_for(lambda: not still_running(pids), 15, "children to exit")
+    assert not segments_of(proc.pid, *pids)
 
 
 def test_killed_runner_takes_its_children_along_and_the_next_start_cleans_up(tmp_path):
-    before = segments()
-
     def sigkill(proc):
         proc.kill()  # SIGKILL: no chance to clean up
         proc.wait(10)
 
-    _, pids = interrupt_training(tmp_path, 2, sigkill)
-    wait_for(lambda: not alive(pids), 15, "orphaned children to exit")
+    proc, pids = interrupt_training(tmp_path, 2, sigkill)
+    wait_for(lambda: not still_running(pids), 15, "orphaned children to exit")
     remove_stale_segments()
-    assert segments() <= before
+    assert not segments_of(proc.pid, *pids)
 
 
 def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothing_behind(tmp_path):
-    before = segments()
     assert train_main(["--profile", "cartpole-appo", "--run-dir", str(tmp_path), "--quiet", "--set", "device=cpu",
                        "--train-for-env-steps", "100000"]) == 0
     assert list_checkpoints(tmp_path)
@@ -180,13 +155,12 @@ def test_a_full_disk_under_metrics_stops_the_run_with_one_line_and_leaves_nothin
     errors = [line for line in err.strip().splitlines() if not line.startswith("[fastrl] ")]
     assert len(errors) == 1 and "metrics.jsonl: No space left on device" in errors[0], err
     assert "--resume" in errors[0]
-    wait_for(lambda: not alive(children_of(tmp_path)), 15, "children to exit")
-    assert segments() <= before
+    wait_for(lambda: not still_running(children_of(tmp_path)), 15, "children to exit")
+    assert not segments_of(os.getpid(), proc.pid, *children_of(tmp_path))
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
 
 
 def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_one_line(tmp_path):
-    before = segments()
     proc = start_cli(tmp_path, "--train-for-env-steps", "100000")
     wait_for(lambda: (tmp_path / "config.toml").exists(), 90, "the run to start")
     (tmp_path / "checkpoints").write_text("a file where the checkpoint folder should be")
@@ -194,5 +168,5 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_one_line(tmp_pat
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0 and "cannot write checkpoint" in err, err
     assert "the run stopped: cannot write checkpoint" in (tmp_path / "train.log").read_text()
-    assert not alive(children_of(tmp_path))
-    assert segments() <= before
+    assert not still_running(children_of(tmp_path))
+    assert not segments_of(proc.pid, *children_of(tmp_path))

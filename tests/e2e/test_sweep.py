@@ -10,17 +10,13 @@ import optuna
 
 from fastrl.cli import sweep_main, train_main
 from fastrl.config import build_config
-from fastrl.ipc.arena import SEGMENT_PREFIX, pid_namespace
 from fastrl.tuning.search_space import objective_keys
 from fastrl.tuning.sweep import BEST_PROFILE, PRUNE_RUNGS, open_study
 from fastrl.tuning.trial import Rungs, group_members
-from tests.e2e.test_faults import wait_for
+from tests.support.processes import segments_of, wait_for
 from tests.unit.tuning.test_sweep import REPO, TINY, completed, spec_of, study_trials, sweep_args
 
 SWEEP = [sys.executable, "-c", "import sys; from fastrl.cli import sweep_main; sys.exit(sweep_main())"]
-
-def segments_of(pid: int) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"{SEGMENT_PREFIX}{pid_namespace()}_{pid}_")]
 
 def test_a_study_is_continued_only_by_the_sweep_that_started_it(tmp_path, capsys):
     open_study(spec_of(tmp_path))
@@ -118,7 +114,7 @@ def test_a_sweep_stopped_by_sigterm_stops_its_trial_and_queues_it_again(tmp_path
     assert [t.state.name for t in trials] == ["FAIL", "WAITING"] and trials[1].params == trials[0].params
 
 def test_a_pruned_trial_stops_its_processes_and_leaves_no_shared_memory(tmp_path, capsys):
-    budget = 400_000
+    budget = 2_000_000
     spec = spec_of(tmp_path, trials=2, budget_env_steps=budget, objective="learner/lr", prune_after_trials=1,
                    prune_warmup=0.0)
     study = open_study(spec)

@@ -18,12 +18,9 @@ from fastrl.evaluation.evaluator import Evaluator
 from fastrl.files.checkpoint import BEST_CHECKPOINT, best_checkpoint_path, load_checkpoint
 from fastrl.run import supervisor as supervisor_module
 from fastrl.run.training import train
-from tests.e2e.test_faults import metrics
+from tests.support.training import read_metrics
 from tests.unit.evaluation.test_evaluator import COUNTDOWN, TIC_TAC_TOE
 
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 @pytest.mark.parametrize("serial", [False, True])
 def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_path, serial):
@@ -35,7 +32,7 @@ def test_a_run_reports_evaluations_at_its_cadence_and_best_pt_matches_them(tmp_p
                                          **({"report_every_env_steps": 50_000} if serial else {})})
     run_dir = tmp_path / "run"
     train(cfg, run_dir=run_dir, quiet=True)
-    rows = _rows(run_dir)
+    rows = read_metrics(run_dir)
     evaluated = [r for r in rows if "eval_return_mean" in r]
     if serial:
         # In line at every round(eval.every_s / report_every_s) = 2nd report, whatever the clock.
@@ -74,7 +71,7 @@ def test_clips_of_evaluations_land_in_the_run_dir_and_the_metrics_name_them(tmp_
         "eval.every_s": 0.5, "eval.episodes": 2, "eval.video_every_s": 1.5})
     run_dir = tmp_path / "run"
     train(cfg, run_dir=run_dir, quiet=True)
-    named = [r["eval_video"] for r in _rows(run_dir) if "eval_video" in r]
+    named = [r["eval_video"] for r in read_metrics(run_dir) if "eval_video" in r]
     assert len(named) >= 2 and len(set(named)) == len(named)
     for name in named:
         clip = run_dir / name
@@ -102,12 +99,12 @@ def test_a_killed_evaluator_is_restarted_and_the_run_finishes(tmp_path):
             (victim,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
             os.kill(victim, signal.SIGKILL)
             victims.append(victim)
-        return _evaluated_after(metrics(tmp_path), lambda r: r["evaluator_restarts"] == 1)
+        return _evaluated_after(read_metrics(tmp_path), lambda r: r["evaluator_restarts"] == 1)
 
     result = train(cfg, run_dir=tmp_path, quiet=True, stop_when=kill_then_stop_after_the_replacement_evaluated)
     (victim,) = victims
     assert _evaluated_after(result.reports, lambda r: r["evaluator_restarts"] == 1)
-    assert result.final["evaluator_restarts"] == 1 and metrics(tmp_path)[-1]["evaluator_restarts"] == 1
+    assert result.final["evaluator_restarts"] == 1 and read_metrics(tmp_path)[-1]["evaluator_restarts"] == 1
     (replacement,) = json.loads((tmp_path / "processes.json").read_text())["evaluator"]
     assert replacement != victim
     [notice] = _notices(tmp_path, "fastrl-evaluator")
@@ -124,8 +121,8 @@ def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, m
 
     def reports_after_giving_up():
         log = run_dir / "train.log"
-        return log.exists() and given_up in log.read_text() and len(metrics(run_dir)) >= 3 and \
-            metrics(run_dir)[-3].get("evaluator_restarts") == 1 and metrics(run_dir)[-3]["env_steps"] > 0
+        return log.exists() and given_up in log.read_text() and len(read_metrics(run_dir)) >= 3 and \
+            read_metrics(run_dir)[-3].get("evaluator_restarts") == 1 and read_metrics(run_dir)[-3]["env_steps"] > 0
 
     # Ctrl-C once the run has trained on after giving the evaluator up (the budget is a safety net).
     stopper = threading.Thread(target=_interrupt_when, args=(reports_after_giving_up, 240), daemon=True)
@@ -205,12 +202,12 @@ def _tic_tac_toe(**overrides):
 def test_a_serial_run_plays_each_of_eval_opponents_at_every_evaluation(tmp_path):
     opponents = ["random", "tests.unit.evaluation.test_evaluator:first_legal_square"]
     train(_tic_tac_toe(**{"eval.opponents": opponents}), run_dir=tmp_path / "run", quiet=True)
-    evaluated = [r for r in _rows(tmp_path / "run") if "eval_return_mean" in r]
+    evaluated = [r for r in read_metrics(tmp_path / "run") if "eval_return_mean" in r]
     assert evaluated
     for row in evaluated:
         for opponent in opponents:
             rates = [row[f"eval/{opponent}/{key}"] for key in ("win_rate", "draw_rate", "loss_rate")]
             assert all(0.0 <= rate <= 1.0 for rate in rates) and sum(rates) == pytest.approx(1.0)
             assert row[f"eval/{opponent}/episodes"] == 6  # eval.episodes, every seat in turn
-    unevaluated = [r for r in _rows(tmp_path / "run") if "eval_return_mean" not in r]
+    unevaluated = [r for r in read_metrics(tmp_path / "run") if "eval_return_mean" not in r]
     assert not [key for row in unevaluated for key in row if key.startswith("eval/")]  # each result once

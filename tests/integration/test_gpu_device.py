@@ -122,7 +122,7 @@ class BuildStarted(Exception):
 
 def test_the_learner_process_selects_its_gpu_before_building_the_model(monkeypatch):
     events = []
-    monkeypatch.setattr(process, "configure_child", lambda parent_pid, retain_freed_memory: None)
+    monkeypatch.setattr(process, "configure_child", lambda retain_freed_memory: None)
     monkeypatch.setattr(process.Arena, "attach", classmethod(lambda cls, layout, name: None))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: events.append(("set_device", device)))
@@ -134,7 +134,7 @@ def test_the_learner_process_selects_its_gpu_before_building_the_model(monkeypat
     monkeypatch.setattr(policies, "make_learner", make_learner)  # the learner process builds each policy's there
     with pytest.raises(BuildStarted):
         process.learner_process(build_config("cartpole-appo"), None, "arena", (OBS_SPACE, ACTION_SPACE), None,
-                                "cuda:1", ([], []), 0, None, None)
+                                "cuda:1", ([], []), None, None)
     assert events == [("set_device", torch.device("cuda:1")), ("make_learner", "cuda:1")]
 
 

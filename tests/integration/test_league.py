@@ -8,11 +8,9 @@ import pytest
 from fastrl.files.checkpoint import load_latest_checkpoint
 from fastrl.multiagent.league import League, league_dir, saved_snapshots, snapshot_path
 from fastrl.run.training import train
+from tests.support.training import read_metrics
 from tests.unit.multiagent.test_league import count_game_config, league_files, read_snapshot, watch_league_starts
 
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 def check_league_run(run_dir, max_snapshots: int = 3):
     """The league on disk is bounded and the metrics report it; returns the snapshot versions."""

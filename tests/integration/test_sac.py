@@ -1,5 +1,4 @@
 """The tests of tests/unit/learner/test_sac.py's subject that train in this process."""
-import json
 
 import gymnasium
 import numpy as np
@@ -10,6 +9,7 @@ from fastrl.config import build_config
 from fastrl.learner import SACLearner, make_learner
 from fastrl.run.training import train
 from tests.support.small_learners import E, T, stream_batches
+from tests.support.training import read_metrics
 from tests.unit.learner.test_sac import ACTION_SPACE, PROFILE, sac_config
 
 OBS_SPACE = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -81,9 +81,6 @@ def test_a_resumed_learner_continues_the_temperature_optimizers_and_counters():
     loss_second = second.loss(sample)[0]
     assert loss_first.item() == loss_second.item()
 
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 def pendulum_config(**overrides):
     """Small networks and batches: Pendulum is solved in about 10K env steps at one update each."""
     return build_config(PROFILE, {
@@ -93,8 +90,8 @@ def pendulum_config(**overrides):
 
 
 @pytest.mark.parametrize("step_s, replay_ratio, budget, who_waits", [
-    (0.015, 16.0, 1_200, "learner/wait_s"),  # envs much slower than the learner: the learner waits
-    (0.0, 64.0, 3_000, "rollout/wait_slots_s"),  # envs much faster: the actors wait for free slots
+    (0.005, 16.0, 800, "learner/wait_s"),  # envs much slower than the learner: the learner waits
+    (0.0, 32.0, 2_000, "rollout/wait_slots_s"),  # envs much faster: the actors wait for free slots
 ])
 def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, replay_ratio, budget, who_waits):
     cfg = build_config(PROFILE, {

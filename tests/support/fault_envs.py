@@ -5,6 +5,7 @@ fastrl cannot store."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import numpy as np
 from gymnasium import spaces
@@ -13,17 +14,24 @@ from fastrl.envs.toy import CountdownEnv
 
 
 class RaisesAtEnv(CountdownEnv):
-    """A countdown env that raises RuntimeError on its `step`-th step (counted over episodes)."""
+    """A countdown env that raises RuntimeError on its `step`-th step (counted over episodes).
+    With ``once_marker`` (a path) it raises only while that file does not exist, and creates it:
+    one fault per run, however fast the restarted worker steps."""
 
-    def __init__(self, step: int, length: int = 5) -> None:
+    def __init__(self, step: int, length: int = 5, once_marker: str | None = None) -> None:
         super().__init__(length=length)
         self._raise_at = step
         self._steps = 0
+        self._once_marker = once_marker
 
     def step(self, action: int) -> tuple:
         self._steps += 1
         if self._steps == self._raise_at:
-            raise RuntimeError(f"injected fault: RaisesAtEnv step {self._steps}")
+            if self._once_marker is None:
+                raise RuntimeError(f"injected fault: RaisesAtEnv step {self._steps}")
+            if not os.path.exists(self._once_marker):
+                open(self._once_marker, "w").close()
+                raise RuntimeError(f"injected fault: RaisesAtEnv step {self._steps}")
         return super().step(action)
 
 
@@ -44,8 +52,8 @@ class NanObsEnv(CountdownEnv):
         return obs, reward, terminated, truncated, info
 
 
-def make_raises_at(step: int, length: int = 5) -> RaisesAtEnv:
-    return RaisesAtEnv(step, length)
+def make_raises_at(step: int, length: int = 5, once_marker: str | None = None) -> RaisesAtEnv:
+    return RaisesAtEnv(step, length, once_marker)
 
 
 def make_raises_in(process: str, length: int = 5) -> CountdownEnv:

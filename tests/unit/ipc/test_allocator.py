@@ -76,5 +76,5 @@ def test_a_child_retains_freed_memory_only_when_the_config_says_so(monkeypatch, 
     calls = []
     monkeypatch.setattr(process_utils.allocator, "retain_freed_memory", lambda: calls.append(1))
     monkeypatch.setattr(process_utils.signal, "signal", lambda *args: None)
-    process_utils.configure_child(os.getppid(), setting)
+    process_utils.configure_child(setting)
     assert len(calls) == int(setting)

@@ -80,13 +80,13 @@ def test_readable_pipes_wait_blocks_until_timeout_and_stops_on_the_stop_flag():
     pipes = ReadablePipes([reader])
     control = np.zeros(8, dtype=np.int64)
     start = time.perf_counter()
-    assert pipes.wait(control, os.getppid(), timeout_s=0.2) == []
+    assert pipes.wait(control, timeout_s=0.2) == []
     assert time.perf_counter() - start >= 0.15  # it blocked rather than spun
     writer.send_bytes(b"x")
-    assert pipes.wait(control, os.getppid()) == [reader]
+    assert pipes.wait(control) == [reader]
     control[Control.STOP] = 1
     with pytest.raises(ProcessExit):
-        pipes.wait(control, os.getppid(), timeout_s=0.0)
+        pipes.wait(control, timeout_s=0.0)
     reader.close()
     writer.close()
 
@@ -95,7 +95,7 @@ CHILD_BLAS_THREADS = """
 import json, os, numpy
 from threadpoolctl import threadpool_info
 from fastrl.ipc.child import configure_child
-configure_child(os.getppid(), False)
+configure_child(False)
 print(json.dumps([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]))
 """
 
@@ -113,7 +113,7 @@ def test_a_child_process_runs_numpys_blas_on_one_thread():
 CHILD_STARTS_A_PROCESS = """
 import os, signal, subprocess
 from fastrl.ipc.child import configure_child
-configure_child(os.getppid(), False)
+configure_child(False)
 os.kill(os.getpid(), signal.SIGTERM)  # the child itself lives on
 started = subprocess.Popen(["sleep", "30"])
 started.terminate()

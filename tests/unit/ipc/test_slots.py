@@ -1,6 +1,5 @@
 """The slot protocol (fastrl.ipc.slots): the request byte, the free and full queues in one process, and
 the same protocol over the pipes of a run."""
-import os
 from multiprocessing import Pipe
 
 import numpy as np
@@ -118,8 +117,8 @@ def test_slots_go_round_over_the_pipes_of_a_run():
     arena = small_arena()
     full = [Pipe(duplex=False) for _ in range(WORKERS)]
     free = [Pipe(duplex=False) for _ in range(WORKERS)]
-    learner = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), os.getppid(), Timers("wait_s"))
-    workers = [worker_slots(cfg, arena, w, WorkerChannels(None, None, full[w][1], free[w][0]), os.getppid())
+    learner = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), Timers("wait_s"))
+    workers = [worker_slots(cfg, arena, w, WorkerChannels(None, None, full[w][1], free[w][0]))
                for w in range(WORKERS)]
     assert workers[1].take(PER_WORKER).tolist() == list(range(PER_WORKER, 2 * PER_WORKER))
     workers[1].emit(np.array([8, 6], np.int32))

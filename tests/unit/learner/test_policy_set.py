@@ -2,7 +2,6 @@
 each policy's rows acted with its own weights (one forward pass per weight set) and trained by its
 own learner only, checkpointed, reported and resumed together; bad mappings refused in one line."""
 import copy
-import json
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from fastrl.sampling.batcher import InferenceBatcher
 from fastrl.sampling.rollout_worker import RolloutWorker, make_worker_env
 from tests.support import user_modules
 from tests.support.same_state import assert_same_state
+from tests.support.training import read_metrics
 
 GAMES = "fastrl.envs.toy:AgreementGames"
 OWN_ACTION = 3  # AgreementGames' observation (t, k, g, a_k, m): the action the agent played last
@@ -254,10 +254,6 @@ def test_each_policy_acts_for_and_trains_on_its_own_agents_rows_only(agents, map
     # One forward pass per weight set a batcher call holds rows of, with exactly those rows.
     assert forwards == expected
     assert all(len(passes) == policies.num_policies for passes in forwards)
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def check_two_policy_run(run_dir):

@@ -1,6 +1,5 @@
 """The learner process's pieces: full slots taken a batch at a time and handed back to their
 workers, and the timings every learner reports under the metrics' names."""
-import os
 from multiprocessing import Pipe
 
 import gymnasium
@@ -29,7 +28,7 @@ def two_workers():
                                     num_weights=1), shared=False)
     full = [Pipe(duplex=False) for _ in range(2)]
     free = [Pipe(duplex=False) for _ in range(2)]
-    slots = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), os.getppid(), Timers("wait_s"))
+    slots = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), Timers("wait_s"))
     return slots, arena, [w for _, w in full], [r for r, _ in free]
 
 

@@ -1,0 +1,53 @@
+"""How a run starts its child processes: forked from a fork server that has imported torch,
+numpy, numba, envpool and fastrl's process modules once.
+
+A spawned child is a fresh interpreter that imports all of that again: about 2 s of a core per
+child, so 8-10 s of CPU before a four-process run steps its first env, on every start and every
+restarted worker. The fork server (multiprocessing's ``forkserver``) pays it once per runner and
+forks each child from that state. The server starts with the runner's first child and lives as
+long as the runner; a process that runs several runs (a notebook, the test suite) keeps it.
+Forking from it is safe where forking the runner would not be: the server has started no thread,
+touched no GPU and opened no env. A child still gets its arguments pickled, and imports the
+runner's ``__main__`` as a spawned one does (hence the ``__main__`` guard, fastrl.run.main_guard).
+
+A child takes the runner's environment as it is when the child starts, not the server's: a
+variable set between two runs (CUDA_VISIBLE_DEVICES, the collectives' interfaces) reaches it."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from multiprocessing import forkserver
+
+# What the fork server imports; a module that is not installed (envpool) is skipped.
+PRELOADED = ("numpy", "torch", "numba", "envpool", "fastrl.sampling.rollout_worker", "fastrl.sampling.batcher",
+             "fastrl.learner.process", "fastrl.evaluation.evaluator", "fastrl.profiler.rawenv")
+
+
+def child_context():
+    """The multiprocessing context a run's children, pipes and queues come from, its fork server
+    running.
+
+    The server is started with SIGTERM ignored (a disposition it keeps through exec): SIGTERM to
+    the run's process group (torchrun stopping a rank, fastrl-sweep a trial) must leave it to
+    report its children's exits to the runner while they stop in order, as they ignore it too
+    (fastrl.ipc.child.configure_child). It exits once the runner and every child are gone."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOADED))  # read when the server starts; no-op after
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return ctx
+
+
+def child_process(ctx, target, name: str, args: tuple, daemon: bool | None = None):
+    """A Process of ``ctx`` that runs ``target(*args)`` in the runner's current environment."""
+    return ctx.Process(target=_in_environment, name=name, args=(dict(os.environ), target, args), daemon=daemon)
+
+
+def _in_environment(environ: dict, target, args: tuple) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    target(*args)
