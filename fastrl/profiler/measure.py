@@ -26,11 +26,13 @@ from .rawenv import measure_env
 from .sampling import ProcessSampler, cores_used, cpu_count, hardware
 
 DEFAULT_SECONDS = 10.0
-# From the train() call until env steps flow and the first update is done (probe env, spawn 4+
-# processes, import torch, build envs): 5-8 s on two idle cores, 10-12 s while other jobs load
-# them. A run stops once its window is measured, and at the latest after this allowance + warm-up +
-# the measured seconds; later runs use what was measured.
-STARTUP_ESTIMATE_S = 12.0
+# From the train() call until env steps flow and the first update is done (probe env, fork 4+
+# processes from the fork server, build envs): 2.4-2.7 s for cartpole-appo on two idle cores
+# (docs/results.md#start-up), the first run of a process paying the server's imports too. A run
+# stops once its window is measured, and at the latest after this allowance + warm-up + the
+# measured seconds; later runs use what was measured, and a run that starts later than allowed
+# is measured once more with more (LateStart).
+STARTUP_ESTIMATE_S = 8.0
 
 
 def log_progress(message: str) -> None:
