@@ -147,6 +147,12 @@ def _validate_eval_opponents(cfg: Config) -> None:
     if len(opponents) > MAX_EVAL_OPPONENTS:
         raise ConfigError(f"eval.opponents lists {len(opponents)} opponents and an evaluation plays at most "
                           f"{MAX_EVAL_OPPONENTS}: drop some (fastrl-eval --opponent plays any one after training)")
+    if cfg.eval.best_by == "opponents" and not opponents:
+        raise ConfigError("eval.best_by=opponents keeps best.pt by the score against eval.opponents, and none are "
+                          "set: list them (e.g. --set 'eval.opponents=[\"random\"]') or set eval.best_by=return")
+    if cfg.best_by_opponents and cfg.pbt.population > 1:
+        raise ConfigError("eval.opponents play a population's first member only, so they cannot rank its members "
+                          "for best.pt: set eval.best_by=return")
     if len(set(opponents)) != len(opponents):
         raise ConfigError(f"eval.opponents lists an opponent twice ({opponents}): each is reported under its name "
                           f"(eval/<opponent>/win_rate), so list each once")

@@ -329,6 +329,13 @@ class EvalConfig:
                                             f"evaluation by the first policy, every seat in turn: "
                                             f"eval/<opponent>/win_rate, draw_rate, loss_rate, episodes; at most "
                                             f"{MAX_EVAL_OPPONENTS}")
+    # Self-play keeps a zero-sum game's return near 0 whatever the policy's strength: there the
+    # results against fixed opponents say which weights are best.
+    best_by: str = declare("auto", allowed=Choices(("auto", "return", "opponents")),
+                           help="what checkpoints/best.pt keeps the best of: return (eval_return_mean), opponents "
+                                "(the score against eval.opponents: wins + draws / 2 over games, averaged over the "
+                                "opponents), auto (opponents when eval.opponents is set and no population, else "
+                                "return)")
 
 
 @dataclass
@@ -538,6 +545,12 @@ class Config:
         population's pbt.objective names (info/<key>)."""
         objective = objective_info_key(self.pbt.objective) if self.pbt.population else None
         return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else [])]))
+
+    @property
+    def best_by_opponents(self) -> bool:
+        """Whether best.pt keeps the best score against eval.opponents (eval.best_by resolved)."""
+        best_by = self.eval.best_by
+        return best_by == "opponents" or (best_by == "auto" and bool(self.eval.opponents) and self.pbt.population <= 1)
 
     @property
     def serial_report_every_env_steps(self) -> int:

@@ -67,7 +67,7 @@ class EvalStats:
     EPISODES = 6
     ENV_STEPS = 7  # env steps played by every evaluation of this session so far
     SECONDS = 8  # how long the last evaluation took
-    BEST_RETURN = 9
+    BEST = 9  # the best evaluation's figure by eval.best_by: the one checkpoints/best.pt holds
     CLIP_AT = 10  # AT_ENV_STEPS of the newest clip (eval.video_every_s), -1 before the first
     SIZE = 11
 
@@ -105,13 +105,26 @@ def clip_path(at_env_steps: int) -> str:
     return f"videos/eval_{at_env_steps:012d}.mp4"
 
 
+def opponent_score(rates: Sequence[dict]) -> float:
+    """The score against eval.opponents that eval.best_by = opponents ranks by: each opponent's
+    win rate plus half its draw rate, averaged over the opponents (NaN rates: no games, left
+    out; NaN if none has games)."""
+    scores = [r["win_rate"] + 0.5 * r["draw_rate"] for r in rates
+              if r["win_rate"] is not None and not math.isnan(r["win_rate"])]
+    return float(np.mean(scores)) if scores else math.nan
+
+
 class EvalResults:
     """The runner's side: the newest evaluation since the last call, as metrics keys; against
     each of ``opponents`` (eval.opponents) ``eval/<opponent>/win_rate``, ``draw_rate``,
-    ``loss_rate`` and ``episodes``; each of a population's ``members``
-    ``member/<k>/eval_return_mean`` and ``eval_length_mean``."""
+    ``loss_rate`` and ``episodes``, and their ``eval_opponent_score``; each of a population's
+    ``members`` ``member/<k>/eval_return_mean`` and ``eval_length_mean``. The best so far is
+    ``eval_best_opponent_score`` when ``best_by_opponents`` (Config.best_by_opponents), else
+    ``eval_best_return``."""
 
-    def __init__(self, arena: Arena, opponents: Sequence[str] = (), members: int = 0):
+    def __init__(self, arena: Arena, opponents: Sequence[str] = (), members: int = 0,
+                 best_by_opponents: bool = False):
+        self.best_key = "eval_best_opponent_score" if best_by_opponents else "eval_best_return"
         self.stats = arena.eval_stats
         self.opponent_stats = arena.eval_opponent_stats
         self.member_stats = arena.eval_member_stats[:members]
@@ -138,7 +151,10 @@ class EvalResults:
                 "eval_env_steps": int(s[EvalStats.ENV_STEPS]),
                 "eval_weights_version": int(s[EvalStats.WEIGHTS_VERSION]),
                 "eval_at_env_steps": int(s[EvalStats.AT_ENV_STEPS]), "eval_seconds": float(s[EvalStats.SECONDS]),
-                "eval_best_return": float(s[EvalStats.BEST_RETURN]),
+                self.best_key: float(s[EvalStats.BEST]),
+                **({"eval_opponent_score": opponent_score([dict(zip(OPPONENT_STATS, row))
+                                                           for row in against[:len(self.opponents)]])}
+                   if self.opponents else {}),
                 **{f"eval/{name}/{key}": (int(value) if key == "episodes" else float(value))
                    for name, row in zip(self.opponents, against) for key, value in zip(OPPONENT_STATS, row)},
                 **{f"member/{k}/{key}": float(row[column]) for k, row in enumerate(members)
@@ -165,8 +181,9 @@ class Evaluator:
         # else every later result would read as being written.
         self.stats[EvalStats.SEQ] -= self.stats[EvalStats.SEQ] % 2
         self.evaluations = 0
+        self.best_by = "opponents" if cfg.best_by_opponents else "return"
         self.best = self._best_so_far()
-        self.stats[EvalStats.BEST_RETURN] = self.best
+        self.stats[EvalStats.BEST] = self.best
         self.stats[EvalStats.CLIP_AT] = -1
         # The first evaluation brings a clip, then one every eval.video_every_s.
         self.next_clip = time.monotonic() if cfg.eval.video_every_s and self.run_dir is not None else math.inf
@@ -174,12 +191,16 @@ class Evaluator:
             remove_partial_videos(self.run_dir / "videos")  # a killed evaluator's unfinished clip
 
     def _best_so_far(self) -> float:
-        """A resumed run keeps its best.pt unless a better evaluation replaces it."""
+        """A resumed run keeps its best.pt unless a better evaluation replaces it; one kept by
+        another eval.best_by (a best.pt from before the key: by return) is replaced by the next."""
         path = best_checkpoint_path(self.run_dir) if self.run_dir is not None else None
         if path is None or not path.exists():
             return -math.inf
         try:
-            return float(load_checkpoint(path)["eval"]["eval_return_mean"])
+            saved = load_checkpoint(path)["eval"]
+            if saved.get("best_by", "return") != self.best_by:
+                return -math.inf
+            return float(saved["eval_opponent_score" if self.best_by == "opponents" else "eval_return_mean"])
         except (CheckpointError, KeyError, TypeError, ValueError):
             return -math.inf  # unreadable: the next evaluation writes a good one
 
@@ -204,10 +225,14 @@ class Evaluator:
                    for opponent in ecfg.opponents]
         self.evaluations += 1
         seconds = time.perf_counter() - started
-        best = max(range(len(evaluated)), key=lambda k: evaluated[k][0]["episode_return_mean"])
-        if evaluated[best][0]["episode_return_mean"] > self.best:
-            self.best = evaluated[best][0]["episode_return_mean"]
-            self._save_best(best, *evaluated[best])
+        if self.best_by == "opponents":  # one policy (no population): Config refuses the others
+            best, figure = 0, opponent_score(against)
+        else:
+            best = max(range(len(evaluated)), key=lambda k: evaluated[k][0]["episode_return_mean"])
+            figure = evaluated[best][0]["episode_return_mean"]
+        if figure > self.best:  # NaN (no game against an opponent ended) never is
+            self.best = figure
+            self._save_best(best, *evaluated[best], against)
         clip_at = self._clip(at_env_steps) if time.monotonic() >= self.next_clip else None
         self._record(result, against, version, at_env_steps, seconds, clip_at, evaluated)
         return {**result, "opponents": dict(zip(ecfg.opponents, against))}
@@ -238,13 +263,14 @@ class Evaluator:
         s[EvalStats.EPISODES] = result["episodes"]
         s[EvalStats.ENV_STEPS] += result["env_steps_played"]
         s[EvalStats.SECONDS] = seconds
-        s[EvalStats.BEST_RETURN] = self.best
+        s[EvalStats.BEST] = self.best
         if clip_at is not None:
             s[EvalStats.CLIP_AT] = clip_at
         s[EvalStats.SEQ] += 1
 
-    def _save_best(self, member: int, result: dict, version: int, at_env_steps: int) -> None:
-        """best.pt: the weights of ``member`` (0 without a population), evaluated as ``result``."""
+    def _save_best(self, member: int, result: dict, version: int, at_env_steps: int, against: list[dict]) -> None:
+        """best.pt: the weights of ``member`` (0 without a population), evaluated as ``result``
+        and, against eval.opponents, as ``against``; ``best_by`` says which figure chose it."""
         if self.run_dir is None:
             return
         state = {
@@ -254,7 +280,9 @@ class Evaluator:
             "eval": {"eval_return_mean": result["episode_return_mean"],
                      "eval_return_std": result["episode_return_std"],
                      "eval_length_mean": result["episode_length_mean"], "eval_episodes": result["episodes"],
-                     "deterministic": self.cfg.eval.deterministic,
+                     "deterministic": self.cfg.eval.deterministic, "best_by": self.best_by,
+                     **({"eval_opponent_score": opponent_score(against),
+                         "opponents": dict(zip(self.cfg.eval.opponents, against))} if against else {}),
                      **({"member": member} if self.cfg.pbt.population else {})},
         }
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)

@@ -167,7 +167,11 @@ EVALUATION = {
     "eval_weights_version": "the version of the weights evaluated",
     "eval_at_env_steps": "training env steps when the evaluated weights were taken",
     "eval_seconds": "how long the evaluation took",
-    "eval_best_return": "the best eval_return_mean so far: the one checkpoints/best.pt holds",
+    "eval_best_return": "the best eval_return_mean so far: the one checkpoints/best.pt holds (eval.best_by "
+                        "resolved to return)",
+    "eval_opponent_score": "the score against eval.opponents: each one's win_rate + draw_rate / 2, averaged",
+    "eval_best_opponent_score": "the best eval_opponent_score so far: the one checkpoints/best.pt holds "
+                                "(eval.best_by resolved to opponents)",
 }
 # The results against one scripted opponent of eval.opponents: eval/<opponent>/<key>.
 OPPONENT = {

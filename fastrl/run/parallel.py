@@ -52,7 +52,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     late_error = ""
     try:
         arena = plan.new_arena(shared=True)
-        eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
+        eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population, cfg.best_by_opponents)
         supervisor = _supervised_children(plan, child_context(), arena, console)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
         for p in supervisor.everyone():

@@ -67,7 +67,7 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     evaluations = InlineEvaluations(cfg.serial_evaluate_every_reports,
                                     lambda: Evaluator(cfg, arena, copy.deepcopy(learner.model), run_dir),
                                     console) if cfg.eval.every_s else None
-    eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population)
+    eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population, cfg.best_by_opponents)
     try:
         for worker in workers:
             worker.start()

@@ -1,6 +1,7 @@
 """Evaluation during training (fastrl.evaluation.evaluator): its own envs and counters, the newest
 published weights, checkpoints/best.pt, the cadence, and the runner's metrics."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -148,6 +149,77 @@ def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
             reported = metrics[f"eval/{opponent}/{key}"]
             assert reported == value if value is not None else np.isnan(reported)
     assert isinstance(metrics["eval/random/episodes"], int)
+
+
+def test_with_opponents_best_pt_keeps_the_best_score_against_them_not_the_best_return(tmp_path, monkeypatch):
+    """Self-play keeps a zero-sum game's return near 0: best.pt follows wins + draws / 2 against
+    eval.opponents, averaged over them (an opponent without games left out)."""
+    opponents = ["random", "tests.unit.evaluation.test_evaluator:first_legal_square"]
+    rounds = iter([
+        # (return, {opponent: (win, draw, loss)}): score 0.5, 0.25 (a higher return), 0.9, 0.75 (resumed)
+        (0.0, {"random": (0.5, 0.0, 0.5), opponents[1]: (0.25, 0.5, 0.25)}),
+        (0.6, {"random": (0.25, 0.0, 0.75), opponents[1]: (0.25, 0.0, 0.75)}),
+        (-0.2, {"random": (1.0, 0.0, 0.0), opponents[1]: (0.6, 0.4, 0.0)}),
+        (0.0, {"random": (0.75, 0.0, 0.25), opponents[1]: (0.75, 0.0, 0.25)}),
+    ])
+    current = {}
+
+    def policy(*args, **kwargs):
+        current["return"], current["against"] = next(rounds)
+        return {"episode_return_mean": current["return"], "episode_return_std": 0.0, "episode_length_mean": 7.0,
+                "episodes": 6, "env_steps_played": 42}
+
+    def against(cfg, model, opponent, *args, **kwargs):
+        win, draw, loss = current["against"][opponent]
+        return {"episodes": 6, "win_rate": win, "draw_rate": draw, "loss_rate": loss}
+
+    monkeypatch.setattr(evaluator_module, "evaluate_policy", policy)
+    monkeypatch.setattr(evaluator_module, "evaluate_against", against)
+    cfg, model, arena = _countdown_setup(tmp_path, **{"eval.opponents": opponents, "eval.every_s": 1.0})
+    assert cfg.best_by_opponents  # eval.best_by = auto
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    results = EvalResults(arena, opponents, best_by_opponents=True)
+    kept = []
+    for version in (1, 2, 3):
+        _publish(arena, model, version)
+        evaluator.evaluate()
+        metrics = results.new()
+        best = load_checkpoint(best_checkpoint_path(tmp_path))
+        kept.append((best["counters"]["weights_version"], metrics["eval_opponent_score"],
+                     metrics["eval_best_opponent_score"]))
+        assert "eval_best_return" not in metrics
+    assert kept == [(1, 0.5, 0.5), (1, 0.25, 0.5), (3, pytest.approx(0.9), pytest.approx(0.9))]
+    assert best["eval"]["best_by"] == "opponents" and best["eval"]["eval_opponent_score"] == pytest.approx(0.9)
+    assert best["eval"]["opponents"]["random"]["win_rate"] == 1.0
+    # A resumed run's evaluator starts from that score: 0.75 does not replace it.
+    again = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    assert again.best == pytest.approx(0.9)
+    _publish(arena, model, 4)
+    again.evaluate()
+    assert load_checkpoint(best_checkpoint_path(tmp_path))["counters"]["weights_version"] == 3
+    # Kept by return before, best.pt is replaced by the first evaluation by score.
+    by_return = build_config("cartpole-appo", {**COUNTDOWN, "eval.opponents": opponents, "eval.every_s": 1.0,
+                                               "eval.best_by": "return"})
+    assert not by_return.best_by_opponents
+    assert Evaluator(by_return, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo),
+                     tmp_path).best == -np.inf
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval.best_by": "opponents"}, "eval.best_by=opponents keeps best.pt by the score against eval.opponents, and "
+                                    "none are set"),
+    ({"eval.best_by": "opponents", "eval.opponents": ["random"], "eval.every_s": 1.0, "pbt.population": 2},
+     "cannot rank its members for best.pt: set eval.best_by=return"),
+])
+def test_best_by_opponents_needs_opponents_and_one_policy(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_config("cartpole-appo", {**COUNTDOWN, **overrides})
+
+
+def test_best_by_auto_ranks_a_population_by_return():
+    cfg = build_config("cartpole-appo", {**COUNTDOWN, "eval.opponents": ["random"], "eval.every_s": 1.0,
+                                         "pbt.population": 2})
+    assert not cfg.best_by_opponents
 
 
 def plays_without_the_agent(observation):
