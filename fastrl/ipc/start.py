@@ -28,17 +28,19 @@ def child_context():
     """The multiprocessing context a run's children, pipes and queues come from, its fork server
     running.
 
-    The server is started with SIGTERM ignored (a disposition it keeps through exec): SIGTERM to
-    the run's process group (torchrun stopping a rank, fastrl-sweep a trial) must leave it to
-    report its children's exits to the runner while they stop in order, as they ignore it too
-    (fastrl.ipc.child.configure_child). It exits once the runner and every child are gone."""
+    The server is started with SIGTERM and SIGHUP ignored (dispositions it keeps through exec):
+    SIGTERM to the run's process group (torchrun stopping a rank, fastrl-sweep a trial) and a
+    terminal's hang-up must leave it to report its children's exits to the runner while they stop
+    in order, as they ignore them too (fastrl.ipc.child.configure_child). It exits once the runner
+    and every child are gone. Starting it does not wait for its imports."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOADED))  # read when the server starts; no-op after
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return ctx
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..config import Config
 from ..files.run_dir import first_missing, remove_unused_run_dir
+from ..ipc.start import child_context
 from ..learner.precision import learner_precision
 from ..reporting.console import Console
 from .elastic import ElasticAttempt, current_attempt
@@ -45,6 +46,10 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
     if stop_when is not None and dist_info.enabled:
         raise RunError("stop_when stops a single node's run: with several ranks, end the run by its budget "
                        "(train_for_env_steps / train_for_seconds)")
+    if not cfg.serial:
+        # The fork server imports torch and the envs' libraries while this process probes the
+        # env and plans the run (fastrl.ipc.start): on two cores the two overlap.
+        child_context()
     attempt = current_attempt(cfg.dist_timeout_s) if dist_info.enabled else None
     if attempt is not None:
         resume, overwrite = attempt.settle(run_dir, resume, overwrite, dist_info)

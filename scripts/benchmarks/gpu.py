@@ -488,7 +488,7 @@ def measure_throughput(ctx: Context) -> None:
 
 # Start-up allowance of the learning run, and the seconds its processes take to stop and checkpoint.
 LEARNING_OVERHEAD_S = 25.0
-QUICK_LEARNING_STEPS = 100_000
+QUICK_LEARNING_STEPS = 30_000
 
 
 def measure_learning(ctx: Context) -> None:
