@@ -51,7 +51,9 @@ def configure_child(retain_freed_memory: bool, niceness: int = 0) -> None:
         allocator.retain_freed_memory()
     if niceness:
         lower_priority(niceness)
-    _watch_the_runner()
+    global _runner
+    _runner = _RunnerWatch()
+    check_alive(None)
 
 
 def _ignore_signal(signum, frame) -> None:
@@ -99,12 +101,6 @@ class _RunnerWatch:
 
 
 _runner: _RunnerWatch | None = None  # set by configure_child
-
-
-def _watch_the_runner() -> None:
-    global _runner
-    _runner = _RunnerWatch()
-    check_alive(None)
 
 
 def runner_alive() -> bool:

@@ -4,8 +4,9 @@ numpy, numba, envpool and fastrl's process modules once.
 A spawned child is a fresh interpreter that imports all of that again: about 2 s of a core per
 child, so 8-10 s of CPU before a four-process run steps its first env, on every start and every
 restarted worker. The fork server (multiprocessing's ``forkserver``) pays it once per runner and
-forks each child from that state. The server starts with the runner's first child and lives as
-long as the runner; a process that runs several runs (a notebook, the test suite) keeps it.
+forks each child from that state. train() starts the server before it probes the env, so the
+server's imports overlap the probe; it lives as long as the runner, and a process that runs
+several runs (a notebook, the test suite) keeps it.
 Forking from it is safe where forking the runner would not be: the server has started no thread,
 touched no GPU and opened no env. A child still gets its arguments pickled, and imports the
 runner's ``__main__`` as a spawned one does (hence the ``__main__`` guard, fastrl.run.main_guard).
