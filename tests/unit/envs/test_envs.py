@@ -262,7 +262,12 @@ def test_envpool_direct_io_steps_as_envpools_public_calls(env_id, async_mode, po
     if env_id == "CartPole-v1":
         assert any(term for stream in direct.values() for _, _, term, _ in stream)
     for env in public:
-        assert len(direct[env]) == len(public[env]) > 0
+        if async_mode:
+            # Async envpool hands back whichever envs finish first: how many of the 120 batches
+            # each env is in is a race (docs/reproducibility.md); its stream, step for step, is not.
+            assert abs(len(direct[env]) - len(public[env])) <= 2 and min(len(direct[env]), len(public[env])) > 0
+        else:
+            assert len(direct[env]) == len(public[env]) > 0
         for got, want in zip(direct[env], public[env]):
             np.testing.assert_array_equal(got[0], want[0])
             assert got[1:] == want[1:]
