@@ -191,7 +191,10 @@ def _abandon(wandb) -> None:
     """Leave a W&B that does not answer: its exit hook would wait for its service at interpreter
     exit, and its service (wandb-core, a child process) would hold the run's console and pipes
     until its own timeout. Teardown takes the hook off first, then waits for the service: on a
-    daemon thread; the service is stopped here."""
+    daemon thread; the service is stopped here. W&B's own analytics are turned off first: the init
+    that fails when its service goes would report itself to the same silent server from an exit
+    hook, holding the interpreter's exit for its HTTP timeouts (12 s measured)."""
+    _disable_wandb_analytics()
     threading.Thread(target=_teardown_quietly, args=(wandb,), name="fastrl-wandb-teardown", daemon=True).start()
     services = []
     for child in psutil.Process().children():
@@ -208,6 +211,14 @@ def _abandon(wandb) -> None:
             service.kill()
         except psutil.Error:
             pass
+
+
+def _disable_wandb_analytics() -> None:
+    try:  # wandb >= 0.25; older releases send no such analytics
+        from wandb.analytics.opentelemetry.opentelemetry_proxy import disable
+    except ImportError:
+        return
+    disable()
 
 
 def _teardown_quietly(wandb) -> None:

@@ -57,7 +57,7 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     server = SilentServer()
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "fastrl.cli", "--profile", "cartpole-appo", "--env", TOY + "make_countdown",
-               "--run-dir", str(run_dir), "--quiet", "--train-for-seconds", "5", "--set", "logging.wandb=true",
+               "--run-dir", str(run_dir), "--quiet", "--train-for-seconds", "2", "--set", "logging.wandb=true",
                "--set", "report_every_s=0.5", "--set", "env.num_workers=1", "--set", "env.envs_per_worker=8",
                "--set", "learner.batch_size=64", "--set", "model.kind=mlp", "--set", "device=cpu"]
     # The run waits 2 s for W&B at its end, not the whole CLOSE_WAIT_S: a hook the interpreter loads at
@@ -80,13 +80,14 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     assert proc.returncode == 0, err
     final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     # The budget is checked every 0.25 s and W&B's start (30 s to its timeout) did not hold it up.
-    assert final["trained_seconds"] < 5 + 2
+    assert final["trained_seconds"] < 2 + 2
     # W&B had close_wait_s to finish, said so in train.log's last line, and then neither W&B's own
-    # exit hook nor its service (which tries the server for ~15 s more when told to stop) held the
-    # process for its server: that would be another 30 s. The bound leaves room for a loaded machine.
+    # exit hooks (its analytics post to the same server: 12 s) nor its service (which tries the
+    # server for ~15 s more when told to stop) held the process for its server. About 1 s is
+    # usual; the bound leaves room for a loaded machine.
     log = run_dir / "train.log"
     assert f"Weights & Biases did not finish within {close_wait_s:.0f} s" in log.read_text().splitlines()[-1]
-    assert ended - log.stat().st_mtime < 20
+    assert ended - log.stat().st_mtime < 8
 
 def _kill_wandb_services_of(pid):
     """W&B's service process outlives the trainer until its own timeout: not past the test."""
