@@ -464,7 +464,7 @@ THROUGHPUT_KEYS = ("env_fps", "sample_fps", "train_fps", "env_frames_per_s", "sa
 
 def measure_throughput(ctx: Context) -> None:
     from fastrl.config import build_config
-    from fastrl.profiler import profile
+    from fastrl.profiler import MIN_WINDOW_S, profile
     rows = throughput_rows(ctx)
     measured = [row for row in rows if row[3] is None]
     for name, profile_name, overrides, skip in rows:
@@ -479,7 +479,9 @@ def measure_throughput(ctx: Context) -> None:
             continue
         settings = {**ctx.run_settings(), **overrides}
         try:
-            result = profile(build_config(profile_name, settings), seconds, None, profile_name, settings)
+            # --quick: the shortest warm-up the profiler takes, since the row checks the path, not the figure.
+            warmup = MIN_WINDOW_S if ctx.quick else None
+            result = profile(build_config(profile_name, settings), seconds, warmup, profile_name, settings)
         except Exception as exc:  # a failed row is a finding; the next still runs
             ctx.save_row(name, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
             continue
