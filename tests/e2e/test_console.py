@@ -40,7 +40,7 @@ def test_a_run_whose_console_pipes_close_early_ends_at_its_budget_with_metrics_t
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
-    budget_s = 5.0  # the hang-up comes ~1 s into training: the rest is trained after it
+    budget_s = 3.0  # the hang-up comes ~1 s into training: the rest is trained after it
     cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.5)
     # Its own session and process group, as a terminal's foreground job: the hang-up reaches them all.
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -61,7 +61,7 @@ def test_a_terminal_hang_up_is_survived_by_every_process_of_the_run(tmp_path):
     assert "hung up" in (tmp_path / "train.log").read_text()
 
 def test_a_reader_that_stops_reading_never_stalls_the_run(tmp_path):
-    budget_s = 5.0
+    budget_s = 3.0
     cmd = small_run(tmp_path, ["--train-for-seconds", str(budget_s)], report_every_s=0.005)
     # stderr is a pipe nobody reads, shrunk to one page: ~90-byte lines at 200 a second fill it in
     # a fraction of a second, and the run goes on for seconds with it full.
