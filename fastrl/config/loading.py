@@ -177,8 +177,9 @@ def load_profile(name: str) -> Config:
 
 
 def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: bool = False) -> Config:
-    """The config in ``source`` (a Path or a package resource), top-level keys ``ignored`` left
-    out; with ``saved`` (a run's own config.toml) a key it lacks has its ``Key.default_when_saved``.
+    """The config in ``source`` (a Path or a package resource), keys ``ignored`` (``expected``,
+    ``expect.final_reports``) left out; with ``saved`` (a run's own config.toml) a key it lacks
+    has its ``Key.default_when_saved``.
     ConfigError naming ``label`` (and, for a TOML error, the line) for a file that is not TOML in
     UTF-8 or holds a key or value that no config takes."""
     try:
@@ -186,7 +187,12 @@ def config_from_toml(source, label: str, ignored: tuple[str, ...] = (), saved: b
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{label} is not valid TOML: {exc}; correct it") from None
     for key in ignored:
-        data.pop(key, None)
+        *tables, name = key.split(".")
+        table = data
+        for part in tables:
+            table = table.get(part) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.pop(name, None)
     cfg = Config()
     try:
         apply_dict(cfg, data)
@@ -235,6 +241,7 @@ def load_run_config(run_dir: Path) -> Config:
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
         raise ConfigError(f"no config.toml in '{run_dir}': pass the run directory that fastrl-train wrote")
-    # Older run directories hold the promise as a line of text, `expected`: documentation that
-    # never changed a run, so it is not carried over.
-    return config_from_toml(path, f"'{path}'", ignored=("expected",), saved=True)
+    # Older run directories hold the promise as a line of text, `expected`, or judge it on the
+    # last N reports, `expect.final_reports` (now expect.final_stretch): promises never changed a
+    # run, so they are not carried over.
+    return config_from_toml(path, f"'{path}'", ignored=("expected", "expect.final_reports"), saved=True)

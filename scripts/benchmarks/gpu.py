@@ -222,10 +222,12 @@ def render_learning(result: dict) -> list[str]:
     if "outcome" not in result:
         return []
     o, p = result["outcome"], result["promise"]
-    reached = f"reached at {o['env_steps']:,} env steps, {o['wall_time']:.0f} s" if o["reached"] else "not reached"
+    first = (f"first reached at {o['first_env_steps']:,} env steps, {o['first_wall_time']:.0f} s"
+             if o["first_env_steps"] is not None else "never reached")
     lines = [f"{result['profile']} on {result['device']}: {o['last_env_steps']:,} env steps in "
              f"{o['last_wall_time']:.0f} s, start-up included; {p['metric']} final {_fmt(o['final'], '.1f')}, max "
-             f"{_fmt(o['max'], '.1f')}; the promise's threshold {p['threshold']:g} {reached}."]
+             f"{_fmt(o['max'], '.1f')}, {_fmt(o['final_mean'], '.1f')} over the run's last stretch; the promise's "
+             f"threshold {p['threshold']:g} {first}."]
     if result.get("plot"):
         lines += ["", f"![{result['profile']} learning curve]({result['plot']})"]
     elif result.get("plot_error"):

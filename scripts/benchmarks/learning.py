@@ -1,5 +1,6 @@
-"""Learning benchmark: does a profile keep the promise of its ``[expect]`` table? Steps and wall
-time to the promised threshold, median over seeds, and the learning curves.
+"""Learning benchmark: does a profile keep the promise of its ``[expect]`` table where its runs
+end? The metric over each run's last stretch, steps and wall time to its first crossing, medians
+over seeds, and the learning curves.
 
     python scripts/bench.py learning --profile cartpole-appo --seeds 3
     python scripts/bench.py learning --profile mujoco-appo --set device=cpu
@@ -22,15 +23,19 @@ counts from when the run's processes start, so the run goes on a few seconds of 
 wall budget); the profile's other limit stays. ``learner.lr_decay`` decays over that limit, so a
 budget shorter than the profile's own trains with another schedule than ``fastrl-train`` gives.
 
-A run reaches the promise at its first report with the metric >= the threshold
-(benchmarks.threshold), or, when the table sets ``final_reports = N``, when the mean of the metric
-over its last N reports reaches it at the end of the budget (a self-play policy, whose strength
-swings, promises what it ends with): env steps there (for ``eval_*`` metrics the env steps where the evaluated
-weights were taken) and wall time from the train() call, start-up included; a report interval
-(``report_every_s``, ``--set report_every_s=1`` for finer) is the resolution. The median over
-seeds counts a seed that did not reach the threshold as later than every seed that did, so it
-exists while more than half of the seeds reach it; the promise holds when the median is within
-the budget.
+A promise is judged on where each run ends, the policy a user is left with: the mean of the
+metric over the run's last stretch, ``expect.final_stretch`` of its budget (10% by default: the
+last 200K env steps of a 2M budget, the last 6 s of a 60 s one; env steps when the promise has
+both budgets), must reach the threshold (benchmarks.threshold). Where no report in the stretch
+has the metric (evaluations every minute, a stretch of seconds), the last report that has it
+stands alone. The promise holds when more than half of the seeds keep it.
+
+Beside it, each run's first report with the metric >= the threshold: env steps there (for
+``eval_*`` metrics the env steps where the evaluated weights were taken) and wall time from the
+train() call, start-up included; a report interval (``report_every_s``, ``--set
+report_every_s=1`` for finer) is the resolution. Its median over seeds counts a seed that never
+crossed as later than every seed that did, so it exists while more than half of the seeds cross.
+A run that crosses and falls back keeps its crossing and loses the promise.
 
 ``--window LOW:HIGH`` (env steps, e.g. ``1.4M:1.6M``) also prints each run's mean of the metric
 over the reports in that range: a level to compare code or settings by, steadier than one report.
@@ -56,7 +61,7 @@ from fastrl.reporting.figures import pyplot
 from fastrl.run.training import RunError, train
 
 from .options import add_set, overrides
-from .threshold import final_mean, first_reaching, is_number, median_to_threshold
+from .threshold import final_stretch, first_reaching, is_number, median_to_threshold
 
 DEFAULT_METRIC = "episode_return_mean"
 # The bench owns these: seeds come from --seeds, the run's limit from the budget.
@@ -76,16 +81,24 @@ class Promise:
     budget_steps: int = 0  # env steps; 0 = no step budget
     budget_seconds: float = 0.0  # wall seconds from the train() call; 0 = no time budget
     hardware: str = ""  # what the profile says the budget holds on ("" = not said)
-    final_reports: int = 0  # 0: the first report reaching the threshold; N: the mean of the last N
+    final_stretch: float = 0.1  # judged on the mean over this fraction of the budget, at the run's end
+
+    @property
+    def clock(self) -> str:
+        """The metrics.jsonl key the stretch is measured on: the budget's own clock."""
+        return "env_steps" if self.budget_steps else "wall_time"
+
+    @property
+    def stretch(self) -> float:
+        """The last stretch's length on ``clock``."""
+        return self.final_stretch * (self.budget_steps if self.budget_steps else self.budget_seconds)
 
     def describe(self) -> str:
         budgets = ([f"{self.budget_steps:,} env steps"] if self.budget_steps else []) + \
                   ([f"{self.budget_seconds:g} s wall"] if self.budget_seconds else [])
         on = f" on {self.hardware}" if self.hardware else ""
-        if self.final_reports:
-            return (f"mean {self.metric} of the last {self.final_reports} reports >= {self.threshold:g} after "
-                    f"{' and '.join(budgets)}{on}")
-        return f"{self.metric} >= {self.threshold:g} within {' and '.join(budgets)}{on}"
+        return (f"mean {self.metric} over the last {self.final_stretch:.0%} of {' and '.join(budgets)} >= "
+                f"{self.threshold:g}{on}")
 
 
 def _number(text: str) -> float:
@@ -100,7 +113,7 @@ def profile_promise(profile: str, expect: ExpectConfig) -> Promise:
                            f"budget_env_steps or budget_seconds, hardware), or pass --target with --budget-steps "
                            f"or --budget-seconds")
     return Promise(expect.metric, expect.threshold, expect.budget_env_steps, expect.budget_seconds, expect.hardware,
-                   expect.final_reports)
+                   expect.final_stretch)
 
 
 def resolve_promise(profile: str, expect: ExpectConfig, metric: str | None = None, target: float | None = None,
@@ -122,22 +135,20 @@ def resolve_promise(profile: str, expect: ExpectConfig, metric: str | None = Non
 
 
 def run_outcome(rows: list[dict], promise: Promise) -> dict:
-    """One run's metrics.jsonl rows judged against ``promise``: ``env_steps`` and ``wall_time``
-    of the first report with the metric >= the threshold (None when none did), or with
-    ``final_reports`` of the run's last report when its last reports' mean (``final_mean``)
-    reached it; and the metric's ``final`` and ``max`` values (None when it was never a number)."""
+    """One run's metrics.jsonl rows judged against ``promise``: ``reached`` when the mean of the
+    metric over the run's last stretch (``final_mean`` over ``stretch_reports`` reports) is at or
+    above the threshold; beside it ``first_env_steps`` and ``first_wall_time`` of the first report
+    at or above it (None when none was); the metric's ``final`` and ``max`` values (None when it
+    was never a number); and where the run ended."""
     values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
-    judged_at_end = {}
-    if promise.final_reports:
-        stretch = final_mean(rows, promise.metric, promise.final_reports)
-        hit = rows[-1] if stretch is not None and stretch >= promise.threshold else None
-        judged_at_end = {"final_mean": stretch}
-    else:
-        hit = first_reaching(rows, promise.metric, promise.threshold)
+    mean, count = final_stretch(rows, promise.metric, promise.clock, promise.stretch)
+    first = first_reaching(rows, promise.metric, promise.threshold)
     steps_key = EVAL_X["env_steps"] if promise.metric.startswith(EVAL_KEYS) else "env_steps"
-    return {**judged_at_end, "reached": hit is not None, "env_steps": hit[steps_key] if hit else None,
-            "wall_time": hit["wall_time"] if hit else None, "final": values[-1] if values else None,
-            "max": max(values) if values else None, "last_env_steps": rows[-1]["env_steps"] if rows else 0,
+    return {"reached": mean is not None and mean >= promise.threshold, "final_mean": mean, "stretch_reports": count,
+            "first_env_steps": first[steps_key] if first else None,
+            "first_wall_time": first["wall_time"] if first else None,
+            "final": values[-1] if values else None, "max": max(values) if values else None,
+            "last_env_steps": rows[-1]["env_steps"] if rows else 0,
             "last_wall_time": rows[-1]["wall_time"] if rows else 0.0}
 
 
@@ -150,16 +161,16 @@ def window_mean(rows: list[dict], metric: str, window: tuple[int, int]) -> float
 
 
 def summarize(outcomes: list[dict], promise: Promise) -> dict:
-    """Median env steps and wall seconds to the target over seeds (None where more than half the
-    seeds never reached it), how many seeds reached it, and whether the promise holds."""
-    steps = median_to_threshold([o["env_steps"] if o["reached"] else None for o in outcomes])
-    seconds = median_to_threshold([o["wall_time"] if o["reached"] else None for o in outcomes])
-    # A promise judged at the run's end is within its budget by construction: the budget is the run's limit.
-    holds = (steps is not None and (bool(promise.final_reports) or (
-        (not promise.budget_steps or steps <= promise.budget_steps)
-        and (not promise.budget_seconds or seconds <= promise.budget_seconds))))
-    return {"seeds": len(outcomes), "seeds_reached": sum(o["reached"] for o in outcomes),
-            "median_env_steps": steps, "median_wall_time": seconds, "holds": holds}
+    """How many seeds kept the promise at their runs' end and whether more than half did (it
+    holds); the median of their last stretches' means; and, beside it, the median env steps and
+    wall seconds to the first crossing (None where more than half the seeds never crossed)."""
+    kept = sum(o["reached"] for o in outcomes)
+    means = [o["final_mean"] for o in outcomes if o["final_mean"] is not None]
+    return {"seeds": len(outcomes), "seeds_reached": kept,
+            "median_final_mean": statistics.median(means) if len(means) == len(outcomes) and means else None,
+            "median_first_env_steps": median_to_threshold([o["first_env_steps"] for o in outcomes]),
+            "median_first_wall_time": median_to_threshold([o["first_wall_time"] for o in outcomes]),
+            "holds": kept > len(outcomes) / 2}
 
 
 def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
@@ -174,22 +185,20 @@ def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
 
 
 def describe_outcome(profile: str, seed: int, outcome: dict, promise: Promise) -> str:
-    final = "never reported" if outcome["final"] is None else f"final {outcome['final']:.1f}, max {outcome['max']:.1f}"
-    if "window" in outcome:
-        (low, high), mean = outcome["window"], outcome["window_mean"]
-        final += f", mean {'-' if mean is None else f'{mean:.1f}'} over {low:,}-{high:,} env steps"
-    if promise.final_reports:
-        mean = outcome["final_mean"]
-        reached = (f"mean of the last {promise.final_reports} reports "
-                   f"{'-' if mean is None else f'{mean:.3g}'} {'>=' if outcome['reached'] else '<'} "
-                   f"{promise.threshold:g} at {outcome['last_env_steps']:,} env steps")
-    elif outcome["reached"]:
-        reached = (f"{promise.metric} >= {promise.threshold:g} at {outcome['env_steps']:,} env steps, "
-                   f"{outcome['wall_time']:.1f} s wall")
+    mean = outcome["final_mean"]
+    if mean is None:
+        judged = f"{promise.metric} never reported ({outcome['last_env_steps']:,} env steps)"
     else:
-        reached = (f"not reached within budget ({outcome['last_env_steps']:,} env steps, "
-                   f"{outcome['last_wall_time']:.1f} s wall)")
-    return f"{profile} seed {seed}: {reached}; {final}"
+        judged = (f"mean {promise.metric} {mean:.4g} over the last {outcome['stretch_reports']} report(s) "
+                  f"{'>=' if outcome['reached'] else '<'} {promise.threshold:g} at {outcome['last_env_steps']:,} "
+                  f"env steps, {outcome['last_wall_time']:.1f} s wall")
+    first = ("never >= the threshold" if outcome["first_env_steps"] is None else
+             f"first >= at {outcome['first_env_steps']:,} env steps, {outcome['first_wall_time']:.1f} s wall")
+    final = "" if outcome["final"] is None else f"; final {outcome['final']:.1f}, max {outcome['max']:.1f}"
+    if "window" in outcome:
+        (low, high), window = outcome["window"], outcome["window_mean"]
+        final += f", mean {'-' if window is None else f'{window:.1f}'} over {low:,}-{high:,} env steps"
+    return f"{profile} seed {seed}: {judged}; {first}{final}"
 
 
 def plan(args, settings: dict) -> list[dict]:
@@ -261,16 +270,18 @@ def run(args) -> dict:
 
 def print_table(results: list[dict], machine: dict) -> None:
     print(f"\nhardware: {machine}")
-    print("wall time counts from the train() call (start-up included); median over seeds, a seed that did not "
-          "reach the target counting as never")
-    print(f"{'profile':<16} {'promise':<60} {'reached':>8} {'median env steps':>17} {'median wall s':>14} "
-          f"{'holds':>6}")
+    print("kept: seeds whose mean over the run's last stretch reached the threshold; first crossing: median over "
+          "seeds of the first report at or above it (wall time from the train() call, start-up included), a seed "
+          "that never crossed counting as never")
+    print(f"{'profile':<16} {'promise':<72} {'kept':>6} {'median end':>11} {'first: env steps':>17} "
+          f"{'wall s':>8} {'holds':>6}")
     for r in results:
         promise = Promise(**r["promise"])
-        steps = "-" if r["median_env_steps"] is None else f"{r['median_env_steps']:,.0f}"
-        seconds = "-" if r["median_wall_time"] is None else f"{r['median_wall_time']:.1f}"
-        print(f"{r['profile']:<16} {promise.describe():<60} {r['seeds_reached']:>4}/{r['seeds']:<3} {steps:>17} "
-              f"{seconds:>14} {'yes' if r['holds'] else 'no':>6}")
+        end = "-" if r["median_final_mean"] is None else f"{r['median_final_mean']:.4g}"
+        steps = "-" if r["median_first_env_steps"] is None else f"{r['median_first_env_steps']:,.0f}"
+        seconds = "-" if r["median_first_wall_time"] is None else f"{r['median_first_wall_time']:.1f}"
+        print(f"{r['profile']:<16} {promise.describe():<72} {r['seeds_reached']:>2}/{r['seeds']:<3} {end:>11} "
+              f"{steps:>17} {seconds:>8} {'yes' if r['holds'] else 'no':>6}")
         if r["plot"]:
             print(f"  curves: {r['plot']}")
 

@@ -49,9 +49,9 @@ def test_the_promise_is_the_profiles_expect_table(tmp_path):
                                   'budget_seconds = 5400\nhardware = "8-core CPU"\n')
     promise = bench.profile_promise("my-profile", build_config(str(path)).expect)
     assert promise == Promise("eval_return_mean", -20.5, budget_seconds=5400.0, hardware="8-core CPU")
-    assert promise.describe() == "eval_return_mean >= -20.5 within 5400 s wall on 8-core CPU"
+    assert promise.describe() == "mean eval_return_mean over the last 10% of 5400 s wall >= -20.5 on 8-core CPU"
     steps = Promise("episode_return_mean", 1500.0, 2_000_000)
-    assert steps.describe() == "episode_return_mean >= 1500 within 2,000,000 env steps"
+    assert steps.describe() == "mean episode_return_mean over the last 10% of 2,000,000 env steps >= 1500"
 
 
 def test_a_profile_without_a_promise_is_one_line_naming_the_profile(tmp_path):
@@ -109,36 +109,45 @@ def reports(returns, steps_per_report=1000, seconds_per_report=2.0):
              "episode_return_mean": r} for i, r in enumerate(returns)]
 
 
-PROMISE = Promise("episode_return_mean", 475.0, budget_seconds=60.0)
+PROMISE = Promise("episode_return_mean", 475.0, budget_seconds=60.0)  # its last stretch: 6 s, 3 reports
 
 
-def test_time_to_target_is_the_first_report_at_or_above_the_threshold():
-    rows = reports([float("nan"), 100.0, 475.0, 300.0, 500.0])
-    outcome = bench.run_outcome(rows, PROMISE)
-    assert outcome["reached"] and outcome["env_steps"] == 3000 and outcome["wall_time"] == 7.0
-    assert outcome["final"] == 500.0 and outcome["max"] == 500.0
-    missed = bench.run_outcome(reports([None, 10.0, 474.9, 20.0]), PROMISE)
-    assert not missed["reached"] and missed["env_steps"] is None and missed["wall_time"] is None
-    assert missed["final"] == 20.0 and missed["max"] == 474.9
-    assert missed["last_env_steps"] == 4000 and missed["last_wall_time"] == 9.0
+def test_a_promise_is_judged_on_the_mean_of_the_runs_last_stretch():
+    # Reports every 2 s: the last 6 s of wall time hold the last 4 reports (wall 13, 15, 17, 19 s),
+    # 3 of them with a return.
+    fell_back = bench.run_outcome(reports([480.0, 500.0, 470.0, 300.0, 460.0, 470.0, 480.0, None, 420.0]), PROMISE)
+    assert not fell_back["reached"] and fell_back["final_mean"] == pytest.approx((470 + 480 + 420) / 3)
+    assert fell_back["stretch_reports"] == 3
+    # ... beside the first crossing, which it keeps though it lost the promise.
+    assert fell_back["first_env_steps"] == 1000 and fell_back["first_wall_time"] == 3.0
+    assert fell_back["final"] == 420.0 and fell_back["max"] == 500.0
+    assert fell_back["last_env_steps"] == 9000 and fell_back["last_wall_time"] == 19.0
+    ended_strong = bench.run_outcome(reports([float("nan"), 100.0, 300.0, 470.0, 480.0, 490.0, 480.0, 490.0]),
+                                     PROMISE)
+    assert ended_strong["reached"] and ended_strong["final_mean"] == pytest.approx(485.0)
+    assert ended_strong["first_env_steps"] == 5000 and ended_strong["first_wall_time"] == 11.0
     never = bench.run_outcome(reports([None, float("nan")]), PROMISE)
-    assert not never["reached"] and never["final"] is None and never["max"] is None
+    assert not never["reached"] and never["final_mean"] is None and never["first_env_steps"] is None
+    assert never["final"] is None and never["max"] is None
+    assert "mean episode_return_mean over the last 10% of 60 s wall >= 475" in PROMISE.describe()
 
 
-def test_a_promise_of_the_runs_end_is_the_mean_of_its_last_reports():
-    at_end = Promise("episode_return_mean", 475.0, budget_seconds=60.0, final_reports=3)
-    # The first crossing does not keep it: the run fell back.
-    fell_back = bench.run_outcome(reports([480.0, 500.0, 470.0, None, 460.0, 470.0]), at_end)
-    assert not fell_back["reached"] and fell_back["final_mean"] == pytest.approx(1400.0 / 3)
-    ended_strong = bench.run_outcome(reports([10.0, 470.0, 480.0, float("nan"), 490.0]), at_end)
-    assert ended_strong["reached"] and ended_strong["final_mean"] == pytest.approx(480.0)
-    assert ended_strong["env_steps"] == 5000 and ended_strong["wall_time"] == 11.0
-    too_few = bench.run_outcome(reports([500.0, 500.0]), at_end)
-    assert not too_few["reached"] and too_few["final_mean"] is None
-    # Its run ends at the budget, start-up seconds past it: within the budget all the same.
-    assert bench.summarize([ended_strong, ended_strong], at_end)["holds"]
-    assert "last 3 reports" in at_end.describe()
-    assert bench.profile_promise("p", ExpectConfig("m", 0.9, 100, final_reports=4)).final_reports == 4
+def test_a_step_budget_measures_the_stretch_in_env_steps():
+    steps = Promise("episode_return_mean", 475.0, budget_steps=20_000, final_stretch=0.25)  # the last 5,000
+    outcome = bench.run_outcome(reports([480.0] * 10 + [400.0] * 4 + [500.0] * 6), steps)
+    assert outcome["stretch_reports"] == 6 and outcome["final_mean"] == 500.0 and outcome["reached"]
+    assert bench.profile_promise("p", ExpectConfig("m", 0.9, 100, final_stretch=0.3)).final_stretch == 0.3
+
+
+def test_an_evaluation_rarer_than_the_stretch_is_judged_on_the_last_one():
+    rows = [{"env_steps": 1000, "wall_time": 5.0, "episode_return_mean": 480.0},
+            {"env_steps": 2000, "wall_time": 9.0, "episode_return_mean": 490.0, "eval_return_mean": 500.0,
+             "eval_at_env_steps": 1200},
+            {"env_steps": 9000, "wall_time": 40.0, "episode_return_mean": 20.0}]
+    outcome = bench.run_outcome(rows, Promise("eval_return_mean", 475.0, budget_seconds=60.0))
+    assert outcome["reached"] and outcome["final_mean"] == 500.0 and outcome["stretch_reports"] == 1
+    # The first crossing is at the env steps of the evaluated weights.
+    assert outcome["first_env_steps"] == 1200 and outcome["first_wall_time"] == 9.0
 
 
 def test_window_mean_averages_the_reports_inside_the_env_step_range():
@@ -152,43 +161,32 @@ def test_window_mean_averages_the_reports_inside_the_env_step_range():
             bench.env_step_window(bad)
 
 
-def test_an_evaluation_reaches_the_target_at_the_env_steps_of_its_weights():
-    rows = [{"env_steps": 1000, "wall_time": 5.0, "episode_return_mean": 480.0},
-            {"env_steps": 2000, "wall_time": 9.0, "episode_return_mean": 490.0, "eval_return_mean": 500.0,
-             "eval_at_env_steps": 1200}]
-    outcome = bench.run_outcome(rows, Promise("eval_return_mean", 475.0, budget_seconds=60.0))
-    assert outcome["env_steps"] == 1200 and outcome["wall_time"] == 9.0
+def outcome(final_mean, first_steps=None, first_seconds=None):
+    return {"reached": final_mean is not None and final_mean >= 475.0, "final_mean": final_mean,
+            "first_env_steps": first_steps, "first_wall_time": first_seconds}
 
 
-def outcome(steps, seconds):
-    return {"reached": steps is not None, "env_steps": steps, "wall_time": seconds}
-
-
-def test_median_over_seeds_counts_a_seed_that_missed_as_never():
-    every = bench.summarize([outcome(3000, 12.0), outcome(1000, 8.0), outcome(2000, 70.0)], PROMISE)
-    assert every == {"seeds": 3, "seeds_reached": 3, "median_env_steps": 2000, "median_wall_time": 12.0,
-                     "holds": True}
-    one_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(1000, 50.0)], PROMISE)
-    assert one_missed["seeds_reached"] == 2 and one_missed["median_env_steps"] == 3000
-    assert one_missed["median_wall_time"] == 50.0 and one_missed["holds"]
-    most_missed = bench.summarize([outcome(3000, 12.0), outcome(None, None), outcome(None, None)], PROMISE)
-    assert most_missed == {"seeds": 3, "seeds_reached": 1, "median_env_steps": None, "median_wall_time": None,
-                           "holds": False}
-    # Two seeds: the median is the mean of both, so a miss leaves none.
-    assert bench.summarize([outcome(1000, 5.0), outcome(None, None)], PROMISE)["median_wall_time"] is None
-
-
-def test_the_promise_holds_only_within_every_budget_it_names():
-    late = bench.summarize([outcome(1000, 61.0), outcome(1000, 65.0), outcome(1000, 10.0)], PROMISE)
-    assert late["median_wall_time"] == 61.0 and not late["holds"]
-    both = Promise("episode_return_mean", 475.0, 1500, 60.0)
-    assert bench.summarize([outcome(1000, 10.0)], both)["holds"]
-    assert not bench.summarize([outcome(2000, 10.0)], both)["holds"]
+def test_the_promise_holds_when_more_than_half_the_seeds_keep_it_at_their_end():
+    every = bench.summarize([outcome(480.0, 3000, 12.0), outcome(490.0, 1000, 8.0), outcome(500.0, 2000, 70.0)],
+                            PROMISE)
+    assert every == {"seeds": 3, "seeds_reached": 3, "median_final_mean": 490.0, "median_first_env_steps": 2000,
+                     "median_first_wall_time": 12.0, "holds": True}
+    # Crossing first is not keeping: two seeds crossed early and fell back.
+    fell_back = bench.summarize([outcome(400.0, 1000, 5.0), outcome(470.0, 1000, 5.0), outcome(480.0, 3000, 12.0)],
+                                PROMISE)
+    assert fell_back["seeds_reached"] == 1 and not fell_back["holds"]
+    assert fell_back["median_first_env_steps"] == 1000 and fell_back["median_final_mean"] == 470.0
+    # A seed that never crossed counts as never in the crossing's median; one with no value leaves no median end.
+    one_missed = bench.summarize([outcome(480.0, 3000, 12.0), outcome(None), outcome(490.0, 1000, 50.0)], PROMISE)
+    assert one_missed["seeds_reached"] == 2 and one_missed["holds"] and one_missed["median_final_mean"] is None
+    assert one_missed["median_first_env_steps"] == 3000 and one_missed["median_first_wall_time"] == 50.0
+    # Two seeds: more than half is both.
+    assert not bench.summarize([outcome(480.0, 1000, 5.0), outcome(470.0)], PROMISE)["holds"]
 
 
 def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    for seed, returns in enumerate([[100.0, 480.0, 500.0], [100.0, 200.0, 300.0]]):
+    for seed, returns in enumerate([[100.0, 480.0, 500.0, 500.0, 500.0, 500.0], [100.0, 200.0, 300.0]]):
         run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
         run_dir.mkdir(parents=True)
         (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
@@ -196,11 +194,13 @@ def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
     assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--no-train",
                        "--out-dir", str(tmp_path), "--window", "2K:3K"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == ("cartpole-appo seed 0: episode_return_mean >= 475 at 2,000 env steps, 5.0 s wall; "
-                        "final 500.0, max 500.0, mean 490.0 over 2,000-3,000 env steps")
-    assert lines[1].startswith("cartpole-appo seed 1: not reached within budget (3,000 env steps, 7.0 s wall)")
+    assert lines[0] == ("cartpole-appo seed 0: mean episode_return_mean 500 over the last 4 report(s) >= 475 at "
+                        "6,000 env steps, 13.0 s wall; first >= at 2,000 env steps, 5.0 s wall; final 500.0, max "
+                        "500.0, mean 490.0 over 2,000-3,000 env steps")
+    assert lines[1].startswith("cartpole-appo seed 1: mean episode_return_mean 200 over the last 3 report(s) < 475 "
+                               "at 3,000 env steps, 7.0 s wall; never >= the threshold")
     result = json.loads(lines[-1])["profiles"][0]
-    assert result["seeds_reached"] == 1 and result["median_wall_time"] is None and not result["holds"]
+    assert result["seeds_reached"] == 1 and result["median_first_wall_time"] is None and not result["holds"]
     assert (tmp_path / "cartpole-appo.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -214,7 +214,8 @@ def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
             "--out-dir", str(tmp_path)]
     assert entry.main(["learning", *argv]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("cartpole-appo seed 1: not reached") and lines[1].startswith("cartpole-appo seed 2: ")
+    assert lines[0].startswith("cartpole-appo seed 1: mean") and "< 475" in lines[0]
+    assert lines[1].startswith("cartpole-appo seed 2: ")
     seeds = [r["seed"] for r in json.loads(lines[-1])["profiles"][0]["runs"]]
     assert seeds == [1, 2]
     args = SimpleNamespace(profiles=["cartpole-appo"], first_seed=3, seeds=2, metric=None, target=None,
@@ -267,6 +268,6 @@ def test_runs_that_never_reported_the_metric_are_judged_without_a_curve(tmp_path
     assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "1", "--no-train",
                        "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "cartpole-appo seed 0: not reached within budget (0 env steps, 15.0 s wall); never reported" in out
+    assert "cartpole-appo seed 0: episode_return_mean never reported (0 env steps); never >= the threshold\n" in out
     assert "cartpole-appo: no curve to draw, no run reported episode_return_mean" in out
     assert not (tmp_path / "cartpole-appo.png").exists()

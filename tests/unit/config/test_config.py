@@ -59,6 +59,17 @@ def test_a_run_directory_that_holds_the_promise_as_a_line_still_loads(tmp_path):
     assert loaded.learner.lr == 1e-4 and not loaded.expect.stated
 
 
+def test_a_run_directory_whose_promise_was_judged_on_its_last_reports_still_loads(tmp_path):
+    data = build_config("cartpole-appo", {"learner.lr": 1e-4}).to_dict()
+    del data["expect"]["final_stretch"]
+    data["expect"]["final_reports"] = 3  # the key before expect.final_stretch
+    (tmp_path / "config.toml").write_text(tomli_w.dumps(data), encoding="utf-8")
+    loaded = load_run_config(tmp_path)
+    assert loaded.learner.lr == 1e-4 and loaded.expect.threshold == 475 and loaded.expect.final_stretch == 0.1
+    with pytest.raises(ConfigError, match="did you mean expect.final_stretch"):  # a profile is told
+        build_config(str(tmp_path / "config.toml"))
+
+
 def test_set_parses_by_declared_type():
     cfg = load_profile("cartpole-appo")
     set_user_value(cfg, "learner.lr", "1e-3")
