@@ -74,6 +74,7 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
         clean = True
     except _Interrupted as exc:
         console.notice(f"[fastrl] {exc}: stopping, writing a final checkpoint")
+        result.stopped_by = str(exc)
     except MetricsWriteError as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:  # processes.json or TensorBoard events on a full disk, too many open pipes

@@ -26,7 +26,8 @@ budget shorter than the profile's own trains with another schedule than ``fastrl
 A promise is judged on where each run ends, the policy a user is left with: the mean of the
 metric over the run's last stretch, ``expect.final_stretch`` of its budget (10% by default: the
 last 200K env steps of a 2M budget, the last 6 s of a 60 s one; env steps when the promise has
-both budgets), must reach the threshold (benchmarks.threshold). Where no report in the stretch
+both budgets; of the run instead where its other limit ended it first), must reach the
+threshold (benchmarks.threshold). Where no report in the stretch
 has the metric (evaluations every minute, a stretch of seconds), the last report that has it
 stands alone. The promise holds when more than half of the seeds keep it.
 
@@ -74,6 +75,10 @@ class PromiseError(ValueError):
     """A profile's promise that cannot be read or checked as asked; one line that names the fix."""
 
 
+class BenchStopped(RuntimeError):
+    """SIGINT or SIGTERM stopped a seed's run: the bench stops there, one line saying what is kept."""
+
+
 @dataclass(frozen=True)
 class Promise:
     metric: str  # a metrics.jsonl key
@@ -88,10 +93,11 @@ class Promise:
         """The metrics.jsonl key the stretch is measured on: the budget's own clock."""
         return "env_steps" if self.budget_steps else "wall_time"
 
-    @property
-    def stretch(self) -> float:
-        """The last stretch's length on ``clock``."""
-        return self.final_stretch * (self.budget_steps if self.budget_steps else self.budget_seconds)
+    def stretch(self, run_end: float) -> float:
+        """The last stretch's length on ``clock`` for a run that ended at ``run_end`` there: its
+        fraction of the budget, or of the run where the run's other limit (a profile's
+        train_for_env_steps under a time budget) ended it first."""
+        return self.final_stretch * min(run_end, self.budget_steps if self.budget_steps else self.budget_seconds)
 
     def describe(self) -> str:
         budgets = ([f"{self.budget_steps:,} env steps"] if self.budget_steps else []) + \
@@ -141,7 +147,8 @@ def run_outcome(rows: list[dict], promise: Promise) -> dict:
     at or above it (None when none was); the metric's ``final`` and ``max`` values (None when it
     was never a number); and where the run ended."""
     values = [row[promise.metric] for row in rows if is_number(row.get(promise.metric))]
-    mean, count = final_stretch(rows, promise.metric, promise.clock, promise.stretch)
+    mean, count = final_stretch(rows, promise.metric, promise.clock, promise.stretch(rows[-1][promise.clock])) \
+        if rows else (None, 0)
     first = first_reaching(rows, promise.metric, promise.threshold)
     steps_key = EVAL_X["env_steps"] if promise.metric.startswith(EVAL_KEYS) else "env_steps"
     return {"reached": mean is not None and mean >= promise.threshold, "final_mean": mean, "stretch_reports": count,
@@ -243,7 +250,10 @@ def run(args) -> dict:
         outcomes = []
         for seed, cfg, run_dir in zip(p["seeds"], p["configs"], p["run_dirs"]):
             if not args.no_train:
-                train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite)
+                stopped_by = train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite).stopped_by
+                if stopped_by:  # the run stopped itself at the signal: so does the bench, not only this seed
+                    raise BenchStopped(f"{stopped_by} stopped {p['profile']} seed {seed} (its run directory keeps "
+                                       f"what it trained); the seeds before it are in {args.out_dir}")
             rows = list(metrics_rows(run_dir))
             outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(rows, p["promise"])}
             if args.window:
@@ -346,5 +356,5 @@ def add_arguments(p) -> None:
     p.add_argument("--no-plot", action="store_true", help="draw no figure (no matplotlib needed)")
 
 
-# Each one line naming the fix: ConfigError, PlotError, PromiseError and the run's own.
-ERRORS = (ValueError, RunError, NonFiniteTraining, OSError)
+# Each one line naming the fix: ConfigError, PlotError, PromiseError, BenchStopped and the run's own.
+ERRORS = (ValueError, RunError, NonFiniteTraining, OSError, BenchStopped)

@@ -14,6 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from fastrl.config import ExpectConfig, available_profiles, build_config, to_toml
+from fastrl.run.plan import RunResult
 from tests.support.scripts import load_benchmark, load_script
 
 bench = load_benchmark("learning")
@@ -112,10 +113,13 @@ def reports(returns, steps_per_report=1000, seconds_per_report=2.0):
 PROMISE = Promise("episode_return_mean", 475.0, budget_seconds=60.0)  # its last stretch: 6 s, 3 reports
 
 
+END = Promise("episode_return_mean", 475.0, budget_steps=8000, final_stretch=0.4)  # the last 3,200 env steps
+
+
 def test_a_promise_is_judged_on_the_mean_of_the_runs_last_stretch():
-    # Reports every 2 s: the last 6 s of wall time hold the last 4 reports (wall 13, 15, 17, 19 s),
-    # 3 of them with a return.
-    fell_back = bench.run_outcome(reports([480.0, 500.0, 470.0, 300.0, 460.0, 470.0, 480.0, None, 420.0]), PROMISE)
+    # A report every 1,000 env steps: the last 3,200 of a run that ends at 9,000 hold the last 4
+    # reports (6,000 to 9,000), 3 of them with a return.
+    fell_back = bench.run_outcome(reports([480.0, 500.0, 470.0, 300.0, 460.0, 470.0, 480.0, None, 420.0]), END)
     assert not fell_back["reached"] and fell_back["final_mean"] == pytest.approx((470 + 480 + 420) / 3)
     assert fell_back["stretch_reports"] == 3
     # ... beside the first crossing, which it keeps though it lost the promise.
@@ -123,10 +127,10 @@ def test_a_promise_is_judged_on_the_mean_of_the_runs_last_stretch():
     assert fell_back["final"] == 420.0 and fell_back["max"] == 500.0
     assert fell_back["last_env_steps"] == 9000 and fell_back["last_wall_time"] == 19.0
     ended_strong = bench.run_outcome(reports([float("nan"), 100.0, 300.0, 470.0, 480.0, 490.0, 480.0, 490.0]),
-                                     PROMISE)
+                                     END)
     assert ended_strong["reached"] and ended_strong["final_mean"] == pytest.approx(485.0)
     assert ended_strong["first_env_steps"] == 5000 and ended_strong["first_wall_time"] == 11.0
-    never = bench.run_outcome(reports([None, float("nan")]), PROMISE)
+    never = bench.run_outcome(reports([None, float("nan")]), END)
     assert not never["reached"] and never["final_mean"] is None and never["first_env_steps"] is None
     assert never["final"] is None and never["max"] is None
     assert "mean episode_return_mean over the last 10% of 60 s wall >= 475" in PROMISE.describe()
@@ -137,6 +141,12 @@ def test_a_step_budget_measures_the_stretch_in_env_steps():
     outcome = bench.run_outcome(reports([480.0] * 10 + [400.0] * 4 + [500.0] * 6), steps)
     assert outcome["stretch_reports"] == 6 and outcome["final_mean"] == 500.0 and outcome["reached"]
     assert bench.profile_promise("p", ExpectConfig("m", 0.9, 100, final_stretch=0.3)).final_stretch == 0.3
+
+
+def test_a_run_its_other_limit_ended_first_is_judged_on_its_own_last_stretch():
+    # A time budget of 60 s, a run that its step limit ended at 19 s: the last 1.9 s, one report.
+    outcome = bench.run_outcome(reports([100.0] * 8 + [480.0]), PROMISE)
+    assert outcome["stretch_reports"] == 1 and outcome["final_mean"] == 480.0 and outcome["reached"]
 
 
 def test_an_evaluation_rarer_than_the_stretch_is_judged_on_the_last_one():
@@ -194,10 +204,11 @@ def test_no_train_judges_and_plots_runs_already_there(tmp_path, capsys):
     assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--no-train",
                        "--out-dir", str(tmp_path), "--window", "2K:3K"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == ("cartpole-appo seed 0: mean episode_return_mean 500 over the last 4 report(s) >= 475 at "
+    # The runs ended at 13 and 7 s of a 60 s budget: each is judged on its last 10%, its last report.
+    assert lines[0] == ("cartpole-appo seed 0: mean episode_return_mean 500 over the last 1 report(s) >= 475 at "
                         "6,000 env steps, 13.0 s wall; first >= at 2,000 env steps, 5.0 s wall; final 500.0, max "
                         "500.0, mean 490.0 over 2,000-3,000 env steps")
-    assert lines[1].startswith("cartpole-appo seed 1: mean episode_return_mean 200 over the last 3 report(s) < 475 "
+    assert lines[1].startswith("cartpole-appo seed 1: mean episode_return_mean 300 over the last 1 report(s) < 475 "
                                "at 3,000 env steps, 7.0 s wall; never >= the threshold")
     result = json.loads(lines[-1])["profiles"][0]
     assert result["seeds_reached"] == 1 and result["median_first_wall_time"] is None and not result["holds"]
@@ -271,3 +282,19 @@ def test_runs_that_never_reported_the_metric_are_judged_without_a_curve(tmp_path
     assert "cartpole-appo seed 0: episode_return_mean never reported (0 env steps); never >= the threshold\n" in out
     assert "cartpole-appo: no curve to draw, no run reported episode_return_mean" in out
     assert not (tmp_path / "cartpole-appo.png").exists()
+
+
+def test_a_seed_stopped_by_a_signal_stops_the_bench_in_one_line(tmp_path, capsys, monkeypatch):
+    trained = []
+
+    def stopped_run(cfg, run_dir, **_):
+        trained.append(cfg.seed)
+        return RunResult(run_dir, [], stopped_by="SIGTERM")
+
+    monkeypatch.setattr(bench, "train", stopped_run)
+    code = entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "3", "--no-plot", "--out-dir",
+                       str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and trained == [0]  # not the next seed, as if nothing had happened
+    assert err == [f"bench.py learning: error: SIGTERM stopped cartpole-appo seed 0 (its run directory keeps what "
+                   f"it trained); the seeds before it are in {tmp_path}"]

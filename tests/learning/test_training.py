@@ -37,6 +37,8 @@ def test_cartpole_learns_when_a_batcher_runs_the_policy(tmp_path):
                                   and r["env_steps"] < budget - 300_000)
     records = read_metrics(tmp_path)
     assert max(r["episode_return_mean"] or 0 for r in records) > 150
+    # Ctrl-C stopped it (the bar met early) or its budget did: the result says which.
+    assert result.stopped_by == ("SIGINT" if result.final["env_steps"] < budget else "")
     roles = json.loads((tmp_path / "processes.json").read_text())
     assert len(roles["rollout"]) == 2 and len(roles["inference"]) == 1
     final = result.final
