@@ -178,6 +178,27 @@ def _validate_policies(cfg: Config) -> None:
     if cfg.selfplay.enabled and (len(pcfg.names) > 1 or pcfg.mapping != "shared"):
         raise ConfigError("selfplay.enabled plays one policy against its own snapshots: keep one policy "
                           "(policies.mapping=shared)")
+    _validate_scripted_opponents(cfg)
+
+
+def _validate_scripted_opponents(cfg: Config) -> None:
+    """selfplay.scripted_opponents' form; whether each can play the run's env is preflight's check."""
+    sp = cfg.selfplay
+    scripted = sp.scripted_opponents
+    if (scripted or sp.scripted_prob) and not sp.enabled:
+        raise ConfigError("selfplay.scripted_opponents play in self-play's league: set selfplay.enabled=true, or "
+                          "play them in evaluations with eval.opponents")
+    if sp.scripted_prob and not scripted:
+        raise ConfigError(f"selfplay.scripted_prob={sp.scripted_prob:g} draws from selfplay.scripted_opponents, and "
+                          f"none are listed: list them (e.g. --set 'selfplay.scripted_opponents=[\"random\"]')")
+    if scripted and not sp.scripted_prob:
+        raise ConfigError("selfplay.scripted_opponents would play no game with selfplay.scripted_prob = 0: set it "
+                          "(e.g. --set selfplay.scripted_prob=0.2)")
+    if scripted and cfg.env.actions:
+        raise ConfigError(OPPONENT_ACTIONS.format(option="selfplay.scripted_opponents"))
+    if len(set(scripted)) != len(scripted):
+        raise ConfigError(f"selfplay.scripted_opponents lists an opponent twice ({scripted}): each is reported under "
+                          f"its name (league/scripted/<opponent>/win_rate), so list each once")
 
 
 def _validate_info_keys(cfg: Config) -> None:

@@ -397,6 +397,15 @@ class SelfPlayConfig:
     pfsp_window: int = declare(100, allowed=AT_LEAST_1,
                                help="PFSP's win rate against a snapshot counts the policy's latest games against "
                                     "it, at most this many (a policy that improves leaves its early losses behind)")
+    # Snapshots alone can drift to lines that beat each other and lose to plain play: fixed
+    # opponents kept in the league hold the policy to them.
+    scripted_opponents: list[str] = declare([], help="scripted opponents kept in the league (random, "
+                                                     "connect_four_one_ply, tictactoe_minimax or MODULE:CALLABLE, as "
+                                                     "fastrl-eval --opponent), played in the rollout workers: "
+                                                     "league/scripted/<opponent>/win_rate, draw_rate, loss_rate, games")
+    scripted_prob: float = declare(0.0, allowed=UNIT,
+                                   help="chance a game's opponent is one of selfplay.scripted_opponents (uniformly) "
+                                        "instead of a snapshot, once the league holds one")
 
 
 # What pbt.objective may name besides "info/<key>", an env info number (INFO_PREFIX + the key).

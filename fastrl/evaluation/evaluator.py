@@ -288,20 +288,22 @@ class Evaluator:
         write_checkpoint_file(best_checkpoint_path(self.run_dir), state)
 
 
-def check_eval_opponents(cfg: Config, spec: EnvSpec) -> None:
-    """ConfigError (one line) for an ``eval.opponents`` entry that cannot play ``cfg.env`` (probed
-    as ``spec``): one that cannot be found or made for its game, or an env whose other seats no
-    opponent can play (one agent, or games that are not PettingZoo's)."""
-    if not cfg.eval.opponents:
-        return
-    check_opponent_seats(cfg.env.id, len(spec.agents), is_pettingzoo_id(cfg.env.id), "eval.opponents",
-                         "set eval.opponents=[]")
-    for opponent in cfg.eval.opponents:
-        try:
-            make_opponent(find_opponent(opponent, "eval.opponents entry"), spec.observation_space,
-                          spec.action_space, cfg.seed)
-        except OpponentError as exc:
-            raise ConfigError(str(exc)) from None
+def check_run_opponents(cfg: Config, spec: EnvSpec) -> None:
+    """ConfigError (one line) for an ``eval.opponents`` or ``selfplay.scripted_opponents`` entry
+    that cannot play ``cfg.env`` (probed as ``spec``): one that cannot be found or made for its
+    game, or an env whose other seats no opponent can play (one agent, or games that are not
+    PettingZoo's)."""
+    for option, names in (("eval.opponents", cfg.eval.opponents),
+                          ("selfplay.scripted_opponents", cfg.selfplay.scripted_opponents)):
+        if not names:
+            continue
+        check_opponent_seats(cfg.env.id, len(spec.agents), is_pettingzoo_id(cfg.env.id), option, f"set {option}=[]")
+        for opponent in names:
+            try:
+                make_opponent(find_opponent(opponent, f"{option} entry"), spec.observation_space,
+                              spec.action_space, cfg.seed)
+            except OpponentError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def evaluator_niceness(cfg: Config) -> int:

@@ -7,10 +7,11 @@ Three parts, one per process that holds them:
   ``RUN_DIR/league/snapshot-<version>.pt``, so that ``--resume`` finds the league again. At most
   ``selfplay.max_snapshots`` are kept; the oldest goes first. Before a run starts,
   ``prepare_league`` leaves it only what it may restore (see there).
-- SelfPlaySeats (rollout worker): when a game starts, draws its opponent (the newest snapshot
-  with probability ``selfplay.latest_prob``, otherwise an older one by the weights the runner
-  publishes) and the seat the policy plays (uniformly); the other seats' rows are acted by the
-  snapshot and never trained on.
+- SelfPlaySeats (rollout worker): when a game starts, draws its opponent (one of
+  ``selfplay.scripted_opponents`` with probability ``selfplay.scripted_prob``; otherwise the
+  newest snapshot with probability ``selfplay.latest_prob``, or an older one by the weights the
+  runner publishes) and the seat the policy plays (uniformly); the other seats' rows are acted by
+  the snapshot, or by the scripted opponent in the worker, and never trained on.
 - LeagueRecord (runner): the policy's results against each snapshot, from the episodes the
   workers record, rated with openskill (a maintained rating library) and turned into the PFSP
   weights ``(1 - win rate) ** selfplay.pfsp_power``, the win rate over the latest
@@ -18,7 +19,8 @@ Three parts, one per process that holds them:
   A snapshot is a copy of the policy: it enters the ratings at the policy's rating.
 
 A game's result, for the policy's seat: its episode return > 0 a win, 0 a draw, < 0 a loss (the
-classic zero-sum games' convention).
+classic zero-sum games' convention). An episode is tagged with its opponent: a snapshot's version
+(>= 0), NO_OPPONENT, or ``scripted_tag(k)`` for the k-th of ``selfplay.scripted_opponents``.
 """
 from __future__ import annotations
 
@@ -36,11 +38,18 @@ from ..files.checkpoint import CheckpointError, warn, write_checkpoint_file
 from ..files.run_dir import make_dir, write_atomic
 from ..ipc.arena import Arena
 from ..ipc.weights import WeightBuffer
+from .opponents import checked_action
 
 SNAPSHOT_FILE = re.compile(r"snapshot-(\d+)\.pt")
 SET_ASIDE = ".bad"  # a league file a run must not restore, renamed, not deleted
 RECORD_FILE = "record.json"
 UNPLAYED_WIN_RATE = 0.5  # a snapshot not played yet: neither favoured nor avoided by PFSP
+NO_OPPONENT = -1  # an episode's opponent tag: none (the other seats played by the policy itself)
+
+
+def scripted_tag(k: int) -> int:
+    """The opponent tag of the k-th of selfplay.scripted_opponents (below NO_OPPONENT)."""
+    return NO_OPPONENT - 1 - k
 
 
 def require_rating_library() -> None:
@@ -168,21 +177,30 @@ class SelfPlaySeats:
 
     ``num_agents`` seats a game (consecutive rows), ``num_policies`` the weight sets before the
     snapshots'. Until the learner publishes its first snapshot, the other seats are played by the
-    policy's current weights (still not trained on)."""
+    policy's current weights (still not trained on), and no scripted opponent is drawn.
+
+    ``scripted``: the opponents of ``selfplay.scripted_opponents``, made for the game (callables
+    ``fn(observation, agent) -> action``, fastrl.multiagent.opponents). A scripted seat's row is
+    still acted by the newest snapshot's weight set, so that its episodes are no policy's and the
+    batcher's work stays one pass per set; ``play_scripted`` replaces those actions before they
+    are sent."""
 
     def __init__(self, arena: Arena, num_envs: int, num_agents: int, num_policies: int, settings: SelfPlayConfig,
-                 seed: int):
+                 seed, scripted: list | None = None):
         self.num_agents = num_agents
         self.num_policies = num_policies
         self.settings = settings
         self.snapshot_versions = arena.weight_version[num_policies:]
         self.draw_weights = arena.league_weights
         self.rng = np.random.default_rng(seed)
+        self.scripted = list(scripted or [])
+        self.row_scripted = np.full(num_envs, -1, np.int64)  # the scripted opponent acting for each row, -1 none
         games = num_envs // num_agents
         self.game_episode = np.zeros(games, np.int64)  # the game's resets at its last draw
         self.game_seat = np.zeros(games, np.int64)
         self.game_actor = np.zeros(games, np.int64)  # the weight set of the other seats
-        self.game_opponent = np.full(games, -1, np.int64)  # that snapshot's version, -1 none
+        self.game_opponent = np.full(games, NO_OPPONENT, np.int64)  # the opponent's tag (see the module)
+        self.game_scripted = np.full(games, -1, np.int64)  # the scripted opponent's index, -1 none
 
     def start_rows(self, rows: np.ndarray, episodes_begun: np.ndarray, row_actor: np.ndarray,
                    row_trained: np.ndarray, row_opponent: np.ndarray) -> None:
@@ -199,17 +217,38 @@ class SelfPlaySeats:
                 self._draw(g)
             if r % n == self.game_seat[g]:
                 row_actor[r], row_trained[r], row_opponent[r] = 0, 1, self.game_opponent[g]
+                self.row_scripted[r] = -1
             else:
-                row_actor[r], row_trained[r], row_opponent[r] = self.game_actor[g], 0, -1
+                row_actor[r], row_trained[r], row_opponent[r] = self.game_actor[g], 0, NO_OPPONENT
+                self.row_scripted[r] = self.game_scripted[g]
+
+    def play_scripted(self, env, rows: np.ndarray, actions: np.ndarray, done: np.ndarray) -> None:
+        """Replace ``actions`` (``[B, ...]``, as env.send takes them) of the ``rows`` a scripted
+        opponent plays by its moves on their observations; rows whose step is ``done`` are left
+        as they are (the env ignores an action on a final observation). OpponentError (one line)
+        for a move the game does not allow."""
+        for i in np.flatnonzero((self.row_scripted[rows] >= 0) & ~done):
+            row = int(rows[i])
+            k = int(self.row_scripted[row])
+            agent, observation = env.agents[row % self.num_agents], env.agent_observation(row)
+            move = checked_action(self.settings.scripted_opponents[k], self.scripted[k](observation, agent),
+                                  observation, agent, env.action_space)
+            actions[i] = env.action_layout.encode(move)
 
     def _draw(self, g: int) -> None:
         self.game_seat[g] = self.rng.integers(self.num_agents)
         versions = self.snapshot_versions
         filled = np.flatnonzero(versions >= 0)
+        self.game_scripted[g] = -1
         if not len(filled):
-            self.game_actor[g], self.game_opponent[g] = 0, -1
+            self.game_actor[g], self.game_opponent[g] = 0, NO_OPPONENT
             return
         newest = filled[np.argmax(versions[filled])]
+        if self.scripted and self.rng.random() < self.settings.scripted_prob:
+            k = int(self.rng.integers(len(self.scripted)))
+            self.game_actor[g] = self.num_policies + newest  # acts for none of the policy's episodes
+            self.game_opponent[g], self.game_scripted[g] = scripted_tag(k), k
+            return
         older = filled[filled != newest]
         j = newest
         if len(older) and self.rng.random() >= self.settings.latest_prob:
@@ -259,8 +298,12 @@ class LeagueRecord:
         return self.ratings[name]
 
     def record(self, opponents: np.ndarray, returns: np.ndarray) -> dict:
-        """The policy's games of one report (``opponents`` the snapshot versions, ``returns`` its
-        returns): results and ratings updated, draw weights published; the report's league keys."""
+        """The policy's games of one report (``opponents`` their opponent tags, see the module;
+        ``returns`` its returns): results and ratings against snapshots updated, draw weights
+        published; the report's league keys, those of the scripted opponents' games included."""
+        report = self._record_scripted(opponents, returns)
+        snapshot_games = opponents >= 0
+        opponents, returns = opponents[snapshot_games], returns[snapshot_games]
         outcomes = np.sign(returns).astype(np.int64)  # 1 win, 0 draw, -1 loss
         live = [int(v) for v in sorted(self.snapshot_versions[self.snapshot_versions >= 0])]
         for version in live:  # a snapshot taken since the last report: rated as the policy is now
@@ -275,7 +318,7 @@ class LeagueRecord:
             self.ratings[self.policy_name], self.ratings[f"snapshot-{version}"] = ours, theirs
         self.update_draw_weights()
         games = len(outcomes)
-        report = {
+        report |= {
             "league/games": games,
             "league/win_rate": float((outcomes > 0).mean()) if games else math.nan,
             "league/draw_rate": float((outcomes == 0).mean()) if games else math.nan,
@@ -285,6 +328,18 @@ class LeagueRecord:
             "league/snapshot_ratings": {str(v): float(self.rating(f"snapshot-{v}").ordinal()) for v in live},
         }
         self._save()
+        return report
+
+    def _record_scripted(self, opponents: np.ndarray, returns: np.ndarray) -> dict:
+        """league/scripted/<opponent>/<key> for each of selfplay.scripted_opponents: its games
+        of this report and the policy's win, draw and loss rates in them (NaN for none)."""
+        report = {}
+        for k, name in enumerate(self.settings.scripted_opponents):
+            signs = np.sign(returns[opponents == scripted_tag(k)])
+            games = len(signs)
+            report |= {f"league/scripted/{name}/games": games,
+                       **{f"league/scripted/{name}/{key}": float((signs == sign).mean()) if games else math.nan
+                          for key, sign in (("win_rate", 1), ("draw_rate", 0), ("loss_rate", -1))}}
         return report
 
     def win_rate(self, version: int) -> float:

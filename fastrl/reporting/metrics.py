@@ -242,6 +242,10 @@ def _metrics() -> tuple[Metric, ...]:
     rows += [Metric(f"league/{key}", meaning, "self-play (selfplay.enabled)") for key, meaning in LEAGUE.items()]
     rows.append(Metric("league/snapshot_ratings", "each snapshot's openskill rating, keyed by its version",
                        "self-play (selfplay.enabled)"))
+    rows += [Metric(f"league/scripted/<opponent>/{key}", meaning.replace("against the opponent", "against it in the "
+                    "league"), "self-play, for each of selfplay.scripted_opponents") for key, meaning in
+             {**{k: v for k, v in OPPONENT.items() if k != "episodes"},
+              "games": "games against it that ended since the previous report"}.items()]
     rows += [Metric("worker_restarts", "rollout workers restarted after a crash in this session", "a parallel run"),
              Metric("evaluator_restarts", "times the evaluator was restarted in this session", "a run that evaluates"),
              Metric("restarts", "restarts of this torchrun job so far", "torchrun with --max-restarts"),
@@ -494,8 +498,7 @@ class Reporter:
         returns, lengths, actors, opponents, info = fresh
         # The league counts each game once: only this report's own games.
         ours = actors < len(self.policy_names)
-        league = self.league.record(opponents[ours & (opponents >= 0)], returns[ours & (opponents >= 0)]) \
-            if self.league is not None else {}
+        league = self.league.record(opponents[ours], returns[ours]) if self.league is not None else {}
         if short and self.previous_episodes is not None:
             returns, lengths, actors, opponents, info = (np.concatenate(pair) for pair in
                                                          zip(self.previous_episodes, fresh))

@@ -22,7 +22,7 @@ from ..distributed.process_group import (
 from ..envs import EnvSpec, probe_env
 from ..envs.multiagent.pettingzoo_backend import require_pettingzoo
 from ..envs.spaces import ActionLayout, ObsLayout
-from ..evaluation.evaluator import check_eval_opponents
+from ..evaluation.evaluator import check_run_opponents
 from ..evaluation.video import require_video_extra
 from ..files.checkpoint import (
     CheckpointError,
@@ -102,7 +102,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         inference_device = resolve_device(cfg.inference.device, dist_info) if cfg.inference.device else device
         spec = probe_env(cfg)
         policies = run_policies(cfg, spec)
-        check_eval_opponents(cfg, spec)
+        check_run_opponents(cfg, spec)
         shape = model_shape(cfg, spec, model)
         layout = arena_layout(cfg, spec, num_state_values(shape), getattr(shape, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm

@@ -53,8 +53,9 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
     worker_slots, full = serial_slots(arena, cfg.env.num_workers, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                       lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS), row_policy,
                                       drop_untrained=cfg.selfplay.enabled)
-    workers = [RolloutWorker(w, cfg, arena, make_worker_env(cfg, w), slots.take(cfg.env.envs_per_worker), slots.take,
-                             slots.emit, *worker_policies(cfg, arena, policies, w))
+    envs = [make_worker_env(cfg, w) for w in range(cfg.env.num_workers)]
+    workers = [RolloutWorker(w, cfg, arena, envs[w], slots.take(cfg.env.envs_per_worker), slots.take,
+                             slots.emit, *worker_policies(cfg, arena, policies, envs[w], w))
                for w, slots in enumerate(worker_slots)]
     reporter = Reporter(arena, run_dir, spec.frame_skip, cfg.train_for_env_steps, cfg.train_for_seconds, console,
                         plan.launched_at, None, *plan.clocks, policy_names=policies.names,

@@ -21,6 +21,7 @@ from ..ipc.arena import Arena, set_error
 from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from ..multiagent.league import SelfPlaySeats
+from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
 from ..multiagent.policy_map import PolicyMap
 from ..reporting.metrics import WorkerTiming
 
@@ -189,6 +190,12 @@ class RolloutWorker:
         actions = np.empty((len(ids), *self.action_shape), self.slot_actions.dtype)
         # Compiled: the two-level fancy gather costs ~12 us of a 256-env CartPole batch.
         _gather_actions(ids, self.env_slot, self.env_t, self.slot_actions, actions.reshape(len(ids), -1))
+        if self.seats is not None and self.seats.scripted:
+            try:
+                self.seats.play_scripted(self.env, ids, actions, self.prev_done[ids])
+            except OpponentError as exc:  # the same move would fail a restarted worker: the run stops
+                set_error(self.arena, f"selfplay.scripted_opponents: {exc}")
+                raise
         self.env.send(actions, ids)
         self.batches_in_env += 1
         self.free_requests.append(request)
@@ -393,17 +400,22 @@ def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChan
                        WorkerTiming.cell(arena, worker_id, WorkerTiming.WAIT_SLOTS))
 
 
-def worker_policies(cfg: Config, arena: Arena, policies: PolicyMap | None, worker_id: int, rank: int = 0,
+def worker_policies(cfg: Config, arena: Arena, policies: PolicyMap | None, env, worker_id: int, rank: int = 0,
                     generation: int = 0) -> tuple[np.ndarray | None, SelfPlaySeats | None]:
     """A worker's rows' policies, and with self-play its seat draws (seeded per worker, rank and
-    restart), as RolloutWorker takes them."""
+    restart) and the scripted opponents it plays, made for ``env``'s game, as RolloutWorker takes
+    them."""
     if policies is None:
         return None, None
     E = cfg.env.envs_per_worker
     seats = None
     if cfg.selfplay.enabled:
         seed = (cfg.seed, rank, worker_id, generation)
-        seats = SelfPlaySeats(arena, E, len(policies.agents), policies.num_policies, cfg.selfplay, seed)
+        # Each worker's opponents draw their own random moves, repeatably with the run's seed.
+        scripted = [make_opponent(find_opponent(name, "selfplay.scripted_opponents entry"), env.observation_space,
+                                  env.action_space, int(np.random.default_rng((*seed, k)).integers(2**31)))
+                    for k, name in enumerate(cfg.selfplay.scripted_opponents)]
+        seats = SelfPlaySeats(arena, E, len(policies.agents), policies.num_policies, cfg.selfplay, seed, scripted)
     return policies.row_policies(E), seats
 
 
@@ -438,7 +450,7 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     try:
         env = make_worker_env(cfg, worker_id, rank)
         worker = RolloutWorker(worker_id, cfg, arena, env, slots.take(cfg.env.envs_per_worker), slots.take,
-                               slots.emit, *worker_policies(cfg, arena, policies, worker_id, rank, generation))
+                               slots.emit, *worker_policies(cfg, arena, policies, env, worker_id, rank, generation))
         worker.start()
         if cfg.inference.in_workers:
             run_acting_itself(worker, cfg, arena, spaces, model, rank)  # leaves by ProcessExit

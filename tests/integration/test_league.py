@@ -61,9 +61,17 @@ def test_selfplay_trains_against_its_league_and_resumes_it(tmp_path, monkeypatch
         np.testing.assert_array_equal(read_snapshot(path), taken[v])
 
 def test_selfplay_in_processes_keeps_its_league_and_record_across_resume(tmp_path):
-    cfg = count_game_config(2_500, **{"serial": False, "env.num_workers": 2, "selfplay.snapshot_every": 10})
+    # A scripted opponent kept in the league too: its games are reported apart from the snapshots'.
+    cfg = count_game_config(2_500, **{"serial": False, "env.num_workers": 2, "selfplay.snapshot_every": 10,
+                                      "selfplay.scripted_opponents": ["random"], "selfplay.scripted_prob": 0.3})
     train(cfg, run_dir=tmp_path, quiet=True)
     versions = check_league_run(tmp_path)
+    scripted = [r for r in read_metrics(tmp_path) if r.get("league/scripted/random/games")]
+    assert scripted and sum(r["league/scripted/random/games"] for r in scripted) < sum(
+        r["league/games"] for r in read_metrics(tmp_path) if r.get("league/games"))  # 0.3 of the games
+    for r in scripted:
+        assert sum(r[f"league/scripted/random/{k}"] for k in ("win_rate", "draw_rate", "loss_rate")) == \
+            pytest.approx(1.0)
     files = {v: read_snapshot(path) for v, path in saved_snapshots(tmp_path)}
     before = json.loads((league_dir(tmp_path) / "record.json").read_text())["results"]
     steps = read_metrics(tmp_path)[-1]["env_steps"]

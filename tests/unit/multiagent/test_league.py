@@ -8,14 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from fastrl.config import build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.files.checkpoint import write_checkpoint_file
 from fastrl.ipc.arena import Arena
 from fastrl.ipc.slots import PolicyQueues, serial_slots
 from fastrl.ipc.weights import WeightBuffer
 from fastrl.models.networks import build_model, num_state_values
-from fastrl.multiagent.league import League, LeagueRecord, SelfPlaySeats, league_dir, saved_snapshots, snapshot_path
+from fastrl.multiagent.league import (
+    NO_OPPONENT,
+    League,
+    LeagueRecord,
+    SelfPlaySeats,
+    league_dir,
+    saved_snapshots,
+    scripted_tag,
+    snapshot_path,
+)
 from fastrl.multiagent.policy_map import policy_map
 from fastrl.reporting.metrics import WorkerTiming
 from fastrl.run.preflight import arena_layout
@@ -66,8 +75,9 @@ def test_snapshot_rows_are_never_trained_on_and_every_game_has_one_policy_seat(m
     [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                  lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
                                  np.zeros(E, np.int16), drop_untrained=True)
-    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), slots.take(E), slots.take, slots.emit,
-                           *worker_policies(cfg, arena, policies, 0))
+    env = make_worker_env(cfg, 0)
+    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policies, env, 0))
     worker.start()
     delivered, seats, opponents = [], set(), set()
     for _ in range(120):
@@ -122,8 +132,9 @@ def test_every_fold_game_has_one_policy_seat_against_its_drawn_snapshot_and_coun
     [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                  lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
                                  np.zeros(E, np.int16), drop_untrained=True)
-    worker = RolloutWorker(0, cfg, arena, make_worker_env(cfg, 0), slots.take(E), slots.take, slots.emit,
-                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), 0))
+    env = make_worker_env(cfg, 0)
+    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), env, 0))
     worker.start()
     played = {}  # (game, episode) -> {seat: (actor, trained, opponent)} at each seat's episode end
     for _ in range(150):
@@ -361,3 +372,104 @@ def test_a_new_run_never_restores_a_league_it_finds(tmp_path, monkeypatch):
     names = league_files(tmp_path)
     assert {"snapshot-000000001000.pt.bad", "snapshot-000000002000.pt.bad", "record.json.bad"} <= set(names)
     assert all(v < 1_000 for v, _ in saved_snapshots(tmp_path))
+
+
+TIC_TAC_TOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
+
+
+def test_scripted_opponents_in_the_league_play_their_own_moves_and_are_reported_apart(tmp_path):
+    # Tic-tac-toe, every game against a scripted opponent once a snapshot is in the league: the
+    # perfect player or random moves. The policy's rows are the only ones trained, the scripted
+    # seat's moves are the opponent's (a perfect player never loses), and the runner's record
+    # reports those games under the opponent's name, not as games against snapshots.
+    cfg = build_config("cartpole-appo", {
+        "env.id": TIC_TAC_TOE, "env.num_workers": 1, "env.envs_per_worker": 16, "env.num_splits": 4,
+        "learner.rollout": 4, "learner.batch_size": 32, "slots_per_env": 4, "model.hidden_sizes": [16],
+        "selfplay.enabled": True, "selfplay.max_snapshots": 2, "selfplay.scripted_prob": 1.0,
+        "selfplay.scripted_opponents": ["tictactoe_minimax", "random"], "inference.in_workers": False,
+        "device": "cpu"})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+    arena = selfplay_arena(cfg, num_state_values(model))
+    WeightBuffer(arena, 0).publish(forced_policy_weights(model, 0), POLICY_VERSION)
+    League(arena, 1, cfg.selfplay, None).after_update(20, forced_policy_weights(model, 0))
+    arena.league_weights[:] = 1.0
+    batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"))
+    E = cfg.env.envs_per_worker
+    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
+                                 np.zeros(E, np.int16), drop_untrained=True)
+    env = make_worker_env(cfg, 0)
+    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), env, 0))
+    worker.start()
+    for _ in range(100):
+        ready = [worker.recv_batch() for _ in iter(worker.can_recv, False)]
+        batcher.refresh_weights()
+        batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
+        for request in ready:
+            worker.act(request)
+        while (batch := full.next_batch()) is not None:
+            full.release(batch[1])
+    env.close()
+    count = int(arena.episode_count[0])
+    actor, opponent = arena.episode_actor[0, :count], arena.episode_opponent[0, :count]
+    returns = arena.episode_return[0, :count]
+    ours = actor == 0
+    assert set(opponent[ours].tolist()) <= {scripted_tag(0), scripted_tag(1)}  # no game against the snapshot
+    assert set(opponent[~ours].tolist()) == {NO_OPPONENT} and set(actor[~ours].tolist()) == {1}
+    against_minimax, against_random = returns[ours & (opponent == scripted_tag(0))], \
+        returns[ours & (opponent == scripted_tag(1))]
+    assert len(against_minimax) > 15 and len(against_random) > 15
+    # The policy plays cell 0 while it is free, then random legal cells (forced weights, masked): the perfect player
+    # wins or draws every game, and random moves lose some.
+    assert (against_minimax <= 0).all() and (against_minimax < 0).mean() > 0.5
+    assert (against_random > 0).any()
+
+    record = LeagueRecord(arena, 1, cfg.selfplay, tmp_path, "main")
+    report = record.record(opponent[ours], returns[ours])
+    assert report["league/games"] == 0 and report["league/scripted/tictactoe_minimax/games"] == len(against_minimax)
+    assert report["league/scripted/tictactoe_minimax/win_rate"] == 0.0
+    assert report["league/scripted/random/win_rate"] == pytest.approx((against_random > 0).mean())
+    assert sum(report[f"league/scripted/random/{k}"] for k in ("win_rate", "draw_rate", "loss_rate")) == \
+        pytest.approx(1.0)
+
+
+def test_no_scripted_opponent_is_drawn_before_the_first_snapshot_nor_past_its_probability():
+    cfg = selfplay_games(2, **{"selfplay.scripted_opponents": ["random"], "selfplay.scripted_prob": 0.25})
+    arena = selfplay_arena(cfg, 6)
+    seats = SelfPlaySeats(arena, 2 * 400, 2, 1, cfg.selfplay, seed=3, scripted=[lambda observation, agent: 0])
+    for g in range(400):
+        seats._draw(g)
+    assert (seats.game_scripted == -1).all() and (seats.game_opponent == NO_OPPONENT).all()
+    arena.weight_version[1:] = [10, -1, -1]
+    for g in range(400):
+        seats._draw(g)
+    scripted = seats.game_scripted == 0
+    assert 0.18 < scripted.mean() < 0.32
+    assert (seats.game_opponent[scripted] == scripted_tag(0)).all() and (seats.game_actor[scripted] == 1).all()
+    assert (seats.game_opponent[~scripted] == 10).all()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"selfplay.enabled": False, "selfplay.scripted_opponents": ["random"], "selfplay.scripted_prob": 0.2},
+     "selfplay.scripted_opponents play in self-play's league: set selfplay.enabled=true"),
+    ({"selfplay.scripted_prob": 0.2}, "selfplay.scripted_prob=0.2 draws from selfplay.scripted_opponents, and none "
+                                      "are listed"),
+    ({"selfplay.scripted_opponents": ["random"]}, "would play no game with selfplay.scripted_prob = 0"),
+    ({"selfplay.scripted_opponents": ["random", "random"], "selfplay.scripted_prob": 0.2},
+     "selfplay.scripted_opponents lists an opponent twice"),
+])
+def test_scripted_opponents_that_would_play_nothing_or_twice_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        count_game_config(1_000, **overrides)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_scripted_opponent_that_cannot_play_the_game_is_refused_before_the_run_starts(tmp_path):
+    cfg = count_game_config(1_000, **{"env.id": TIC_TAC_TOE, "env.kwargs": {},
+                                      "selfplay.scripted_opponents": ["connect_four_one_ply"],
+                                      "selfplay.scripted_prob": 0.5})
+    with pytest.raises(ConfigError, match="connect_four_one_ply plays PettingZoo's connect_four_v3"):
+        train(cfg, run_dir=tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
