@@ -48,6 +48,31 @@ def selfplay_arena(cfg, num_weights: int) -> Arena:
     return arena
 
 
+def selfplay_worker(cfg, arena, policies):
+    """Worker 0 of ``cfg``, started, wired to the learner's queue as the serial run wires them
+    (slots with no trained step are dropped); the worker and the queue."""
+    E = cfg.env.envs_per_worker
+    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
+                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
+                                 np.zeros(E, np.int16), drop_untrained=True)
+    env = make_worker_env(cfg, 0)
+    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
+                           *worker_policies(cfg, arena, policies, env, 0))
+    worker.start()
+    return worker, full
+
+
+def answer(worker, batcher, full, ready) -> None:
+    """The batcher's and the learner's parts for the worker's ``ready`` requests: act on them,
+    then release every full slot."""
+    batcher.refresh_weights()
+    batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
+    for request in ready:
+        worker.act(request)
+    while (batch := full.next_batch()) is not None:
+        full.release(batch[1])
+
+
 def test_snapshot_rows_are_never_trained_on_and_every_game_has_one_policy_seat(monkeypatch):
     # The policy plays action 0; snapshot 20 plays 1 and snapshot 30 plays 2: the action says who acted.
     cfg = selfplay_games(3, **{"selfplay.latest_prob": 0.5})
@@ -72,13 +97,7 @@ def test_snapshot_rows_are_never_trained_on_and_every_game_has_one_policy_seat(m
 
     monkeypatch.setattr(PolicyQueues, "put", recorded_put)
     E, n = cfg.env.envs_per_worker, len(spec.agents)
-    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
-                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
-                                 np.zeros(E, np.int16), drop_untrained=True)
-    env = make_worker_env(cfg, 0)
-    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
-                           *worker_policies(cfg, arena, policies, env, 0))
-    worker.start()
+    worker, full = selfplay_worker(cfg, arena, policies)
     delivered, seats, opponents = [], set(), set()
     for _ in range(120):
         ready = [worker.recv_batch() for _ in iter(worker.can_recv, False)]
@@ -129,13 +148,7 @@ def test_every_fold_game_has_one_policy_seat_against_its_drawn_snapshot_and_coun
     arena.league_weights[:] = 1.0
     batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"))
     E, n = cfg.env.envs_per_worker, 2
-    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
-                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
-                                 np.zeros(E, np.int16), drop_untrained=True)
-    env = make_worker_env(cfg, 0)
-    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
-                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), env, 0))
-    worker.start()
+    worker, full = selfplay_worker(cfg, arena, policy_map(cfg, spec.agents))
     played = {}  # (game, episode) -> {seat: (actor, trained, opponent)} at each seat's episode end
     for _ in range(150):
         ready = []
@@ -150,12 +163,7 @@ def test_every_fold_game_has_one_policy_seat_against_its_drawn_snapshot_and_coun
                 assert row % n not in seats  # one episode per seat and game
                 seats[row % n] = (int(worker.row_actor[row]), int(worker.row_trained[row]),
                                   int(worker.row_opponent[row]))
-        batcher.refresh_weights()
-        batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
-        for request in ready:
-            worker.act(request)
-        while (batch := full.next_batch()) is not None:
-            full.release(batch[1])
+        answer(worker, batcher, full, ready)
     worker.env.close()
     finished = [seats for seats in played.values() if len(seats) == n]
     assert len(finished) >= len(played) - E // n and len(finished) > 100  # at most the last game of each open
@@ -395,23 +403,11 @@ def test_scripted_opponents_in_the_league_play_their_own_moves_and_are_reported_
     League(arena, 1, cfg.selfplay, None).after_update(20, forced_policy_weights(model, 0))
     arena.league_weights[:] = 1.0
     batcher = InferenceBatcher(arena, model, spec.action_space, torch.device("cpu"))
-    E = cfg.env.envs_per_worker
-    [slots], full = serial_slots(arena, 1, cfg.slots_per_worker, cfg.trajectories_per_batch,
-                                 lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS),
-                                 np.zeros(E, np.int16), drop_untrained=True)
-    env = make_worker_env(cfg, 0)
-    worker = RolloutWorker(0, cfg, arena, env, slots.take(E), slots.take, slots.emit,
-                           *worker_policies(cfg, arena, policy_map(cfg, spec.agents), env, 0))
-    worker.start()
+    worker, full = selfplay_worker(cfg, arena, policy_map(cfg, spec.agents))
     for _ in range(100):
         ready = [worker.recv_batch() for _ in iter(worker.can_recv, False)]
-        batcher.refresh_weights()
-        batcher.infer(np.zeros(len(ready), np.int64), np.array(ready))
-        for request in ready:
-            worker.act(request)
-        while (batch := full.next_batch()) is not None:
-            full.release(batch[1])
-    env.close()
+        answer(worker, batcher, full, ready)
+    worker.env.close()
     count = int(arena.episode_count[0])
     actor, opponent = arena.episode_actor[0, :count], arena.episode_opponent[0, :count]
     returns = arena.episode_return[0, :count]
