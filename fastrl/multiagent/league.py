@@ -52,6 +52,13 @@ def scripted_tag(k: int) -> int:
     return NO_OPPONENT - 1 - k
 
 
+def outcome_rates(prefix: str, signs: np.ndarray) -> dict:
+    """``prefix``win_rate, draw_rate and loss_rate of games whose results are ``signs`` (1 a
+    win, 0 a draw, -1 a loss); NaN for no games."""
+    return {f"{prefix}{key}": float((signs == sign).mean()) if len(signs) else math.nan
+            for key, sign in (("win_rate", 1), ("draw_rate", 0), ("loss_rate", -1))}
+
+
 def require_rating_library() -> None:
     """ConfigError naming the extra when openskill is missing: checked before a run starts."""
     try:
@@ -320,9 +327,7 @@ class LeagueRecord:
         games = len(outcomes)
         report |= {
             "league/games": games,
-            "league/win_rate": float((outcomes > 0).mean()) if games else math.nan,
-            "league/draw_rate": float((outcomes == 0).mean()) if games else math.nan,
-            "league/loss_rate": float((outcomes < 0).mean()) if games else math.nan,
+            **outcome_rates("league/", outcomes),
             "league/snapshots": len(live),
             "league/rating": float(self.rating(self.policy_name).ordinal()),
             "league/snapshot_ratings": {str(v): float(self.rating(f"snapshot-{v}").ordinal()) for v in live},
@@ -336,10 +341,7 @@ class LeagueRecord:
         report = {}
         for k, name in enumerate(self.settings.scripted_opponents):
             signs = np.sign(returns[opponents == scripted_tag(k)])
-            games = len(signs)
-            report |= {f"league/scripted/{name}/games": games,
-                       **{f"league/scripted/{name}/{key}": float((signs == sign).mean()) if games else math.nan
-                          for key, sign in (("win_rate", 1), ("draw_rate", 0), ("loss_rate", -1))}}
+            report |= {f"league/scripted/{name}/games": len(signs), **outcome_rates(f"league/scripted/{name}/", signs)}
         return report
 
     def win_rate(self, version: int) -> float:

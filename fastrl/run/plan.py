@@ -27,9 +27,10 @@ class ChildExited(RunError):
 
 @dataclass
 class RunResult:
-    """What train() returns: the run's reports (metrics.jsonl's lines) and, for a run that SIGINT
-    or SIGTERM stopped before its budget (final report and checkpoint written), the signal's name
-    in ``stopped_by``, so that code training runs one after another can stop too."""
+    """What train() returns: the run's reports (metrics.jsonl's lines) and, for a parallel run that
+    SIGINT or SIGTERM stopped before its budget (final report and checkpoint written), the
+    signal's name in ``stopped_by``, so that code training runs one after another can stop too.
+    A serial run stopped by Ctrl-C raises KeyboardInterrupt instead."""
     run_dir: Path | None
     reports: list[dict] = field(default_factory=list)
     stopped_by: str = ""
