@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "compare": ("compare", "a profile's steady env steps/s with and without some overrides, alternating"),
     "agents": ("agents", "agent rows/s of multi-agent games against the single-agent path, alternating"),
     "learner": ("learner", "the learner alone: train() calls per second on synthetic batches"),
+    "updates": ("updates", "a replay learner's gradient steps alone: updates/s, their parts, the arithmetic floor"),
     "batcher": ("batcher", "the inference batcher's infer() alone"),
     "kernels": ("kernels", "fastrl.kernels against the loops they replace"),
     "replay": ("replay", "replay memory per transition, add, sample and priority-update rates"),
