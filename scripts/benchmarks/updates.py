@@ -114,7 +114,8 @@ def matmul_gflops(rows: int, width: int, calls: int = 300) -> float:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--profile", default="mujoco-sac", help="a replay learner's profile, on the CPU (default mujoco-sac)")
+    p.add_argument("--profile", default="mujoco-sac",
+                   help="a replay learner's profile, on the CPU (default mujoco-sac)")
     add_set(p, "override on top of the profile's")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to time (default 1 2)")
     p.add_argument("--updates", type=int, default=200, help="update() calls timed per round (default 200)")
@@ -141,7 +142,8 @@ def run(args) -> dict:
     print(f"hardware: {hardware()}")
     print(f"{cfg.env.id} algo={cfg.learner.algo} batch={cfg.replay.batch_size} hidden={cfg.model.hidden_sizes} "
           f"{gflop:.3f} GFLOP per update")
-    report = {"profile": args.profile, "env": cfg.env.id, "gflop_per_update": gflop, "hardware": hardware(), "threads": {}}
+    report = {"profile": args.profile, "env": cfg.env.id, "gflop_per_update": gflop, "hardware": hardware(),
+              "threads": {}}
     for n in args.threads:
         torch.set_num_threads(n)
         median = statistics.median(rates[n])
