@@ -12,8 +12,12 @@ from .schema import (
     POLICY_NAME,
     REPLAY_LEARNERS,
     RUN_DEVICES,
+    SAC_PBT_MEMBER_KEYS,
+    SAC_PBT_MUTABLE,
     SECTIONS,
     VTRACE,
+    VTRACE_PBT_MEMBER_KEYS,
+    VTRACE_PBT_MUTABLE,
     Config,
     ConfigError,
     ExpectConfig,
@@ -222,8 +226,9 @@ def _validate_pbt(cfg: Config) -> None:
         if pbt.start:
             raise ConfigError("pbt.start sets members' start values: set pbt.population too")
         return
-    if cfg.learner.algo not in VTRACE:
-        raise ConfigError(f"pbt trains appo/impala members; learner.algo={cfg.learner.algo} is not supported "
+    algo = cfg.learner.algo
+    if algo not in (*VTRACE, "sac"):
+        raise ConfigError(f"pbt trains appo, impala or sac members; learner.algo={algo} is not supported "
                           f"with pbt.population yet: set learner.algo=appo")
     if cfg.policies.names != ["main"] or cfg.policies.mapping != "shared" or cfg.selfplay.enabled:
         raise ConfigError("pbt makes its members the run's policies: leave [policies] at its defaults and "
@@ -231,6 +236,17 @@ def _validate_pbt(cfg: Config) -> None:
     unknown = [k for k in pbt.mutable if k not in PBT_MUTABLE]
     if unknown:
         raise ConfigError(f"pbt.mutable {unknown[0]!r} cannot be perturbed; pick from {', '.join(PBT_MUTABLE)}")
+    # A perturbed value the members' updates never read would only relabel them.
+    readable = SAC_PBT_MUTABLE if algo == "sac" else VTRACE_PBT_MUTABLE
+    unread = [k for k in pbt.mutable if k not in readable]
+    if unread:
+        raise ConfigError(f"pbt.mutable {unread[0]!r} is not read by learner.algo={algo}'s updates: perturb "
+                          f"{', '.join(readable)} (e.g. --set 'pbt.mutable=[\"learner.lr\"]')")
+    member_keys = SAC_PBT_MEMBER_KEYS if algo == "sac" else VTRACE_PBT_MEMBER_KEYS
+    unread = [k for k in pbt.start if k not in member_keys]
+    if unread:
+        raise ConfigError(f"pbt.start.{unread[0]} is not read by learner.algo={algo}'s members: start them apart in "
+                          f"{', '.join(member_keys)}")
     if not pbt.perturb:
         raise ConfigError("pbt.perturb is empty: give the factors a mutable value is multiplied by, e.g. [0.8, 1.25]")
     for key, values in pbt.start.items():

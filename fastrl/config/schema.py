@@ -419,14 +419,22 @@ def objective_info_key(objective: str) -> str | None:
     return objective[len(INFO_PREFIX):] if objective.startswith(INFO_PREFIX) else None
 
 
-PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
-               "learner.max_grad_norm", "learner.gamma")
-# What members may start apart in (pbt.start): keys only a member's own learner updates read. The
+# What PBT may perturb: keys a member's learner reads at every update, by algorithm.
+VTRACE_PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
+                      "learner.max_grad_norm", "learner.gamma")
+# SAC's replay fixes each transition's n-step discount when it is stored: gamma is not among them.
+SAC_PBT_MUTABLE = ("learner.lr", "learner.tau", "learner.max_grad_norm")
+PBT_MUTABLE = tuple(dict.fromkeys(VTRACE_PBT_MUTABLE + SAC_PBT_MUTABLE))
+# What members may start apart in (pbt.start): keys only a member's own learner reads. The
 # workers, the batcher and the arena follow the run's config, and a copy needs equal shapes.
-PBT_MEMBER_KEYS = PBT_MUTABLE + ("learner.num_epochs", "learner.lr_decay", "learner.adam_eps",
-                                 "learner.vtrace_lambda", "learner.clip_rho", "learner.clip_c", "learner.clip_pg_rho",
-                                 "learner.normalize_advantages", "learner.reward_clip", "learner.reward_scale",
-                                 "learner.max_policy_lag")
+VTRACE_PBT_MEMBER_KEYS = VTRACE_PBT_MUTABLE + (
+    "learner.num_epochs", "learner.lr_decay", "learner.adam_eps", "learner.vtrace_lambda", "learner.clip_rho",
+    "learner.clip_c", "learner.clip_pg_rho", "learner.normalize_advantages", "learner.reward_clip",
+    "learner.reward_scale", "learner.max_policy_lag")
+# A SAC member's replay is its own, so it may start with its own gamma.
+SAC_PBT_MEMBER_KEYS = SAC_PBT_MUTABLE + ("learner.lr_decay", "learner.adam_eps", "learner.gamma",
+                                         "learner.reward_scale", "learner.temperature", "learner.target_entropy_scale")
+PBT_MEMBER_KEYS = tuple(dict.fromkeys(VTRACE_PBT_MEMBER_KEYS + SAC_PBT_MEMBER_KEYS))
 
 
 @dataclass
@@ -452,7 +460,7 @@ class PBTConfig:
                                   "latest evaluation, eval.every_s) or info/<key> (an env info number at their "
                                   "episodes' end, averaged as the return is)")
     objective_episodes: int = declare(100, allowed=EPISODES, help="a member's newest episodes its objective averages")
-    mutable: list[str] = declare(list(PBT_MUTABLE[:5]),
+    mutable: list[str] = declare(list(VTRACE_PBT_MUTABLE[:5]),
                                  help=f"hyperparameters perturbed after a copy (any of {', '.join(PBT_MUTABLE)})")
     perturb: list[float] = declare([0.8, 1.25], allowed=POSITIVE, help="a mutable value is multiplied by one of "
                                                                         "these, drawn uniformly")

@@ -108,7 +108,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
         check_resources(cfg, layout.nbytes, spec.observation_space, dist_info.local_world_size,
                         shared=not cfg.serial, model_bytes=state_bytes(shape),
-                        learner_on_cpu=torch.device(device).type == "cpu")
+                        learner_on_cpu=torch.device(device).type == "cpu", num_policies=policies.num_policies)
         template = shape if model is not None else build_template(cfg, spec)
         resume_state = load_resume_state(run_dir, cfg, template, policies.names, dist_info) if resume else None
         if cfg.selfplay.enabled and run_dir is not None and dist_info.is_main:

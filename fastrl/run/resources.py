@@ -85,12 +85,14 @@ def model_keys(cfg: Config) -> str:
 
 
 def check_resources(cfg: Config, arena_bytes: int, observation_space, ranks_on_node: int = 1,
-                    shared: bool = True, model_bytes: int = 0, learner_on_cpu: bool = True) -> None:
+                    shared: bool = True, model_bytes: int = 0, learner_on_cpu: bool = True,
+                    num_policies: int = 1) -> None:
     """Raise ResourceError if the arena does not fit /dev/shm (``shared``: the serial mode keeps it
     in private memory), the run does not fit RAM, or the replay's memory-mapped frames do not fit
     their directory's disk. Every rank on this node holds an arena, a replay and the model's copies
-    (``model_bytes`` each, model_ram_bytes; ARENA_COPIES of them in the arena) of its own."""
-    replay = replay_ram_bytes(cfg, observation_space)
+    (``model_bytes`` each, model_ram_bytes; ARENA_COPIES of them in the arena) of its own; each of
+    its ``num_policies`` policies (PBT's members) a learner with a replay of its own."""
+    replay = replay_ram_bytes(cfg, observation_space) * num_policies
     arena_weights = min(arena_bytes, ARENA_COPIES * model_bytes)
     model = model_ram_bytes(cfg, model_bytes, learner_on_cpu) + arena_weights
     # RAM first: more /dev/shm cannot help a run that does not fit RAM.

@@ -1,5 +1,7 @@
 """The tests of tests/unit/learner/test_sac.py's subject that train in this process."""
 
+import copy
+
 import gymnasium
 import numpy as np
 import pytest
@@ -107,3 +109,64 @@ def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, repla
     assert last["learner/replay_ratio_achieved"] == pytest.approx(replay_ratio, rel=0.05)
     waited = last[who_waits] - first[who_waits]
     assert waited > 0.3 * (last["wall_time"] - first["wall_time"])
+
+
+def test_a_population_member_copies_the_sac_learner_and_keeps_its_own_replay():
+    from fastrl.envs import EnvSpec
+    from fastrl.ipc.arena import Arena
+    from fastrl.learner.policy_set import PolicyRuntimes, make_policy_learners
+    from fastrl.models.networks import num_state_values
+    from fastrl.multiagent.policy_map import policy_map
+    from fastrl.run.preflight import arena_layout
+    from tests.support.same_state import assert_same_state
+    from tests.unit.tuning.test_pbt import finish_episodes
+
+    cfg = sac_config(**{"pbt.population": 2, "pbt.mutable": ["learner.lr", "learner.tau"], "pbt.perturb": [1.0],
+                        "pbt.warmup_env_steps": 0, "pbt.period_env_steps": 1, "pbt.margin_relative": 0.0,
+                        "pbt.reset_prob": 0.0, "pbt.start.learner.lr": [1e-4, 2e-3],
+                        "pbt.start.learner.tau": [0.01, 0.05], "pbt.start.learner.temperature": [1.0, 0.2]})
+    torch.manual_seed(0)
+    learners = make_policy_learners(cfg, (OBS_SPACE, ACTION_SPACE), None, "cpu", 2)
+    arena = Arena(arena_layout(cfg, EnvSpec(OBS_SPACE, ACTION_SPACE, 1), num_state_values(learners[0].model)),
+                  shared=False)
+    for k, learner in enumerate(learners):  # member 1 sees one batch more, and other data
+        for batch, env_ids in continuous_batches(3 + k, seed=10 * k):
+            learner.train(batch, env_ids=env_ids)
+    copier, parent = learners
+    assert (len(copier.replay), len(parent.replay)) == (3 * T * E, 4 * T * E)
+    replayed = copier.replayed_batches
+    runtimes = PolicyRuntimes(cfg, arena, learners, policy_map(cfg, ()))
+    before = {"parent": copy.deepcopy(parent.state_dict()), "copier": copy.deepcopy(copier.state_dict())}
+    finish_episodes(arena, {0: [-900.0], 1: [-200.0]})
+
+    assert runtimes.population.step(env_steps=100) == [(0, 1)]
+
+    state = copier.state_dict()
+    for key in ("model", "critic", "target_critic", "optimizer"):
+        assert_same_state(state[key], before["parent"][key], key)
+    assert copier.temperature == pytest.approx(parent.temperature) != pytest.approx(1.0)
+    assert state["updates"] == before["copier"]["updates"]  # its own counters
+    # Its replay and its replay-ratio account stay its own: what its own actors added.
+    assert len(copier.replay) == 3 * T * E and copier.replayed_batches == replayed
+    assert (copier.lcfg.lr, copier.lcfg.tau) == (2e-3, 0.05)
+    target = [p.clone() for p in copier.target_critic.parameters()]
+    batch, env_ids = continuous_batches(4, seed=99)[0]
+    stats = copier.train(batch, env_ids=env_ids)
+    assert stats["lr"] == pytest.approx(2e-3) and copier.updates > before["copier"]["updates"]
+    # One update moves the targets tau = 0.05 of the way: after k updates 1 - 0.95^k of it.
+    assert not all(torch.equal(a, b) for a, b in zip(target, copier.target_critic.parameters()))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({}, "pbt.mutable 'learner.entropy_coef' is not read by learner.algo=sac's updates: perturb learner.lr, "
+         "learner.tau, learner.max_grad_norm"),
+    ({"pbt.mutable": ["learner.gamma"]}, "pbt.mutable 'learner.gamma' is not read by learner.algo=sac's updates"),
+    ({"pbt.mutable": ["learner.lr"], "pbt.start.learner.num_epochs": [1, 2]},
+     "pbt.start.learner.num_epochs is not read by learner.algo=sac's members"),
+])
+def test_sac_population_settings_its_updates_never_read_are_refused_in_one_line(settings, message):
+    from fastrl.config import ConfigError
+    base = {"pbt.population": 2, "pbt.mutable": build_config("cartpole-appo").pbt.mutable}
+    with pytest.raises(ConfigError) as error:
+        sac_config(**{**base, **settings})
+    assert message in str(error.value) and "\n" not in str(error.value)

@@ -160,7 +160,6 @@ def sac_config(**overrides):
     ({"model.separate_critic": True}, "separate_critic is for learner.algo=appo"),
     ({"replay.replay_ratio": 0.0}, "replay_ratio' must be > 0 for sac"),
     ({"learner.precision": "bfloat16"}, "sac trains in float32"),
-    ({"pbt.population": 2}, "learner.algo=sac is not supported with pbt"),
 ])
 def test_nonsensical_combinations_are_refused_in_one_line(overrides, message):
     from fastrl.envs import probe_env

@@ -508,6 +508,9 @@ def test_start_values_and_a_seeded_jitter_leave_member_0_as_the_profile_says():
     ({"pbt.population": 1}, "pbt.population=1 is a single run"),
     ({"pbt.population": 0, "pbt.start.learner.lr": [1e-3, 2e-3]}, "set pbt.population too"),
     ({"pbt.mutable": ["learner.adam_eps"]}, "pbt.mutable 'learner.adam_eps' cannot be perturbed"),
+    ({"pbt.mutable": ["learner.tau"]}, "pbt.mutable 'learner.tau' is not read by learner.algo=appo's updates"),
+    ({"pbt.start.learner.temperature": [1.0, 2.0]}, "pbt.start.learner.temperature is not read by "
+                                                    "learner.algo=appo's members"),
     ({"pbt.perturb": []}, "pbt.perturb is empty"),
     ({"pbt.start.learner.lr": [1e-3, 2e-3, 3e-3]}, "pbt.start.learner.lr has 3 values for 2 members"),
     ({"pbt.start.learner.lr": [1e-3, -1.0]}, "learner.lr"),
