@@ -173,12 +173,13 @@ def _validate_policies(cfg: Config) -> None:
                           f"metrics and checkpoint entries)")
     if len(set(pcfg.names)) != len(pcfg.names):
         raise ConfigError(f"policies.names lists a policy twice ({pcfg.names}): give each a name of its own")
-    if pcfg.mapping not in ("shared", "per_agent") and ":" not in pcfg.mapping:
-        raise ConfigError(f"policies.mapping={pcfg.mapping!r}: use shared, per_agent or module:fn (fn(agent_id) "
-                          f"returns a policy name)")
+    if pcfg.mapping not in ("shared", "per_agent", "by_kind") and ":" not in pcfg.mapping:
+        raise ConfigError(f"policies.mapping={pcfg.mapping!r}: use shared, per_agent, by_kind or module:fn "
+                          f"(fn(agent_id) returns a policy name)")
     if pcfg.mapping == "shared" and len(pcfg.names) > 1:
         raise ConfigError(f"policies.mapping=shared sends every agent to {pcfg.names[0]!r}, leaving "
-                          f"{', '.join(pcfg.names[1:])} unused: set policies.mapping to per_agent or module:fn")
+                          f"{', '.join(pcfg.names[1:])} unused: set policies.mapping to per_agent, by_kind or "
+                          f"module:fn")
     if cfg.selfplay.enabled and (len(pcfg.names) > 1 or pcfg.mapping != "shared"):
         raise ConfigError("selfplay.enabled plays one policy against its own snapshots: keep one policy "
                           "(policies.mapping=shared)")

@@ -372,11 +372,14 @@ class PoliciesConfig:
     """The run's policies and which one acts for, and trains on, each agent's rows
     (docs/multiagent.md). Each policy has its own weights, learner, checkpoints and metrics."""
 
-    names: list[str] = declare(["main"], help="the run's policies; with mapping=per_agent leave it at the default: "
-                                              "each policy is named after its agent")
+    names: list[str] = declare(["main"],
+                               help="the run's policies; with mapping=per_agent or by_kind leave it at the default: "
+                                    "each policy is named after its agent, or its agents' kind (by_kind also takes "
+                                    "the kinds listed, in the order wanted: the first is evaluated in training)")
     mapping: str = declare("shared",
                            help="agent -> policy: shared (every agent -> the first of policies.names), per_agent (one "
-                                "policy per agent), or module:fn, fn(agent_id) -> a policy name")
+                                "policy per agent), by_kind (one per agent name without its _N: adversary_0 and "
+                                "adversary_1 -> adversary), or module:fn, fn(agent_id) -> a policy name")
 
 
 @dataclass

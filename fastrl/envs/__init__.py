@@ -49,6 +49,8 @@ class EnvSpec:
     action_space: object
     frame_skip: int
     agents: tuple[str, ...] = ()  # a multi-agent env's agents of one game (VecEnv.agents)
+    # Each agent's own observation space where they differ and rows are padded to one, else ().
+    agent_spaces: tuple = ()
 
 
 def probe_env(cfg) -> EnvSpec:
@@ -66,7 +68,8 @@ def probe_env(cfg) -> EnvSpec:
                        env_kwargs=cfg.env.kwargs, preprocessing=ImageOptions.from_config(cfg.env),
                        actions=cfg.env.actions)
     try:
-        return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents))
+        return EnvSpec(env.observation_space, env.action_space, env.frame_skip, tuple(env.agents),
+                       tuple(getattr(env, "agent_observation_spaces", ())))
     finally:
         env.close()
 

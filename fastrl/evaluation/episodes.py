@@ -16,6 +16,7 @@ from ..config import (
     weights_mismatch,
 )
 from ..envs import make_episode_env, probe_env
+from ..envs.multiagent.pettingzoo_backend import is_pettingzoo_id
 from ..envs.multiagent.pettingzoo_games import PettingZooGamesMixin
 from ..envs.spaces import ObsLayout
 from ..files.checkpoint import (
@@ -173,7 +174,7 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
 
 def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: int, deterministic: bool = False,
                      device: str = "cpu", seed: int = 12345, num_envs: int = 8, keep_going=None, env=None,
-                     after_recv=None) -> dict:
+                     after_recv=None, seats: tuple[str, ...] = ()) -> dict:
     """``model`` playing one seat of ``cfg.env``'s multi-agent games and ``opponent`` every other
     seat (fastrl.multiagent.opponents: a built-in name, ``MODULE:CALLABLE`` or a callable ``fn(observation,
     agent) -> action``, called with each agent's observation as its game gave it): the model's
@@ -184,12 +185,16 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
     loss (PettingZoo's classic games are zero-sum, +1 / 0 / -1 at the end). The model's seat
     rotates so that every seat gets an equal share: of the ``G`` games played at once (the fewest
     that hold ``min(episodes, num_envs)`` agent rows), game g plays episodes ``j = g, g + G, g +
-    2G, ...`` of the ``episodes``, the model in seat ``j % n`` of its ``n``. Rows the opponent plays
-    are never given to the model; it acts on a row's final observation for neither side.
-    ``keep_going``, ``env`` and ``after_recv`` as for evaluate_policy.
+    2G, ...`` of the ``episodes``, the model in seat ``j % n`` of its ``n``. Given ``seats`` (the
+    agents its policy plays in a run of several policies, :func:`policy_seats`), the model plays
+    those seats of every game instead, and each of them counts one episode per game. Rows the
+    opponent plays are never given to the model; it acts on a row's final observation for
+    neither side. ``keep_going``, ``env`` and ``after_recv`` as for evaluate_policy.
 
-    Raises ConfigError for an env without several agents, OpponentError (one line) for an
-    opponent that cannot be found or made, or plays an illegal action.
+    Also the std of those returns, their mean length and the env steps played (every seat's), as
+    evaluate_policy gives them. Raises ConfigError for an env without several agents,
+    OpponentError (one line) for an opponent that cannot be found or made, or plays an illegal
+    action.
     """
     if cfg.env.actions:
         raise ConfigError(OPPONENT_ACTIONS.format(option="--opponent"))
@@ -202,11 +207,16 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
         play = make_opponent(found, env.observation_space, env.action_space, seed)
         n = len(env.agents)
         games = env.num_envs // n
-        quota = -(-(episodes - np.arange(games)) // games)  # episodes g, g + G, ... below ``episodes``
+        fixed = np.isin(np.arange(n), [env.agents.index(agent) for agent in seats]) if seats else None
+        per_game = int(fixed.sum()) if seats else 1  # the model's episodes in one episode of a game
+        game_episodes = -(-episodes // per_game)
+        quota = -(-(game_episodes - np.arange(games)) // games)  # game episodes g, g + G, ... below those
         act = PolicyActions(cfg, model, env, deterministic, device)
         steps = EpisodeSteps(env, keep_going, after_recv)
         returns: list[list[float]] = [[] for _ in range(n)]  # the model's returns, by its seat
         counted = np.zeros(games, dtype=np.int64)
+        lengths: list[int] = []  # of the model's episodes, in the order they ended
+        env_steps = 0
         env.async_reset()
         first_episode = env.episodes_begun.copy()
 
@@ -215,19 +225,23 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
             that episode is one of the quota's."""
             game = rows // n
             episode = env.episodes_begun[game] - first_episode[game] - 1
-            return rows % n == (game + episode * games) % n, episode < quota[game]
+            mine = fixed[rows % n] if seats else rows % n == (game + episode * games) % n
+            return mine, episode < quota[game]
 
-        while (counted < quota).any():
+        while (counted < quota * per_game).any():
             obs, ids, done, stepped = steps.next_batch()
+            env_steps += int(stepped.sum())
             model_seat, in_quota = model_plays(ids)
             ended = ids[done & stepped & model_seat & in_quota]
             # A seat whose game ended before its first turn played it too: its episode counts.
             unplayed, unplayed_returns = env.last_unplayed
             unplayed_model, unplayed_in_quota = model_plays(unplayed)
             kept = unplayed_model & unplayed_in_quota
-            for row, episode_return in zip([*ended, *unplayed[kept]],
-                                           [*steps.returns[ended], *unplayed_returns[kept]]):
+            for row, episode_return, length in zip([*ended, *unplayed[kept]],
+                                                   [*steps.returns[ended], *unplayed_returns[kept]],
+                                                   [*steps.lengths[ended], *[0] * int(kept.sum())]):
                 returns[row % n].append(float(episode_return))
+                lengths.append(int(length))
                 counted[row // n] += 1
             seat = ids % n
             episode_start = steps.advance(ids, done)
@@ -243,7 +257,10 @@ def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: in
             env.send(actions, ids)
     finally:
         env.close()
-    return {"opponent": name, **outcome_rates(sum(returns, [])),
+    every = sum(returns, [])
+    return {"opponent": name, **outcome_rates(every),
+            "episode_return_std": float(np.std(every)) if every else None,
+            "episode_length_mean": float(np.mean(lengths)) if lengths else None, "env_steps_played": env_steps,
             "seats": {agent: outcome_rates(returns[k]) for k, agent in enumerate(env.agents)}}
 
 
@@ -350,13 +367,46 @@ def evaluation_device(name: str) -> str:
     return name
 
 
+def seated_spec(cfg: Config):
+    """The env's probe where its seats and their spaces matter, PettingZoo games (those
+    evaluate_against plays); None elsewhere, where a probe would only make an env."""
+    return probe_env(cfg) if is_pettingzoo_id(cfg.env.id) else None
+
+
+def policy_seats(cfg: Config, spec, policy: str | None = None) -> tuple[str, ...]:
+    """The agents ``policy`` (the first by default) plays in a run of several policies (what
+    evaluate_against seats it in); () for one policy, which plays every seat in turn, or no
+    ``spec``."""
+    if spec is None:
+        return ()
+    policies = policy_map(cfg, spec.agents)
+    if policies.num_policies < 2 or policies.members:
+        return ()
+    return tuple(policies.agents_of(policies.names.index(policy) if policy is not None else 0))
+
+
+def check_every_seat_playable(cfg: Config, spec, option: str, fix: str) -> None:
+    """ConfigError (one line) where the agents' observation spaces differ (``spec``, a probe or
+    None): evaluating one policy alone would play it in every seat, on vectors meant for another
+    policy's network."""
+    if spec is not None and spec.agent_spaces:
+        raise ConfigError(f"{option} plays one policy in every seat, and {cfg.env.id!r}'s agents have different "
+                          f"observation spaces, each kind its own policy: {fix}")
+
+
 def evaluate_run(run_dir: Path, episodes: int, deterministic: bool = False, device: str = "cpu",
                  seed: int = 12345, best: bool = False, opponent=None, policy: str | None = None) -> dict:
     """fastrl-eval: evaluate a run's latest (or ``best``) weights of ``policy`` (the first by
-    default); against ``opponent`` in a multi-agent game (evaluate_against) when given."""
+    default); against ``opponent`` in a multi-agent game (evaluate_against, in the policy's own
+    seats where the run has several policies) when given."""
     if opponent is not None:
         find_opponent(opponent)  # a missing opponent fails before the checkpoint loads
     cfg, model, source = load_run_model(run_dir, best, policy)
+    spec = seated_spec(cfg)
     if opponent is not None:
-        return {**evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed), **source}
+        seats = policy_seats(cfg, spec, source["policy"])
+        return {**evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed, seats=seats),
+                **source}
+    check_every_seat_playable(cfg, spec, "fastrl-eval without --opponent",
+                              "evaluate a policy in its own seats with --policy NAME --opponent random")
     return {**evaluate_policy(cfg, model, episodes, deterministic, device, seed), **source}

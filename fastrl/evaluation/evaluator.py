@@ -44,7 +44,14 @@ from ..ipc.weights import WeightReader
 from ..models.networks import build_model
 from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
 from ..reporting.metrics import OPPONENT_STATS
-from .episodes import check_opponent_seats, evaluate_against, evaluate_policy
+from .episodes import (
+    check_every_seat_playable,
+    check_opponent_seats,
+    evaluate_against,
+    evaluate_policy,
+    policy_seats,
+    seated_spec,
+)
 from .video import VideoError, remove_partial_videos, write_video  # imageio itself is imported only to write
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
@@ -181,6 +188,13 @@ class Evaluator:
         # else every later result would read as being written.
         self.stats[EvalStats.SEQ] -= self.stats[EvalStats.SEQ] % 2
         self.evaluations = 0
+        # The first policy's own agents, where a run has several: the seats it plays against eval.opponents.
+        several = len(cfg.policies.names) > 1 or cfg.policies.mapping != "shared"
+        spec = seated_spec(cfg) if several and cfg.eval.opponents else None
+        self.seats = policy_seats(cfg, spec)
+        # Agents of different spaces (each kind its own policy): the first policy cannot play every
+        # seat, so its evaluation is the one in its own seats against the first of eval.opponents.
+        self.seated_only = spec is not None and bool(spec.agent_spaces)
         self.best_by = "opponents" if cfg.best_by_opponents else "return"
         self.best = self._best_so_far()
         self.stats[EvalStats.BEST] = self.best
@@ -215,14 +229,18 @@ class Evaluator:
             version = weights.load_newest(self.keep_going)
             if version is None:
                 return None
+            if self.seated_only:
+                break
             # The same seeds for every member: their returns differ by their policies, not their luck.
             evaluated.append((evaluate_policy(self.cfg, model, ecfg.episodes, ecfg.deterministic, self.device,
                                               seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going),
                               version, at_env_steps))
-        result, version, at_env_steps = evaluated[0]
         against = [evaluate_against(self.cfg, self.model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
-                                    seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going)
-                   for opponent in ecfg.opponents]
+                                    seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going,
+                                    seats=self.seats) for opponent in ecfg.opponents]
+        if self.seated_only:
+            evaluated.append((against[0], version, at_env_steps))
+        result, version, at_env_steps = evaluated[0]
         self.evaluations += 1
         seconds = time.perf_counter() - started
         if self.best_by == "opponents":  # one policy (no population): Config refuses the others
@@ -292,7 +310,15 @@ def check_run_opponents(cfg: Config, spec: EnvSpec) -> None:
     """ConfigError (one line) for an ``eval.opponents`` or ``selfplay.scripted_opponents`` entry
     that cannot play ``cfg.env`` (probed as ``spec``): one that cannot be found or made for its
     game, or an env whose other seats no opponent can play (one agent, or games that are not
-    PettingZoo's)."""
+    PettingZoo's); for evaluation during training with no eval.opponents in a game whose agents'
+    observation spaces differ, where evaluate_policy would play the first policy in every seat."""
+    if cfg.eval.every_s and not cfg.eval.opponents:
+        check_every_seat_playable(cfg, spec, "evaluation during training (eval.every_s) without eval.opponents",
+                                  "set eval.opponents (e.g. [\"random\"]: the first policy is evaluated in its own "
+                                  "seats against them) or eval.every_s=0")
+    if cfg.eval.every_s and cfg.eval.video_every_s:
+        check_every_seat_playable(cfg, spec, "eval.video_every_s", "set eval.video_every_s=0 and film a policy in its "
+                                  "own seats with fastrl-eval RUN --policy NAME --opponent random --video PATH")
     for option, names in (("eval.opponents", cfg.eval.opponents),
                           ("selfplay.scripted_opponents", cfg.selfplay.scripted_opponents)):
         if not names:

@@ -26,7 +26,14 @@ from ..config import Config
 from ..envs import resolve_backend
 from ..envs.base import VecEnv
 from ..multiagent.opponents import find_opponent
-from .episodes import evaluate_against, evaluate_policy, load_run_model
+from .episodes import (
+    check_every_seat_playable,
+    evaluate_against,
+    evaluate_policy,
+    load_run_model,
+    policy_seats,
+    seated_spec,
+)
 
 VIDEO_EXTRA = "pip install 'fastrl[video]'"
 # A frame per agent step: CartPole steps at 50 Hz and Atari (frame skip 4) at 15 Hz, so 30 fps
@@ -67,10 +74,11 @@ def check_video_output(path: str | Path) -> Path:
 
 def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes: int, deterministic: bool = False,
                 device: str = "cpu", seed: int = 12345, fps: int | None = None, max_frames: int | None = None,
-                keep_going=None, opponent=None) -> dict:
+                keep_going=None, opponent=None, seats: tuple[str, ...] = ()) -> dict:
     """Play ``episodes`` episodes with ``model`` on one rendered env of ``cfg.env`` (against
-    ``opponent`` in a multi-agent game, if given) and write them (their first ``max_frames``
-    frames, if given) to ``path`` as H.264 at ``fps`` (default DEFAULT_FPS). Returns
+    ``opponent`` in a multi-agent game, if given, the model in ``seats`` if any) and write them
+    (their first ``max_frames`` frames, if given) to ``path`` as H.264 at ``fps`` (default
+    DEFAULT_FPS). Returns
     evaluate_policy's result (evaluate_against's with an opponent) with ``video`` (the path) and
     ``video_frames``. Raises VideoError (one line).
 
@@ -93,7 +101,8 @@ def write_video(cfg: Config, model: torch.nn.Module, path: str | Path, episodes:
                 frames += 1
 
         try:
-            result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going, opponent)
+            result = play_rendered(cfg, model, episodes, add_frame, deterministic, device, seed, keep_going, opponent,
+                                   seats)
             writer.close()
         except BaseException:
             _close_quietly(writer)
@@ -118,7 +127,13 @@ def write_run_video(run_dir: Path, path: str | Path, episodes: int, deterministi
     if opponent is not None:
         find_opponent(opponent)
     cfg, model, source = load_run_model(run_dir, best, policy)
-    return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps, opponent=opponent), **source}
+    spec = seated_spec(cfg)
+    if opponent is None:
+        check_every_seat_playable(cfg, spec, "fastrl-eval --video without --opponent",
+                                  "film a policy in its own seats with --policy NAME --opponent random")
+    seats = policy_seats(cfg, spec, source["policy"]) if opponent is not None else ()
+    return {**write_video(cfg, model, path, episodes, deterministic, device, seed, fps, opponent=opponent,
+                          seats=seats), **source}
 
 
 def record_frames(cfg: Config, model: torch.nn.Module, episodes: int = 1, max_frames: int = 1000,
@@ -138,9 +153,9 @@ def record_frames(cfg: Config, model: torch.nn.Module, episodes: int = 1, max_fr
 
 def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: Callable[[np.ndarray], None],
                   deterministic: bool = False, device: str = "cpu", seed: int = 12345, keep_going=None,
-                  opponent=None) -> dict:
-    """evaluate_policy (evaluate_against, given an ``opponent``) on one rendered env, handing every
-    frame (uint8 [H, W, 3]) to ``on_frame``."""
+                  opponent=None, seats: tuple[str, ...] = ()) -> dict:
+    """evaluate_policy (evaluate_against, given an ``opponent``, the model in ``seats`` if any) on
+    one rendered env, handing every frame (uint8 [H, W, 3]) to ``on_frame``."""
     env, render = open_rendered_env(cfg, seed)
 
     def grab() -> None:
@@ -153,7 +168,7 @@ def play_rendered(cfg: Config, model: torch.nn.Module, episodes: int, on_frame: 
 
     if opponent is not None:
         return evaluate_against(cfg, model, opponent, episodes, deterministic, device, seed, env=env,
-                                after_recv=grab, keep_going=keep_going)
+                                after_recv=grab, keep_going=keep_going, seats=seats)
     return evaluate_policy(cfg, model, episodes, deterministic, device, seed, env=env, after_recv=grab,
                            keep_going=keep_going)
 

@@ -113,7 +113,8 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
         ArraySpec("eval_stats", (16,), "<f8"),  # the latest evaluation during training, see fastrl.evaluation.evaluator
-        ArraySpec("eval_opponent_stats", (MAX_EVAL_OPPONENTS, 4), "<f8"),  # its games against each of eval.opponents
+        # Its games against each of eval.opponents: a column per fastrl.reporting.metrics.OPPONENT_STATS.
+        ArraySpec("eval_opponent_stats", (MAX_EVAL_OPPONENTS, 5), "<f8"),
         # with a population, each member's part of that evaluation (fastrl.evaluation.evaluator.MemberEvalStats)
         ArraySpec("eval_member_stats", (num_policies, 4), "<f8"),
     ]

@@ -4,6 +4,7 @@ agents are consecutive rows of a worker (fastrl/envs/multiagent/pettingzoo_backe
 is agent ``r % n`` of its game; a single-agent env has one agent, ``SINGLE_AGENT``."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,7 @@ from ..config import Config, ConfigError
 from ..user_code import first_line, load_callable
 
 SINGLE_AGENT = "agent"  # the agent id of a single-agent env's rows (what a mapping callable is given)
+AGENT_INDEX = re.compile(r"_\d+$")  # PettingZoo names agents KIND_INDEX: adversary_0, agent_1
 ACTOR_DTYPE = np.int16  # arena.env_actor: a weight set's index
 
 
@@ -60,6 +62,14 @@ def policy_map(cfg: Config, agents: tuple[str, ...]) -> PolicyMap:
         return PolicyMap(agents, agents, tuple(range(len(agents))))
     if pcfg.mapping == "shared":
         return PolicyMap(names[:1], agents, (0,) * len(agents))
+    if pcfg.mapping == "by_kind":
+        kinds = tuple(dict.fromkeys(agent_kind(agent) for agent in agents))
+        if names != ("main",) and sorted(names) != sorted(kinds):
+            raise ConfigError(f"policies.mapping=by_kind names each policy after its agents' kind ({', '.join(kinds)}):"
+                              f" leave policies.names at its default, or list those kinds in the order you want")
+        # Listed kinds set the policies' order: the first is the one evaluated during training.
+        order = kinds if names == ("main",) else names
+        return PolicyMap(order, agents, tuple(order.index(agent_kind(agent)) for agent in agents))
     fn = load_callable(pcfg.mapping, "policies.mapping", "fn(agent_id) returning a policy name", ConfigError)
     chosen = []
     for agent in agents:
@@ -77,6 +87,32 @@ def policy_map(cfg: Config, agents: tuple[str, ...]) -> PolicyMap:
         raise ConfigError(f"policies.mapping {pcfg.mapping} sends no agent to {', '.join(unused)}: a policy "
                           f"nothing plays never trains; drop it from policies.names")
     return PolicyMap(names, agents, tuple(chosen))
+
+
+def agent_kind(agent: str) -> str:
+    """An agent's name without its index: adversary_0 -> adversary (policies.mapping=by_kind)."""
+    return AGENT_INDEX.sub("", agent)
+
+
+def check_policy_spaces(env_id: str, policies: PolicyMap, agent_spaces: tuple) -> None:
+    """Where the agents' observation spaces differ (``agent_spaces``, each agent's; their rows
+    are padded to one, fastrl.envs.multiagent.pettingzoo_games.row_spaces), each policy must act
+    for agents of one space: a network fed predators' and prey's padded vectors in the same
+    inputs would read each as the other. ConfigError (one line) naming the policy, its agents'
+    spaces and the fix."""
+    if not agent_spaces:
+        return
+    for p, name in enumerate(policies.names):
+        mine = [k for k in range(len(policies.agents)) if policies.members or policies.agent_policy[k] == p]
+        spaces = dict.fromkeys(str(agent_spaces[k]) for k in mine)
+        if len(spaces) > 1:
+            groups = "; ".join(f"{', '.join(policies.agents[k] for k in mine if str(agent_spaces[k]) == space)}: "
+                               f"{space}" for space in spaces)
+            fix = ("population-based training's members each play every agent: set pbt.population=0"
+                   if policies.members else "give agents of each space their own policy: policies.mapping=by_kind "
+                   "(or per_agent, or module:fn)")
+            raise ConfigError(f"{env_id!r}: policy {name!r} would act for agents with different observation spaces "
+                              f"({groups}); {fix}")
 
 
 def check_slots_per_policy(cfg: Config, num_policies: int) -> None:

@@ -179,6 +179,7 @@ OPPONENT = {
     "draw_rate": "share drawn",
     "loss_rate": "share lost",
     "episodes": "games played against it",
+    "episode_return_mean": "the policy's mean return in them (its own seats': the adversaries' in MPE's simple_tag)",
 }
 OPPONENT_STATS = tuple(OPPONENT)
 

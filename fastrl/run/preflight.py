@@ -39,7 +39,7 @@ from ..ipc.arena import remove_stale_segments, trajectory_layout
 from ..learner.policy_set import checkpoint_policies
 from ..models.networks import build_model, keys_it_ignores, num_state_values, state_bytes
 from ..multiagent.league import prepare_league, require_rating_library
-from ..multiagent.policy_map import PolicyMap, check_slots_per_policy, policy_map
+from ..multiagent.policy_map import PolicyMap, check_policy_spaces, check_slots_per_policy, policy_map
 from ..reporting.wandb_logger import require_wandb
 from .main_guard import unguarded_main_call
 from .plan import RunError, RunPlan
@@ -128,6 +128,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
 def run_policies(cfg: Config, spec: EnvSpec) -> PolicyMap:
     """The run's policies over the env's agents (ConfigError: a mapping or self-play that cannot work here)."""
     policies = policy_map(cfg, spec.agents)
+    check_policy_spaces(cfg.env.id, policies, spec.agent_spaces)
     check_slots_per_policy(cfg, policies.num_policies)
     games = cfg.env.envs_per_worker // max(len(spec.agents), 1)
     if cfg.pbt.population > games:

@@ -247,7 +247,7 @@ def check_objective(objective: str, cfg: Config) -> None:
     if parts[0] == "policy" and len(parts) >= 3 and ("/".join(parts[2:]) in POLICY_KEYS
                                                       or "/".join(parts[2:]) in _learner_keys()):
         if len(cfg.policies.names) > 1 or cfg.policies.mapping != "shared":
-            return  # names are the agents' under per_agent, or a callable's: known once the env is made
+            return  # names are the agents' (or their kinds') or a callable's: known once the env is made
         raise ConfigError(f"--objective {objective}: policy/<name>/ figures are written with several policies "
                           f"([policies]); use {'/'.join(parts[2:])}")
     if parts[0] == "member" and len(parts) >= 3 and cfg.pbt.population < 2:

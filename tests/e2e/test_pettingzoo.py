@@ -31,3 +31,34 @@ def test_simple_spread_trains_and_evaluates(tmp_path, serial):
     if serial:
         assert evaluated["video_frames"] == 2 * 26  # two games (four agent episodes of three a game)
         assert (tmp_path / "spread.mp4").stat().st_size > 0
+
+
+def test_predators_and_prey_of_different_spaces_train_under_their_own_policies(tmp_path, capsys):
+    cfg = build_config("cartpole-appo", {
+        "env.id": "pettingzoo:mpe2.simple_tag_v3", "env.num_workers": 1, "env.envs_per_worker": 8,
+        "env.num_splits": 2, "learner.rollout": 5, "learner.batch_size": 20, "slots_per_env": 4,
+        "train_for_env_steps": 2_000,
+        "report_every_s": 0.5, "serial": True, "inference.in_workers": False, "device": "cpu",
+        "policies.mapping": "by_kind", "eval.every_s": 1.0, "eval.opponents": ["random"], "eval.episodes": 3})
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    assert result.final["env_steps"] >= 2_000
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    # Evaluation during training: the first policy (adversary) in its three seats against random prey.
+    evaluations = [r for r in records if r.get("eval/random/episodes")]
+    assert evaluations and all(r["eval/random/episodes"] == 3 for r in evaluations)
+    assert all(r["eval_return_mean"] == r["eval/random/episode_return_mean"] for r in evaluations)
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+    for policy in ("adversary", "agent"):
+        assert last[f"policy/{policy}/learner/learner_updates"] > 0
+        assert last[f"policy/{policy}/episode_return_mean"] is not None
+    capsys.readouterr()
+    assert eval_main([str(tmp_path), "--policy", "agent", "--opponent", "random", "--episodes", "3"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["policy"] == "agent" and evaluated["episodes"] == 3
+    assert {agent: seat["episodes"] for agent, seat in evaluated["seats"].items()} == {
+        "adversary_0": 0, "adversary_1": 0, "adversary_2": 0, "agent_0": 3}
+    assert eval_main([str(tmp_path), "--episodes", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "fastrl-eval without --opponent plays one policy in every seat" in err
+    assert "--policy NAME --opponent random" in err

@@ -170,8 +170,8 @@ class PettingZooSplitVecEnv(PettingZooGamesMixin, SplitVecEnv):
                 # A row reports the flags it left with while it is absent, including the step it left on.
                 terminated[local] = self._left_terminated[rows.start:rows.stop]
                 truncated[local] = self._left_truncated[rows.start:rows.stop]
-        obs = concatenate(self.observation_space, self._last_obs[first_row:first_row + self.batch_size],
-                          self._obs[split])
+        obs = concatenate(self.observation_space, [self.row_observation(row) for row in range(
+            first_row, first_row + self.batch_size)], self._obs[split])
         return obs, rewards, terminated, truncated, self._local_ids
 
     def _reset_game(self, g: int, rows: range) -> None:

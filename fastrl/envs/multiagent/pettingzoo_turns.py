@@ -27,7 +27,7 @@ class PettingZooTurnVecEnv(PettingZooGamesMixin, TurnGroups):
 
     def __init__(self, env_id: str, make_game: Callable[[], Any], games: int, games_per_group: int, seed: int,
                  first) -> None:
-        self._hold_games(env_id, make_game, games, seed, first)
+        self._hold_games(env_id, make_game, games, seed, first, pad=False)
         self._init_groups(games, len(self.agents), games_per_group)
         self._needs_reset = np.ones(games, dtype=bool)
         self._mover = np.full(games, -1, dtype=np.int64)  # seat whose action the game waits for, else -1

@@ -5,6 +5,7 @@ import contextlib
 import io
 import sys
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -153,13 +154,39 @@ def test_agents_that_join_late_or_come_back_are_refused(late, message):
     env.close()
 
 
-def test_agents_with_different_spaces_cannot_share_the_policy():
-    with pytest.raises(UnsupportedSpace) as error:
-        make_vec_env(CUE_GAME, num_envs=3, batch_size=3, seed=0, env_kwargs={"uneven": True})
+def test_vector_observations_of_different_lengths_are_padded_to_one_row_space():
+    env = make_vec_env(CUE_GAME, num_envs=6, batch_size=3, seed=0, env_kwargs={"uneven": True})
+    assert env.observation_space.shape == (5,)
+    assert [space.shape for space in env.agent_observation_spaces] == [(5,), (4,), (4,)]
+    np.testing.assert_array_equal(env.observation_space.low, np.full(5, -1e6, np.float32))
+    assert env.observation_space.high[4] == 1e6  # agent_0's own value; the others' padding 0 lies inside
+    env.async_reset()
+    obs, _, _, _, ids = env.recv()
+    for row, observation in zip(ids, obs):
+        own = env.agent_observation(int(row))  # as the game gave it, for scripted opponents
+        assert own.shape == ((5,) if row % 3 == 0 else (4,))
+        np.testing.assert_array_equal(observation[:len(own)], own)
+        np.testing.assert_array_equal(observation[len(own):], 0)
+    env.close()
+    spec = probe_env(cue_config(**{"env.kwargs": {"num_agents": 3, "length": 4, "uneven": True}}))
+    assert spec.observation_space.shape == (5,) and len(spec.agent_spaces) == 3
+
+
+class TwoActionSpacesGame(CueGame):
+    """agent_0 has one action more than the others."""
+
+    def action_space(self, agent):
+        return gymnasium.spaces.Discrete(5 if agent == "agent_0" else 4)
+
+
+def test_spaces_no_padding_can_join_are_refused_in_one_line():
+    with pytest.raises(UnsupportedSpace, match="agent_0: Discrete.*agent_1, agent_2: Discrete.*pad_action_space"):
+        PettingZooSplitVecEnv("pettingzoo:two-actions", TwoActionSpacesGame, 1, 1, 0, TwoActionSpacesGame())
+    with pytest.raises(UnsupportedSpace) as error:  # Dict observations of different sizes: not 1-D Boxes
+        make_vec_env(CUE_GAME, num_envs=3, batch_size=3, seed=0, env_kwargs={"uneven": True, "masked": True})
     message = str(error.value)
-    assert "\n" not in message and "agent_0: Box" in message and "agent_1, agent_2: Box" in message
-    with pytest.raises(UnsupportedSpace, match="adversary_0: Box.*agent_0, agent_1: Box"):
-        make_vec_env("pettingzoo:mpe2.simple_adversary_v3", num_envs=3, batch_size=3, seed=0)
+    assert "\n" not in message and "agent_0: Dict" in message and "agent_1, agent_2: Dict" in message
+    assert "not all 1-D Boxes" in message
 
 
 @pytest.mark.parametrize("env_id, kwargs, message", [

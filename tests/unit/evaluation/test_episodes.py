@@ -134,6 +134,26 @@ def test_in_a_parallel_game_the_opponent_acts_for_the_other_agents_rows():
     assert counts == {"agent_0": 20, "agent_1": 20, "agent_2": 20}
 
 
+def test_a_policy_of_several_plays_all_its_own_seats_and_the_opponent_the_others_unpadded():
+    cfg = build_config("cartpole-appo", {
+        "env.id": "pettingzoo:mpe2.simple_tag_v3", "env.num_workers": 1, "env.envs_per_worker": 8,
+        "env.num_splits": 1, "learner.rollout": 2, "learner.batch_size": 8, "policies.mapping": "by_kind",
+        "device": "cpu", "model.kind": "mlp", "model.hidden_sizes": [16]})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    opponent = Recording(choose=lambda observation, agent: 0)
+    seats = policy_eval.policy_seats(cfg, spec, "adversary")
+    assert seats == ("adversary_0", "adversary_1", "adversary_2")
+    result = evaluate_against(cfg, model, opponent, 5, seats=seats, num_envs=8)
+    # 5 of the model's episodes take 2 games of 3 adversaries each: 6 episodes, 2 in each seat.
+    assert {agent: seat["episodes"] for agent, seat in result["seats"].items()} == {
+        "adversary_0": 2, "adversary_1": 2, "adversary_2": 2, "agent_0": 0}
+    assert result["episodes"] == 6
+    assert {agent for _, agent in opponent.calls} == {"agent_0"}
+    assert {observation.shape for observation, _ in opponent.calls} == {(14,)}  # the prey's own, unpadded
+    assert len(opponent.calls) == 2 * 25  # the prey's 25 moves in each of the 2 games
+
+
 @pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
                     reason="the [video] extra (imageio, imageio-ffmpeg) is not installed")
 def test_a_video_of_games_against_an_opponent(tmp_path, capsys):
@@ -228,8 +248,9 @@ def test_fastrl_eval_plays_the_named_policy(two_policy_run, capsys, monkeypatch,
     monkeypatch.setattr(policy_eval, "evaluate_against", record(policy_eval.evaluate_against))
     result = evaluate(capsys, two_policy_run, "--policy", "player_2", "--episodes", 4, *opponent)
     assert result["policy"] == "player_2" and result["episodes"] == 4
-    if opponent:
-        check_rates(result, ["player_1", "player_2"], 4)
+    if opponent:  # in its own seat only, as it trained
+        assert result["seats"]["player_2"]["episodes"] == 4 and result["seats"]["player_1"]["episodes"] == 0
+        assert result["win_rate"] + result["draw_rate"] + result["loss_rate"] == pytest.approx(1.0)
     (weights,) = played
     assert all(torch.equal(value, saved_weights(two_policy_run)["player_2"][key]) for key, value in weights.items())
 

@@ -11,7 +11,7 @@ from fastrl.cli import train_main
 from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.evaluation import evaluator as evaluator_module
-from fastrl.evaluation.evaluator import EvalResults, EvalStats, Evaluator
+from fastrl.evaluation.evaluator import OPPONENT_STATS, EvalResults, EvalStats, Evaluator
 from fastrl.files.checkpoint import best_checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.ipc.arena import Arena
 from fastrl.ipc.weights import WeightBuffer
@@ -127,12 +127,15 @@ def first_legal_square(observation, agent):
 
 def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
     opponents = ["random", "tests.unit.evaluation.test_evaluator:first_legal_square", "connect_four_one_ply"]
-    played = {"random": {"episodes": 6, "win_rate": 0.5, "draw_rate": 0.0, "loss_rate": 0.5},
-              opponents[1]: {"episodes": 4, "win_rate": 0.25, "draw_rate": 0.25, "loss_rate": 0.5},
-              "connect_four_one_ply": {"episodes": 0, "win_rate": None, "draw_rate": None, "loss_rate": None}}
+    played = {"random": {"episodes": 6, "win_rate": 0.5, "draw_rate": 0.0, "loss_rate": 0.5,
+                         "episode_return_mean": 0.0},
+              opponents[1]: {"episodes": 4, "win_rate": 0.25, "draw_rate": 0.25, "loss_rate": 0.5,
+                             "episode_return_mean": -0.25},
+              "connect_four_one_ply": {"episodes": 0, "win_rate": None, "draw_rate": None, "loss_rate": None,
+                                       "episode_return_mean": None}}
     seen = []
 
-    def against(cfg, model, opponent, episodes, deterministic, device, seed, num_envs, keep_going):
+    def against(cfg, model, opponent, episodes, deterministic, device, seed, num_envs, keep_going, seats=()):
         seen.append((opponent, episodes, seed))
         return played[opponent]
 
@@ -141,6 +144,7 @@ def test_each_opponent_is_reported_under_its_own_name(tmp_path, monkeypatch):
     evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
     results = EvalResults(arena, opponents)
     _publish(arena, model, version=1)
+    assert arena.eval_opponent_stats.shape[1] == len(OPPONENT_STATS)  # a column per figure
     assert evaluator.evaluate()["opponents"] == dict(zip(opponents, played.values()))
     assert [(opponent, episodes) for opponent, episodes, _ in seen] == [(o, 6) for o in opponents]
     metrics = results.new()
@@ -171,7 +175,7 @@ def test_with_opponents_best_pt_keeps_the_best_score_against_them_not_the_best_r
 
     def against(cfg, model, opponent, *args, **kwargs):
         win, draw, loss = current["against"][opponent]
-        return {"episodes": 6, "win_rate": win, "draw_rate": draw, "loss_rate": loss}
+        return {"episodes": 6, "win_rate": win, "draw_rate": draw, "loss_rate": loss, "episode_return_mean": win - loss}
 
     monkeypatch.setattr(evaluator_module, "evaluate_policy", policy)
     monkeypatch.setattr(evaluator_module, "evaluate_against", against)

@@ -95,7 +95,7 @@ def test_a_single_agent_env_is_one_agent_named_agent():
     ({"policies.names": ["a/b"]}, "policies.names 'a/b'"),
     ({"policies.names": ["red", "red"], "policies.mapping": "tests.unit.learner.test_policy_set:team"},
      "lists a policy twice"),
-    ({"policies.mapping": "bogus"}, "policies.mapping='bogus': use shared, per_agent or module:fn"),
+    ({"policies.mapping": "bogus"}, "policies.mapping='bogus': use shared, per_agent, by_kind or module:fn"),
     ({"policies.mapping": "shared", "policies.names": ["red", "blue"]},
      "policies.mapping=shared sends every agent to 'red', leaving blue unused"),
     ({"policies.mapping": "per_agent", "selfplay.enabled": True}, "selfplay.enabled plays one policy"),
@@ -133,6 +133,56 @@ def test_mappings_that_cannot_work_on_the_env_are_refused_in_one_line(agents, se
     with pytest.raises(ConfigError) as error:
         run_policies(cfg, probe_env(cfg))
     assert message in one_line(error)
+
+
+TAG = "pettingzoo:mpe2.simple_tag_v3"  # adversary_0..2 observe 16 values, agent_0 14
+
+
+def tag_config(**overrides):
+    settings = {"env.id": TAG, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2,
+                "learner.rollout": 4, "learner.batch_size": 16, "slots_per_env": 4, "policies.mapping": "by_kind",
+                "eval.every_s": 0.0, "device": "cpu"}
+    settings.update(overrides)
+    return build_config("cartpole-appo", settings)
+
+
+def test_by_kind_gives_each_kind_of_agent_its_policy_over_padded_rows():
+    cfg = tag_config()
+    spec = probe_env(cfg)
+    policies = run_policies(cfg, spec)
+    assert policies.names == ("adversary", "agent")
+    assert policies.agent_policy == (0, 0, 0, 1)
+    np.testing.assert_array_equal(policies.row_policies(8), [0, 0, 0, 1, 0, 0, 0, 1])
+    assert spec.observation_space.shape == (16,)
+    assert [space.shape for space in spec.agent_spaces] == [(16,), (16,), (16,), (14,)]
+    prey_first = run_policies(tag_config(**{"policies.names": ["agent", "adversary"]}), spec)
+    assert prey_first.names == ("agent", "adversary") and prey_first.agent_policy == (1, 1, 1, 0)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"policies.mapping": "shared"},
+     "policy 'main' would act for agents with different observation spaces (adversary_0, adversary_1, "
+     "adversary_2: Box(-inf, inf, (16,), float32); agent_0: Box(-inf, inf, (14,), float32)); give agents of each "
+     "space their own policy: policies.mapping=by_kind"),
+    ({"policies.mapping": "shared", "pbt.population": 2, "env.envs_per_worker": 8},
+     "members each play every agent: set pbt.population=0"),
+    ({"policies.names": ["hunters", "prey"]}, "by_kind names each policy after its agents' kind (adversary, agent): "
+                                               "leave policies.names at its default, or list those kinds"),
+])
+def test_agents_of_different_spaces_under_one_policy_are_refused_in_one_line(settings, message):
+    cfg = tag_config(**settings)
+    with pytest.raises(ConfigError) as error:
+        run_policies(cfg, probe_env(cfg))
+    assert message in one_line(error)
+
+
+def test_evaluation_during_training_without_opponents_is_refused_where_spaces_differ(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        train(tag_config(**{"eval.every_s": 60.0}), run_dir=tmp_path / "run", quiet=True)
+    assert ("evaluation during training (eval.every_s) without eval.opponents plays one policy in every seat"
+            in one_line(error))
+    assert "set eval.opponents" in one_line(error) and "or eval.every_s=0" in one_line(error)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("module, message", user_modules.BROKEN)
