@@ -92,7 +92,7 @@ def pendulum_config(**overrides):
 
 
 @pytest.mark.parametrize("step_s, replay_ratio, budget, who_waits", [
-    (0.005, 16.0, 800, "learner/wait_s"),  # envs much slower than the learner: the learner waits
+    (0.005, 16.0, 1_600, "learner/wait_s"),  # envs much slower than the learner: the learner waits
     (0.0, 32.0, 2_000, "rollout/wait_slots_s"),  # envs much faster: the actors wait for free slots
 ])
 def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, replay_ratio, budget, who_waits):
@@ -105,7 +105,8 @@ def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, repla
     train(cfg, run_dir=tmp_path, quiet=True)
     records = read_metrics(tmp_path)
     first, last = next(r for r in records if r["env_steps"]), records[-1]
-    # The learner is behind the actors by at most the slots' 4 envs x 2 slots x 4 steps = 32 env steps.
+    # The learner is behind the actors by at most the slots' 4 envs x 2 slots x 4 steps = 32 env steps:
+    # 2.3% of the 1,400 env steps past min_fill (at 800 a loaded machine missed 5% by 0.6%).
     assert last["learner/replay_ratio_achieved"] == pytest.approx(replay_ratio, rel=0.05)
     waited = last[who_waits] - first[who_waits]
     assert waited > 0.3 * (last["wall_time"] - first["wall_time"])
