@@ -37,9 +37,9 @@ RUNS = [
                                    "inference.in_workers": False, "model.hidden_sizes": [16],
                                    "selfplay.enabled": True, "selfplay.snapshot_every": 5,
                                    "selfplay.max_snapshots": 3}, id="selfplay"),
-    pytest.param("mujoco-sac", {"env.id": "Pendulum-v1", "learner.rollout": 8, "learner.batch_size": 64,
-                                "replay.min_fill": 500, "replay.batch_size": 32, "replay.replay_ratio": 4.0,
-                                "model.hidden_sizes": [16]}, id="sac"),
+    pytest.param("mujoco-sac", {"env.id": "Pendulum-v1", "learner.torch_threads": 1, "learner.rollout": 8,
+                                "learner.batch_size": 64, "replay.min_fill": 500, "replay.batch_size": 32,
+                                "replay.replay_ratio": 4.0, "model.hidden_sizes": [16]}, id="sac"),
 ]
 
 def serial_run(run_dir, profile: str, overrides: dict, seed: int):

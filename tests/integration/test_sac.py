@@ -86,7 +86,8 @@ def test_a_resumed_learner_continues_the_temperature_optimizers_and_counters():
 def pendulum_config(**overrides):
     """Small networks and batches: Pendulum is solved in about 10K env steps at one update each."""
     return build_config(PROFILE, {
-        "env.id": "Pendulum-v1", "device": "cpu", "report_every_s": 2.0, "eval.every_s": 0.0,
+        "env.id": "Pendulum-v1", "device": "cpu", "learner.torch_threads": 1, "report_every_s": 2.0,
+        "eval.every_s": 0.0,
         "model.hidden_sizes": [64, 64], "replay.min_fill": 1_000, "replay.batch_size": 64,
         "replay.replay_ratio": 64.0, **overrides})
 
@@ -98,6 +99,7 @@ def pendulum_config(**overrides):
 def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, replay_ratio, budget, who_waits):
     cfg = build_config(PROFILE, {
         "env.id": "tests.support.paced_envs:make_paced_target", "env.kwargs": {"step_s": step_s}, "device": "cpu",
+        "learner.torch_threads": 1,
         "env.num_workers": 1, "env.envs_per_worker": 4, "env.num_splits": 1, "learner.rollout": 4,
         "learner.batch_size": 16, "slots_per_env": 2, "replay.min_fill": 200, "replay.batch_size": 16,
         "replay.replay_ratio": replay_ratio, "model.hidden_sizes": [16, 16], "train_for_env_steps": budget,

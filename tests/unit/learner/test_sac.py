@@ -148,7 +148,9 @@ def test_the_ensemble_mlp_equals_its_members_applied_one_by_one():
 
 
 def sac_config(**overrides):
-    return build_config(PROFILE, {
+    # One learner thread: the profile's second pays on its 256-unit layers, not on these tiny ones,
+    # and on a loaded machine a thread that waits for the other costs many times more.
+    return build_config(PROFILE, {"learner.torch_threads": 1,
         "env.id": "Pendulum-v1", "env.num_workers": 1, "env.envs_per_worker": E, "env.num_splits": 1,
         "learner.rollout": T, "learner.batch_size": T * E, "replay.capacity": 64 * E, "replay.min_fill": 64,
         "replay.batch_size": 16, "replay.replay_ratio": 16.0, "model.hidden_sizes": [16, 16], **overrides})
