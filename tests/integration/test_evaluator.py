@@ -160,8 +160,11 @@ def _no_space_for_best_pt(mkstemp):
 
 @pytest.mark.parametrize("fault", ["an env that fails only in evaluation", "no space for best.pt"])
 def test_a_serial_run_restarts_a_failing_evaluator_then_trains_on_without_it(tmp_path, monkeypatch, fault):
-    overrides = {**COUNTDOWN, "serial": True, "train_for_env_steps": 0, "train_for_seconds": 4.0,
-                 "report_every_s": 0.5, "eval.every_s": 0.2}
+    # A step budget, not a clock: a loaded machine once spent a 4 s budget before the first step.
+    # A serial run reports every 10 batches (640 env steps) and evaluates at each report here, so
+    # the evaluator is given up at the 4th report and 6 reports follow.
+    overrides = {**COUNTDOWN, "serial": True, "train_for_env_steps": 6_400, "report_every_s": 0.5,
+                 "eval.every_s": 0.2}
     if fault == "no space for best.pt":
         monkeypatch.setattr(tempfile, "mkstemp", _no_space_for_best_pt(tempfile.mkstemp))
         failed = "failed (cannot write checkpoint"
@@ -172,7 +175,7 @@ def test_a_serial_run_restarts_a_failing_evaluator_then_trains_on_without_it(tmp
         failed = "failed (RuntimeError: injected fault: RaisesAtEnv step 1)"
     run_dir = tmp_path / "run"
     result = train(build_config("cartpole-appo", overrides), run_dir=run_dir, quiet=True)
-    assert result.final["trained_seconds"] >= 4.0 and result.final["env_steps"] > 0
+    assert result.final["env_steps"] >= 6_400
     limit = evaluator_module.MAX_RESTARTS
     assert result.final["evaluator_restarts"] == limit
     restarted = _notices(run_dir, "restarted as a new evaluator with new envs")
