@@ -536,7 +536,9 @@ class Config:
                                          "silent in torchrun's store for half of it, at most 10 s, is named as gone); "
                                          "an elastic restart waits this long for rank 0's decision, and rank 0 half "
                                          "of it for the dead attempt's last process")
-    serial: bool = declare(False, help="everything in one process, for debugging")
+    serial: bool = declare(False, help="everything in one process, in lockstep: a seed repeats the run, and the "
+                                       "learner trains on batches its current policy acted (no policy lag, for runs "
+                                       "the learner bounds); parallel runs are faster where the envs bound the run")
     sample_only: bool = declare(False, help="profiling: the learner hands slots straight back without training")
     retain_freed_memory: bool = declare(True,
                                         help="child processes keep freed heap blocks for their next batch "

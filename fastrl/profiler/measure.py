@@ -87,8 +87,8 @@ def measure_run(cfg: Config, seconds: float, warmup_s: float, sample_only: bool,
     from ..run.training import train
 
     if cfg.serial:
-        raise ProfileError("serial=true runs everything in one process; the profiler measures the process layout: "
-                           "drop --set serial=true")
+        raise ProfileError("serial=true runs everything in one process; the profiler measures the parallel process "
+                           "layout: add --set serial=false")
     run_cfg = copy.deepcopy(cfg)
     run_cfg.sample_only = sample_only
     run_cfg.train_for_seconds, run_cfg.train_for_env_steps = startup_s + warmup_s + seconds, 0

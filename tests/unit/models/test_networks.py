@@ -87,8 +87,8 @@ def test_log_std_parameter_beyond_the_bound_still_gets_a_gradient():
     assert bool((model.log_std.grad != 0).all()), model.log_std.grad  # a hard clamp gives exactly 0
 
 
-def test_initial_std_is_one():
-    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo").model)
+def test_the_default_initial_std_is_one():
+    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("cartpole-appo").model)
     params, _ = model(torch.zeros(1, 3))
     _, log_std = GaussianHead()._split(params)
     torch.testing.assert_close(log_std, torch.zeros(1, 2), atol=1e-6, rtol=0)
@@ -229,7 +229,7 @@ def test_a_separate_critic_s_value_is_its_own_encoder_s_output():
 
 
 def test_a_shared_model_has_no_critic_encoder():
-    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo").model)
+    model = ActorCritic(VECTOR_OBS, BOX_ACTIONS, build_config("mujoco-appo", {"model.separate_critic": False}).model)
     assert model.value_encoder is None
 
 
