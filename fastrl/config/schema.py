@@ -223,6 +223,16 @@ class LearnerConfig:
     clip_pg_rho: float = declare(1.0, allowed=POSITIVE, algos=VTRACE,
                                  help="clips the policy gradient's importance weights")
     ppo_clip: float = declare(0.2, allowed=POSITIVE, algos=("appo",), help="PPO's surrogate clip range")
+    # PPO as textbooks (and CleanRL) write it computes the advantages and value targets once per
+    # batch and clips the value loss; APPO's default re-derives both at every gradient step
+    # (docs/results.md#appo-and-textbook-ppo).
+    targets: str = declare("minibatch", allowed=Choices(("minibatch", "batch")), algos=VTRACE,
+                           help="when the V-trace value targets and advantages are computed: minibatch, before "
+                                "every gradient step from the current network; batch, once per batch before its "
+                                "first step, kept through every epoch and minibatch (PPO's way)")
+    value_clip: float = declare(0.0, allowed=NON_NEGATIVE, algos=("appo",),
+                                help="0 = off; else PPO's value clipping: the value loss takes the larger of the "
+                                     "squared errors of V and of V's start-of-batch value moved by at most this")
     value_coef: float = declare(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
     entropy_coef: float = declare(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
     # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
@@ -433,7 +443,7 @@ PBT_MUTABLE = tuple(dict.fromkeys(VTRACE_PBT_MUTABLE + SAC_PBT_MUTABLE))
 VTRACE_PBT_MEMBER_KEYS = VTRACE_PBT_MUTABLE + (
     "learner.num_epochs", "learner.lr_decay", "learner.adam_eps", "learner.vtrace_lambda", "learner.clip_rho",
     "learner.clip_c", "learner.clip_pg_rho", "learner.normalize_advantages", "learner.reward_clip",
-    "learner.reward_scale", "learner.max_policy_lag")
+    "learner.reward_scale", "learner.max_policy_lag", "learner.targets", "learner.value_clip")
 # A SAC member's replay is its own, so it may start with its own gamma.
 SAC_PBT_MEMBER_KEYS = SAC_PBT_MUTABLE + ("learner.lr_decay", "learner.adam_eps", "learner.gamma",
                                          "learner.reward_scale", "learner.temperature", "learner.target_entropy_scale")

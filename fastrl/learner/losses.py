@@ -92,9 +92,15 @@ def _mask_count(maskf: torch.Tensor) -> torch.Tensor:
     return maskf.sum().clamp(min=1.0)
 
 
-def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef):
+def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef,
+                       value_clip=0.0, old_values=None):
     T = vs.shape[0]
-    value_loss = 0.5 * masked_mean((vs - values[:T]).square(), maskf, count)
+    squared = (vs - values[:T]).square()
+    if value_clip > 0:
+        # PPO's value clipping: V may not gain by moving further than value_clip from where it was.
+        moved = old_values[:T] + (values[:T] - old_values[:T]).clamp(-value_clip, value_clip)
+        squared = torch.maximum(squared, (vs - moved).square())
+    value_loss = 0.5 * masked_mean(squared, maskf, count)
     mean_entropy = masked_mean(entropy, maskf, count)
     loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
     return loss, {"loss": loss.detach(), "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
@@ -106,6 +112,7 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
               *, clip_rho: float = 1.0, clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
               ppo_clip: float = 0.2, value_coef: float = 0.5, entropy_coef: float = 0.01,
               normalize_advantages: bool = True, targets: tuple[torch.Tensor, torch.Tensor] | None = None,
+              value_clip: float = 0.0, old_values: torch.Tensor | None = None,
               compiled: bool = True) -> tuple[torch.Tensor, dict]:
     """APPO: PPO's clipped surrogate on V-trace advantages, a value loss on V-trace targets and
     an entropy bonus.
@@ -118,7 +125,9 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     1 + eps) A))``, ``r = exp(target_logp - behaviour_logp)``, ``A`` the V-trace advantage
     (normalized over the mask when ``normalize_advantages``), ``value_loss = mean((vs - V)^2) / 2``.
     ``targets``: ``(vs, advantages)`` computed already (by :func:`vtrace_targets` with the same
-    arguments, or your own); by default they are computed here.
+    arguments, or your own); by default they are computed here. ``value_clip`` > 0 clips the value
+    loss as PPO does around ``old_values`` ``[T + 1, B]`` (the values before the batch's first
+    gradient step): ``max((vs - V)^2, (vs - V_old - clip(V - V_old, +-value_clip))^2) / 2``.
 
     ``compiled``: compute the loss and its gradient in one compiled pass
     (:class:`~fastrl.kernels.torch_ops.APPOLoss`, same maths) where it takes the tensors (CPU
@@ -128,7 +137,10 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     vs, advantages, maskf = _targets_and_mask(
         "appo_loss", target_logp, behaviour_logp, values, entropy, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
-    if compiled and kernels_take(target_logp, values, entropy, behaviour_logp, vs, advantages):
+    if value_clip > 0 and (old_values is None or old_values.shape != values.shape):
+        raise ValueError(f"appo_loss: value_clip={value_clip:g} needs old_values of values' shape "
+                         f"{list(values.shape)}, got {None if old_values is None else list(old_values.shape)}")
+    if compiled and not value_clip and kernels_take(target_logp, values, entropy, behaviour_logp, vs, advantages):
         loss, policy_loss, value_loss, mean_entropy = APPOLoss.apply(
             target_logp, values, entropy, behaviour_logp, vs, advantages, maskf, ppo_clip, normalize_advantages,
             value_coef, entropy_coef)
@@ -142,7 +154,8 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     ratio = torch.exp((target_logp - behaviour_logp).clamp(max=20.0))
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - ppo_clip, 1 + ppo_clip) * advantages)
     policy_loss = -masked_mean(surrogate, maskf, count)
-    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
+    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef,
+                              value_clip, old_values)
 
 
 def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,

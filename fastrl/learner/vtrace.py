@@ -75,7 +75,7 @@ class VTraceLearner(BaseLearner):
                         lambda_=lcfg.vtrace_lambda, value_coef=lcfg.value_coef, entropy_coef=lcfg.entropy_coef)
         if lcfg.algo == "appo":
             settings.update(ppo_clip=lcfg.ppo_clip, normalize_advantages=lcfg.normalize_advantages,
-                            compiled=self.compiled_kernels)
+                            value_clip=lcfg.value_clip, compiled=self.compiled_kernels)
         return settings
 
     def train(self, batch: Trajectories, progress: float = 0.0, env_ids: np.ndarray | None = None,
@@ -122,6 +122,7 @@ class VTraceLearner(BaseLearner):
             normalizer.update(batch.obs[:-1][batch.valid])
         self.set_learning_rate(progress)
         rewards, discounts = self.rewards_and_discounts(batch)
+        start = self.batch_start(batch, rewards, discounts)
 
         B = batch.rewards.shape[1]
         minibatches = self.lcfg.num_minibatches
@@ -138,7 +139,8 @@ class VTraceLearner(BaseLearner):
                     size = B // minibatches
                     index = order[chunk * size:(chunk + 1) * size]
                     part = batch.columns(index)
-                step_stats, grad_norm = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index])
+                step_stats, grad_norm = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index],
+                                                    None if start is None else [x[:, index] for x in start])
                 for key, value in step_stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value
                 grad_norm_sum += grad_norm
@@ -217,19 +219,38 @@ class VTraceLearner(BaseLearner):
                                  **{k: settings[k] for k in ("clip_rho", "clip_c", "clip_pg_rho", "lambda_")},
                                  torch_scan=self.device_path)
 
-    def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor
-               ) -> tuple[dict[str, torch.Tensor], float]:
-        """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on.
-        Returns the loss statistics (0-d tensors, left on the device) and the gradient norm."""
+    def batch_start(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(vs, advantages, values)`` of ``batch`` by the network before the batch's first
+        gradient step, where ``learner.targets = "batch"`` or ``learner.value_clip`` needs them
+        (``[T, B]``, ``[T, B]``, ``[T + 1, B]``); None where neither does."""
+        if self.lcfg.targets != "batch" and not (self.lcfg.algo == "appo" and self.lcfg.value_clip > 0):
+            return None
+        with torch.no_grad(), self.autocast(), self.timers.time("vtrace_s"):
+            _, values, target_logp, _ = self.evaluate(batch)
+            vs, advantages = self.vtrace_targets(batch, target_logp, values, rewards, discounts)
+        return vs, advantages, values
+
+    def update(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor, mask: torch.Tensor,
+               start: list[torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], float]:
+        """One gradient step on a minibatch; ``mask`` ``[T, B]`` selects the steps trained on;
+        ``start``: the minibatch's columns of :meth:`batch_start`. Returns the loss statistics (0-d
+        tensors, left on the device) and the gradient norm."""
         timers = self.timers
+        settings = self.loss_settings()
         with self.autocast():
             with timers.time("forward_backward_s"):
                 _, values, target_logp, entropy = self.evaluate(batch)
             # Computed here rather than inside the loss only so that the profiler can time it apart.
             with timers.time("vtrace_s"):
-                targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
+                if start is not None and self.lcfg.targets == "batch":
+                    targets = start[0], start[1]
+                else:
+                    targets = self.vtrace_targets(batch, target_logp.detach(), values.detach(), rewards, discounts)
+            if settings.get("value_clip"):
+                settings["old_values"] = start[2]
             with timers.time("forward_backward_s"):
                 loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
-                                        batch.valid, mask, targets=targets, **self.loss_settings())
+                                        batch.valid, mask, targets=targets, **settings)
         grad_norm, _ = self.gradient_step(loss)
         return stats, grad_norm

@@ -342,3 +342,34 @@ def test_the_shape_checks_hold_under_torch_compile():
     torch.testing.assert_close(torch.compile(td_loss, backend="eager", fullgraph=True)(q, y)[0], td_loss(q, y)[0])
     with pytest.raises(ValueError, match=re.escape("td_loss: targets has shape [6, 1], expected q_taken's shape")):
         torch.compile(td_loss, backend="eager")(q, y[:, None])
+
+
+def test_value_clipping_takes_the_larger_error_of_v_and_of_v_moved_at_most_the_clip_from_its_start():
+    # Step by step: vs = 1. Step 0 starts at 0 and is now at 0.5: moved by 0.5 > 0.2, so the clipped
+    # value is 0.2, error 0.8^2 = 0.64 > 0.25: 0.64 counts. Step 1 starts at 2.0, now 1.1: clipped
+    # to 1.8, error 0.64 > 0.01: 0.64. Step 2 starts at 1.5, now 1.4 (inside the clip): 0.16 both.
+    T, B = 3, 1
+    vs = torch.ones(T, B)
+    values = torch.tensor([[0.5], [1.1], [1.4], [9.0]], requires_grad=True)
+    old_values = torch.tensor([[0.0], [2.0], [1.5], [9.0]])
+    loss, stats = appo_loss(torch.zeros(T, B), torch.zeros(T, B), values, torch.zeros(T, B), torch.zeros(T, B),
+                            torch.ones(T, B), torch.ones(T, B, dtype=torch.bool), targets=(vs, torch.zeros(T, B)),
+                            value_coef=1.0, entropy_coef=0.0, normalize_advantages=False, value_clip=0.2,
+                            old_values=old_values)
+    assert float(stats["value_loss"]) == pytest.approx(0.5 * (0.64 + 0.64 + 0.16) / 3, rel=1e-6)
+    loss.backward()
+    # The clipped error carries no gradient for V (it is outside the range); the unclipped one does.
+    torch.testing.assert_close(values.grad[:, 0], torch.tensor([0.0, 0.0, (1.4 - 1.0) / 3, 0.0]))
+    # Off, and with old_values equal to values, the loss is the unclipped one.
+    plain = appo_loss(torch.zeros(T, B), torch.zeros(T, B), values, torch.zeros(T, B), torch.zeros(T, B),
+                      torch.ones(T, B), torch.ones(T, B, dtype=torch.bool), targets=(vs, torch.zeros(T, B)),
+                      normalize_advantages=False)[1]["value_loss"]
+    same = appo_loss(torch.zeros(T, B), torch.zeros(T, B), values, torch.zeros(T, B), torch.zeros(T, B),
+                     torch.ones(T, B), torch.ones(T, B, dtype=torch.bool), targets=(vs, torch.zeros(T, B)),
+                     normalize_advantages=False, value_clip=0.2, old_values=values.detach())[1]["value_loss"]
+    assert float(plain) == pytest.approx(0.5 * (0.25 + 0.01 + 0.16) / 3, rel=1e-6)
+    assert float(same) == pytest.approx(float(plain), rel=1e-6)
+    with pytest.raises(ValueError, match="value_clip=0.2 needs old_values"):
+        appo_loss(torch.zeros(T, B), torch.zeros(T, B), values, torch.zeros(T, B), torch.zeros(T, B),
+                  torch.ones(T, B), torch.ones(T, B, dtype=torch.bool), targets=(vs, torch.zeros(T, B)),
+                  value_clip=0.2)

@@ -433,3 +433,87 @@ def test_vtrace_replay_never_stores_a_batch_with_non_finite_data():
     assert learner.skipped_updates == 1
     sample = learner.replay.sample(E)
     assert sample is not None and np.isfinite(sample.rewards).all()
+
+
+def recorded_loss_calls(learner):
+    """Wrap ``learner.loss`` to record the targets and old_values of each call (the minibatch's obs beside them)."""
+    calls = []
+    loss = learner.loss
+
+    def recording(target_logp, behaviour_logp, values, *args, targets=None, old_values=None, **kwargs):
+        calls.append({"targets": [t.clone() for t in targets],
+                      "old_values": None if old_values is None else old_values.clone()})
+        return loss(target_logp, behaviour_logp, values, *args, targets=targets, old_values=old_values, **kwargs)
+    learner.loss = recording
+    return calls
+
+
+def learner_on(overrides, seed=0):
+    import gymnasium
+
+    torch.manual_seed(seed)
+    cfg = build_config("cartpole-appo", {"learner.lr_decay": False, "learner.lr": 3e-2, **overrides})
+    return VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
+
+
+def start_of_batch(learner, batch):
+    """(vs, advantages, values) by a copy of the learner's network as it is now."""
+    import copy
+
+    probe = copy.deepcopy(learner)
+    rewards, discounts = probe.rewards_and_discounts(batch)
+    with torch.no_grad():
+        _, values, logp, _ = probe.evaluate(batch)
+    vs, advantages = probe.vtrace_targets(batch, logp, values, rewards, discounts)
+    return vs, advantages, values
+
+
+@pytest.mark.parametrize("targets", ["batch", "minibatch"])
+def test_batch_targets_are_computed_once_before_the_first_step_and_kept_through_every_epoch(targets):
+    learner = learner_on({"learner.targets": targets, "learner.num_epochs": 3})
+    batch = random_batch(seed=4)
+    batch.behaviour_logp = batch.behaviour_logp + 0.2 * torch.randn(batch.behaviour_logp.shape)  # off-policy
+    vs, advantages, _ = start_of_batch(learner, batch)
+    calls = recorded_loss_calls(learner)
+    learner.train(batch)
+    assert len(calls) == 3
+    torch.testing.assert_close(calls[0]["targets"][0], vs)  # the first step sees the same numbers either way
+    torch.testing.assert_close(calls[0]["targets"][1], advantages)
+    for call in calls[1:]:
+        moved = not torch.allclose(call["targets"][0], vs) and not torch.allclose(call["targets"][1], advantages)
+        assert moved == (targets == "minibatch")
+    assert all(call["old_values"] is None for call in calls)
+
+
+def test_batch_targets_follow_each_minibatchs_columns():
+    learner = learner_on({"learner.targets": "batch", "learner.num_epochs": 2, "learner.num_minibatches": 4})
+    batch = random_batch(seed=5)
+    vs, advantages, _ = start_of_batch(learner, batch)
+    seen = []
+    update = learner.update
+
+    def recording(part, *args):
+        seen.append((part.obs[0], args[-1]))
+        return update(part, *args)
+    learner.update = recording
+    learner.train(batch)
+    assert len(seen) == 8
+    for first_obs, start in seen:
+        # Each column of the minibatch is the batch's column with the same first observation.
+        columns = [int(torch.nonzero((batch.obs[0] == row).all(-1))[0]) for row in first_obs]
+        torch.testing.assert_close(start[0], vs[:, columns])
+        torch.testing.assert_close(start[1], advantages[:, columns])
+
+
+def test_value_clipping_is_around_the_values_before_the_batchs_first_step():
+    learner = learner_on({"learner.value_clip": 0.1, "learner.num_epochs": 3})
+    batch = random_batch(seed=6)
+    vs, _, values = start_of_batch(learner, batch)
+    calls = recorded_loss_calls(learner)
+    learner.train(batch)
+    for call in calls:
+        torch.testing.assert_close(call["old_values"], values)
+    # targets stay "minibatch": re-derived at every step, so they move after the first.
+    torch.testing.assert_close(calls[0]["targets"][0], vs)
+    assert not torch.allclose(calls[-1]["targets"][0], vs)
+
