@@ -168,8 +168,10 @@ class ModelConfig:
     """The network: its encoder, an optional recurrent core, and the heads the algorithm needs."""
 
     kind: str = declare("auto", allowed=Choices(("auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple",
-                                                 "impala_resnet")),
-                        help="the encoder; auto: an MLP for vectors, a small CNN for images")
+                                                 "impala_resnet", "board_cnn")),
+                        help="the encoder; auto: an MLP for vectors, a small CNN for images; board_cnn: a board "
+                             "game's planes through one convolution of 4 x 4 windows (a line of four), then the "
+                             "MLP of model.hidden_sizes")
     hidden_sizes: list[int] = declare([64, 64], allowed=LAYER_WIDTH,
                                       help="units of each MLP layer (not read after CNNs unless model.image_trunk=mlp)")
     activation: str = declare("tanh", allowed=Choices(("tanh", "relu")), help="the MLP's activation")

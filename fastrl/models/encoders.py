@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from ..envs.spaces import ObsLayout, image_hw, is_channels_last
 
+BOARD_LINE = 4  # BoardCNN's window: connect four's line, the longest of the board games it reads
 NATURE_MIN_SIDE = 36  # the Nature CNN's 8/4, 4/2, 3/1 convolutions (and convnet_simple's 8/4, 4/2, 3/2) need 36 px
 ONE_HOT_MAX = 1024  # Discrete leaves up to this many values are one-hot; larger ones get an embedding
 EMBEDDING_SIZE = 64
@@ -247,14 +248,39 @@ class SmallCNN(nn.Module):
         return self.fc(self.conv(_to_chw(x, self.channels_last)))
 
 
+class BoardCNN(nn.Module):
+    """A board game's planes (tic-tac-toe [3, 3, 2], connect four [6, 7, 2]; planes last when the
+    last axis is the shortest): one convolution of ``filters`` k x k windows without padding, k =
+    min(BOARD_LINE, height, width), then ReLU. A k x k window holds every line of k squares in it
+    (rows, columns, both diagonals), so each filter can read a threat wherever on the board it is,
+    which a flat MLP has to learn square by square; the model's MLP (model.hidden_sizes) then
+    combines the windows' features, 64 x (H - k + 1) x (W - k + 1) of them."""
+
+    def __init__(self, obs_shape: tuple, filters: int = 64):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"model.kind=board_cnn reads a board as planes [H, W, planes] or [planes, H, W], got "
+                             f"shape {obs_shape}; use model.kind=mlp")
+        self.channels_last = obs_shape[-1] < min(obs_shape[0], obs_shape[1])
+        c, h, w = _chw(obs_shape, self.channels_last)
+        k = min(BOARD_LINE, h, w)
+        self.conv = nn.Sequential(_orthogonal(nn.Conv2d(c, filters, k)), nn.ReLU(), nn.Flatten())
+        self.out_features = filters * (h - k + 1) * (w - k + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(_to_chw(x, self.channels_last))
+
+
 # model.kind -> encoder; each needs images of at least NATURE_MIN_SIDE px.
 STRIDED_CNNS = {"nature_cnn": NatureCNN, "mnih2013_cnn": Mnih2013CNN, "convnet_simple": SimpleConvNet}
 
 
 def image_encoder(shape: tuple, kind: str = "auto") -> nn.Module:
     """The encoder of a 3-D image of ``shape`` (CHW or HWC, see :func:`fastrl.envs.spaces.is_channels_last`):
-    ``kind`` impala_resnet, nature_cnn, mnih2013_cnn, convnet_simple, or auto (Nature CNN from 36 px,
-    else :class:`SmallCNN`)."""
+    ``kind`` impala_resnet, nature_cnn, mnih2013_cnn, convnet_simple, board_cnn (:class:`BoardCNN`), or
+    auto (Nature CNN from 36 px, else :class:`SmallCNN`)."""
+    if kind == "board_cnn":
+        return BoardCNN(shape)
     channels_last = is_channels_last(shape)
     side = min(image_hw(shape))
     if kind == "impala_resnet":
@@ -335,7 +361,7 @@ class LeafEncoder(nn.Module):
                 width += self.images[_key(i)].out_features
             elif leaf.kind == "codes":
                 width += int(np.prod(_one_hot_chw(leaf)))
-            elif leaf.kind == "image" and kind != "mlp":
+            elif (leaf.kind == "image" and kind != "mlp") or (kind == "board_cnn" and len(leaf.shape) == 3):
                 self.images[_key(i)] = image_encoder(leaf.shape, kind)
                 width += self.images[_key(i)].out_features
             elif leaf.kind == "discrete" and leaf.size > ONE_HOT_MAX:
@@ -345,7 +371,7 @@ class LeafEncoder(nn.Module):
                 width += leaf.size
             else:
                 width += int(np.prod(leaf.shape, dtype=np.int64))
-        if self.images and image_trunk == "relu":
+        if self.images and image_trunk == "relu" and kind != "board_cnn":
             # As a Box image's CNN features reach the heads: a small tanh MLP after them learns an
             # image cue far slower (docs/images.md).
             image_features = sum(encoder.out_features for encoder in self.images.values())
