@@ -40,6 +40,7 @@ SUBCOMMANDS = {
     "check-envs": ("check_envs", "every envpool task family trained for a few seconds"),
     "soak": ("soak", "a long run with a rollout worker SIGKILLed every --kill-every seconds"),
     "gpu": ("gpu", "the GPU report in one call: tests, throughput, syncs, bf16, learning, GPU use"),
+    "tactics": ("tactics", "a connect-four policy's greedy wins in one and blocks, on positions from random play"),
 }
 BENCH = Path(__file__).resolve()
 
