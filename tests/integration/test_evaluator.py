@@ -119,10 +119,15 @@ def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, m
     run_dir = tmp_path / "run"
     given_up = "training goes on without evaluation"
 
+    given_up_at = {}  # env steps of the first report after giving up
+
     def reports_after_giving_up():
         log = run_dir / "train.log"
-        return log.exists() and given_up in log.read_text() and len(read_metrics(run_dir)) >= 3 and \
-            read_metrics(run_dir)[-3].get("evaluator_restarts") == 1 and read_metrics(run_dir)[-3]["env_steps"] > 0
+        records = read_metrics(run_dir) if log.exists() and given_up in log.read_text() else []
+        if not records or records[-1].get("evaluator_restarts") != 1:
+            return False
+        # On a loaded machine a new xdist worker may still be compiling: wait for env steps after it.
+        return records[-1]["env_steps"] > given_up_at.setdefault("env_steps", records[-1]["env_steps"])
 
     # Ctrl-C once the run has trained on after giving the evaluator up (the budget is a safety net).
     stopper = threading.Thread(target=_interrupt_when, args=(reports_after_giving_up, 240), daemon=True)
@@ -130,7 +135,7 @@ def test_an_env_that_fails_only_in_evaluation_does_not_stop_training(tmp_path, m
     result = train(cfg, run_dir=run_dir, quiet=True)
     stopper.join()
     assert result.final["evaluator_restarts"] == 1
-    assert result.final["env_steps"] > result.reports[-3]["env_steps"]  # training went on
+    assert result.final["env_steps"] > given_up_at["env_steps"]  # training went on
     failed = "failed (RuntimeError: injected fault: RaisesAtEnv step 1)"
     [restarted] = _notices(run_dir, "restarted as pid")
     [gave_up] = _notices(run_dir, given_up)

@@ -401,7 +401,7 @@ def test_docs_config_md_has_one_row_per_key_with_its_declaration():
     assert list(rows) == list(KEYS)
     assert rows["learner.epsilon"] == ("| `learner.epsilon` | `float` | `0.4` | in [0, 1]; appo, impala, sac: finite | "
                                        f"dqn, r2d2 | {KEYS['learner.epsilon'].help} |")
-    assert ('| "auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple", "impala_resnet" | all |'
+    assert ('| "auto", "mlp", "nature_cnn", "mnih2013_cnn", "convnet_simple", "impala_resnet", "board_cnn" | all |'
             in rows["model.kind"])
     assert "| `list[int]` | `[64, 64]` | in [1, 65536] | all |" in rows["model.hidden_sizes"]
 

@@ -352,9 +352,9 @@ def test_burn_in_steps_only_warm_the_state(algo):
     recorder, masks = copy.deepcopy(learner), []
     update = recorder.update
 
-    def recording_update(part, rewards, discounts, mask):
+    def recording_update(part, rewards, discounts, mask, *rest):
         masks.append(mask.clone())
-        return update(part, rewards, discounts, mask)
+        return update(part, rewards, discounts, mask, *rest)
 
     recorder.update = recording_update
     recorder.train(batch)
