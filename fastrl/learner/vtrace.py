@@ -139,8 +139,9 @@ class VTraceLearner(BaseLearner):
                     size = B // minibatches
                     index = order[chunk * size:(chunk + 1) * size]
                     part = batch.columns(index)
+                columns = None if start is None else [x if x is None else x[:, index] for x in start]
                 step_stats, grad_norm = self.update(part, rewards[:, index], discounts[:, index], loss_mask[:, index],
-                                                    None if start is None else [x[:, index] for x in start])
+                                                    columns)
                 for key, value in step_stats.items():
                     stats_sum[key] = stats_sum.get(key, 0.0) + value
                 grad_norm_sum += grad_norm
@@ -222,12 +223,16 @@ class VTraceLearner(BaseLearner):
     def batch_start(self, batch: Trajectories, rewards: torch.Tensor, discounts: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """``(vs, advantages, values)`` of ``batch`` by the network before the batch's first
-        gradient step, where ``learner.targets = "batch"`` or ``learner.value_clip`` needs them
-        (``[T, B]``, ``[T, B]``, ``[T + 1, B]``); None where neither does."""
-        if self.lcfg.targets != "batch" and not (self.lcfg.algo == "appo" and self.lcfg.value_clip > 0):
+        gradient step (``[T, B]``, ``[T, B]``, ``[T + 1, B]``): the targets where ``learner.targets
+        = "batch"`` reads them (else None), the values where ``learner.value_clip`` does; None
+        where neither does."""
+        fixed_targets = self.lcfg.targets == "batch"
+        if not fixed_targets and not (self.lcfg.algo == "appo" and self.lcfg.value_clip > 0):
             return None
         with torch.no_grad(), self.autocast(), self.timers.time("vtrace_s"):
             _, values, target_logp, _ = self.evaluate(batch)
+            if not fixed_targets:  # value clipping alone: the steps re-derive their targets
+                return None, None, values
             vs, advantages = self.vtrace_targets(batch, target_logp, values, rewards, discounts)
         return vs, advantages, values
 
