@@ -237,6 +237,10 @@ class LearnerConfig:
                                      "squared errors of V and of V's start-of-batch value moved by at most this")
     value_coef: float = declare(0.5, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the value loss")
     entropy_coef: float = declare(0.01, allowed=NON_NEGATIVE, algos=VTRACE, help="weight of the entropy bonus")
+    uniform_kl_coef: float = declare(0.0, allowed=NON_NEGATIVE, algos=VTRACE,
+                                     help="weight of KL(uniform over the legal actions || policy), discrete actions "
+                                          "only: keeps every legal action's probability off zero where the entropy "
+                                          "bonus's pull vanishes (docs/selfplay.md#exploration-that-does-not-die)")
     # clip_grad_norm_ scales gradients by max_grad_norm / norm: 0 zeroes them, < 0 flips them.
     max_grad_norm: float = declare(0.5, allowed=POSITIVE, help="gradients are clipped to this global norm")
     normalize_advantages: bool = declare(True, algos=("appo",),
@@ -436,7 +440,7 @@ def objective_info_key(objective: str) -> str | None:
 
 # What PBT may perturb: keys a member's learner reads at every update, by algorithm.
 VTRACE_PBT_MUTABLE = ("learner.lr", "learner.entropy_coef", "learner.value_coef", "learner.ppo_clip",
-                      "learner.max_grad_norm", "learner.gamma")
+                      "learner.max_grad_norm", "learner.gamma", "learner.uniform_kl_coef")
 # SAC's replay fixes each transition's n-step discount when it is stored: gamma is not among them.
 SAC_PBT_MUTABLE = ("learner.lr", "learner.tau", "learner.max_grad_norm")
 PBT_MUTABLE = tuple(dict.fromkeys(VTRACE_PBT_MUTABLE + SAC_PBT_MUTABLE))

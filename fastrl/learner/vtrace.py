@@ -24,7 +24,7 @@ from ..replay.buffer import SequenceReplay
 from ..sampling.numpy_mlp import NumpyMLPActorCritic
 from .base import BaseLearner, read_stats, unroll
 from .batch import Trajectories
-from .losses import appo_loss, impala_loss
+from .losses import appo_loss, impala_loss, masked_mean
 from .losses import vtrace_targets as vtrace_targets_of
 from .replay_feed import add_trajectories
 from .return_scale import ReturnScale
@@ -245,7 +245,7 @@ class VTraceLearner(BaseLearner):
         settings = self.loss_settings()
         with self.autocast():
             with timers.time("forward_backward_s"):
-                _, values, target_logp, entropy = self.evaluate(batch)
+                params, values, target_logp, entropy = self.evaluate(batch)
             # Computed here rather than inside the loss only so that the profiler can time it apart.
             with timers.time("vtrace_s"):
                 if start is not None and self.lcfg.targets == "batch":
@@ -257,5 +257,10 @@ class VTraceLearner(BaseLearner):
             with timers.time("forward_backward_s"):
                 loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
                                         batch.valid, mask, targets=targets, **settings)
+                if self.lcfg.uniform_kl_coef > 0:
+                    maskf = mask.to(values.dtype)
+                    uniform_kl = masked_mean(self.head.uniform_kl(params), maskf, maskf.sum().clamp(min=1.0))
+                    loss = loss + self.lcfg.uniform_kl_coef * uniform_kl
+                    stats = {**stats, "loss": loss.detach(), "uniform_kl": uniform_kl.detach()}
         grad_norm, _ = self.gradient_step(loss)
         return stats, grad_norm

@@ -59,6 +59,16 @@ class ActionHead:
         the tensors; False: torch ops only (an accelerator's path, whose host reads they avoid)."""
         return self.log_prob(params, actions), self.entropy(params)
 
+    def uniform_kl(self, params: torch.Tensor) -> torch.Tensor:
+        """KL(uniform over the legal actions || policy) per row of ``params`` (``[..., P]`` ->
+        ``[...]``): ``-log k - mean over the k legal actions of log pi(a)``, 0 for the uniform policy.
+        Unlike the entropy, whose gradient vanishes as an action's probability goes to 0 (so an
+        action the policy stopped trying stays untried), its gradient on a logit is ``pi(a) -
+        1/k``, never smaller than ``1/k`` in size for an action the policy all but ruled out.
+        Defined for discrete heads (categorical, Bernoulli, and factorized heads of them)."""
+        raise TypeError(f"{type(self).__name__} has no uniform_kl: KL to a uniform policy is defined for discrete "
+                        f"actions only")
+
 
 class CategoricalHead(ActionHead):
     """Discrete actions; ``params`` are logits ``[B, n]``; actions ``[B]`` int64. On CPU float
@@ -99,6 +109,13 @@ class CategoricalHead(ActionHead):
             return _log_prob_entropy(params, actions)
         log_probs = F.log_softmax(params, -1)
         return _taken(log_probs, actions), _entropy(log_probs)
+
+
+    def uniform_kl(self, params: torch.Tensor) -> torch.Tensor:
+        legal = params > MASKED_LOGIT
+        count = legal.sum(-1).clamp(min=1)
+        log_probs = torch.where(legal, F.log_softmax(params, -1), 0.0)
+        return -torch.log(count.to(params.dtype)) - log_probs.sum(-1) / count
 
 
 def _taken(log_probs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -231,6 +248,10 @@ class BernoulliHead(ActionHead):
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         return (F.softplus(params) - params * torch.sigmoid(params)).sum(-1)
 
+    def uniform_kl(self, params: torch.Tensor) -> torch.Tensor:
+        # Per bit -log 2 - (log p + log(1 - p)) / 2, with -log p = softplus(-l), -log(1 - p) = softplus(l).
+        return (0.5 * (F.softplus(params) + F.softplus(-params)) - math.log(2.0)).sum(-1)
+
 
 class FactorizedHead(ActionHead):
     """Independent parts (:class:`fastrl.envs.spaces.ActionPart`), each a categorical, Gaussian or
@@ -265,6 +286,19 @@ class FactorizedHead(ActionHead):
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         return sum(head.entropy(params[..., part.param_slice]) for part, head in self.parts)
+
+    def uniform_kl(self, params: torch.Tensor) -> torch.Tensor:
+        return sum(head.uniform_kl(params[..., part.param_slice]) for part, head in self.parts)
+
+
+def discrete_actions(action_space: gymnasium.Space) -> bool:
+    """Whether every part of ``action_space`` is discrete (what :meth:`ActionHead.uniform_kl` needs)."""
+    if isinstance(action_space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete,
+                                 gymnasium.spaces.MultiBinary)):
+        return True
+    if isinstance(action_space, gymnasium.spaces.Box):
+        return False
+    return all(part.kind != "gaussian" for part in ActionLayout(action_space).parts)
 
 
 def action_head(action_space: gymnasium.Space, algo: str = "appo"):

@@ -31,6 +31,8 @@ LEARNER_STATS = {
     "value_loss": "the value part of the loss; the TD loss for DQN and R2D2",
     "entropy": "the policy's mean entropy over the last batch (APPO, IMPALA; SAC: -mean log pi of its squashed "
                "actions in [-1, 1])",
+    "uniform_kl": "KL(uniform over the legal actions || policy), mean over the last batch (APPO, IMPALA with "
+                  "learner.uniform_kl_coef > 0): how far the policy is from trying every legal action",
     "grad_norm": "the gradients' global norm before clipping, averaged over the batch's steps",
     "policy_lag_min": "the smallest policy lag in the last batch: learner version minus the version that acted",
     "policy_lag_mean": "the mean policy lag over the last batch's valid steps",

@@ -37,6 +37,7 @@ from ..files.checkpoint import (
 from ..files.run_dir import RunDirError, RunDirLock, check_run_dir, prepare_run_dir, write_atomic
 from ..ipc.arena import remove_stale_segments, trajectory_layout
 from ..learner.policy_set import checkpoint_policies
+from ..models.heads import discrete_actions
 from ..models.networks import build_model, keys_it_ignores, num_state_values, state_bytes
 from ..multiagent.league import prepare_league, require_rating_library
 from ..multiagent.policy_map import PolicyMap, check_policy_spaces, check_slots_per_policy, policy_map
@@ -103,6 +104,7 @@ def plan_run(cfg: Config, run_dir: Path | None, resume: bool, overwrite: bool, m
         spec = probe_env(cfg)
         policies = run_policies(cfg, spec)
         check_run_opponents(cfg, spec)
+        check_action_regularizer(cfg, spec)
         shape = model_shape(cfg, spec, model)
         layout = arena_layout(cfg, spec, num_state_values(shape), getattr(shape, "state_size", 0))
         remove_stale_segments()  # a killed run's arena must not count against /dev/shm
@@ -138,6 +140,14 @@ def run_policies(cfg: Config, spec: EnvSpec) -> PolicyMap:
         raise ConfigError(f"selfplay.enabled needs a multi-agent env (a game with seats to share out), and "
                           f"{cfg.env.id!r} has one agent: set selfplay.enabled=false")
     return policies
+
+
+def check_action_regularizer(cfg: Config, spec: EnvSpec) -> None:
+    """ConfigError (one line) for learner.uniform_kl_coef where the actions have a continuous part."""
+    if cfg.learner.uniform_kl_coef > 0 and not discrete_actions(spec.action_space):
+        raise ConfigError(f"learner.uniform_kl_coef={cfg.learner.uniform_kl_coef:g} is a KL to the uniform policy "
+                          f"over discrete actions, and {cfg.env.id!r} acts in {spec.action_space}: set "
+                          f"learner.uniform_kl_coef=0")
 
 
 def model_shape(cfg: Config, spec: EnvSpec, model: torch.nn.Module | None) -> torch.nn.Module:

@@ -517,3 +517,29 @@ def test_value_clipping_is_around_the_values_before_the_batchs_first_step():
     torch.testing.assert_close(calls[0]["targets"][0], vs)
     assert not torch.allclose(calls[-1]["targets"][0], vs)
 
+
+
+@pytest.mark.parametrize("algo", ["appo", "impala"])
+def test_uniform_kl_coef_brings_back_an_action_the_policy_ruled_out(algo):
+    """A policy that all but never takes action 1 (p ~ 1e-13): the entropy bonus cannot lift it,
+    the KL to the uniform policy does, and the loss and statistics carry it."""
+    def probability_of_action_1(coef):
+        learner = learner_on({"learner.algo": algo, "learner.uniform_kl_coef": coef, "learner.entropy_coef": 0.01,
+                              "learner.lr": 1e-2})
+        with torch.no_grad():
+            learner.model.policy.weight.zero_()
+            learner.model.policy.bias.copy_(torch.tensor([15.0, -15.0]))
+        batch = random_batch(seed=7)
+        batch.actions.zero_()  # acted by that policy
+        batch.behaviour_logp.zero_()
+        for _ in range(50):
+            stats = learner.train(batch)
+        with torch.no_grad():
+            logits, _ = learner.model(batch.obs[0])
+        return torch.softmax(logits, -1)[:, 1].min().item(), stats
+
+    ruled_out, stats = probability_of_action_1(0.0)
+    brought_back, kl_stats = probability_of_action_1(0.5)
+    assert ruled_out < 1e-10 and "uniform_kl" not in stats
+    assert brought_back > 1e-5  # ~2e-4 after these 50 updates
+    assert kl_stats["uniform_kl"] > 0
