@@ -41,6 +41,7 @@ SUBCOMMANDS = {
     "soak": ("soak", "a long run with a rollout worker SIGKILLed every --kill-every seconds"),
     "gpu": ("gpu", "the GPU report in one call: tests, throughput, syncs, bf16, learning, GPU use"),
     "tactics": ("tactics", "a connect-four policy's greedy wins in one and blocks, on positions from random play"),
+    "perfect-play": ("perfect_play", "a tic-tac-toe policy's greedy play against every line of a perfect player"),
 }
 BENCH = Path(__file__).resolve()
 
