@@ -110,7 +110,6 @@ class CategoricalHead(ActionHead):
         log_probs = F.log_softmax(params, -1)
         return _taken(log_probs, actions), _entropy(log_probs)
 
-
     def uniform_kl(self, params: torch.Tensor) -> torch.Tensor:
         legal = params > MASKED_LOGIT
         count = legal.sum(-1).clamp(min=1)

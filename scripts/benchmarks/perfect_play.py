@@ -52,20 +52,18 @@ def audit(choose, policy_moves_first: bool) -> dict:
             return 1.0 if policy_to_move else 0.0
         if (mine | theirs) == TIC_TAC_TOE_FULL:
             return 0.0
-        if policy_to_move:
-            square, probs = choose(mine, theirs)
-            if square not in empty_squares(mine, theirs):
-                raise ValueError(f"the policy chose square {square}, not one of the empty {empty_squares(mine, theirs)}")
-            if (mine, theirs) not in reached:
-                reached.add((mine, theirs))
-                values = {s: move_value(mine, theirs, s) for s in empty_squares(mine, theirs)}
-                if values[square] < max(values.values()):
-                    right = [s for s, v in values.items() if v == max(values.values())]
-                    blunders.append((mine, theirs, square, right, probs))
-            return loss_share(theirs, mine | 1 << square, False)
         values = {s: move_value(mine, theirs, s) for s in empty_squares(mine, theirs)}
         best = [s for s, v in values.items() if v == max(values.values())]
-        return float(np.mean([loss_share(theirs, mine | 1 << s, True) for s in best]))
+        if not policy_to_move:
+            return float(np.mean([loss_share(theirs, mine | 1 << s, True) for s in best]))
+        square, probs = choose(mine, theirs)
+        if square not in values:
+            raise ValueError(f"the policy chose square {square}, not one of the empty {list(values)}")
+        if (mine, theirs) not in reached:
+            reached.add((mine, theirs))
+            if square not in best:
+                blunders.append((mine, theirs, square, best, probs))
+        return loss_share(theirs, mine | 1 << square, False)
 
     share = loss_share(0, 0, policy_moves_first)
     return {"positions": len(reached), "blunders": blunders, "loss_share": share}
