@@ -5,6 +5,13 @@ pytest-xdist's workers (`-n 2`)."""
 import os
 from pathlib import Path
 
+# Two xdist workers share the cores, and many tests start fastrl processes beside them: torch's
+# OpenMP threads must sleep while they wait, not spin on the cores the others need. Read when torch
+# loads, so set before anything imports it; subprocesses inherit it. Side by side, two serial
+# mujoco-appo runs took 37 s with it against 202 s spinning (docs/sweeps.md#several-trials-at-once);
+# the gpu report's syncs section ran past its 42 s budget beside another test without it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import psutil
 import pytest
 
