@@ -89,17 +89,9 @@ def greedy_chooser(run_dir: Path, best: bool):
     """The run's first policy as ``choose``: argmax over the legal moves of its logits."""
     import torch
 
-    from fastrl.envs import probe_env
-    from fastrl.envs.spaces import ObsLayout
-    from fastrl.evaluation.episodes import load_run_model
+    from .board_policy import load_board_policy
 
-    cfg, model, source = load_run_model(run_dir, best=best)
-    space = probe_env(cfg).observation_space
-    board = space.get("observation") if hasattr(space, "get") else None
-    if getattr(board, "shape", None) != (3, 3, 2):
-        raise ValueError(f"{run_dir} trained on {cfg.env.id}, not PettingZoo's tictactoe_v3: perfect-play solves "
-                         f"tic-tac-toe only")
-    layout = ObsLayout(space)
+    model, layout, source = load_board_policy(run_dir, best, (3, 3, 2), "PettingZoo's tictactoe_v3", "perfect-play")
 
     def choose(mine, theirs):
         mask = np.array([not (mine | theirs) >> s & 1 for s in range(9)], np.int8)

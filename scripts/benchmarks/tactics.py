@@ -106,17 +106,10 @@ def greedy_chooser(run_dir: Path, best: bool):
     """The run's first policy as ``choose``: argmax over the legal moves of its logits."""
     import torch
 
-    from fastrl.envs import probe_env
-    from fastrl.envs.spaces import ObsLayout
-    from fastrl.evaluation.episodes import load_run_model
+    from .board_policy import load_board_policy
 
-    cfg, model, source = load_run_model(run_dir, best=best)
-    space = probe_env(cfg).observation_space
-    board = space.get("observation") if hasattr(space, "get") else None
-    if getattr(board, "shape", None) != (CONNECT_FOUR_ROWS, CONNECT_FOUR_COLUMNS, 2):
-        raise ValueError(f"{run_dir} trained on {cfg.env.id}, not PettingZoo's connect_four_v3: tactics reads "
-                         f"connect-four boards only")
-    layout = ObsLayout(space)
+    model, layout, source = load_board_policy(run_dir, best, (CONNECT_FOUR_ROWS, CONNECT_FOUR_COLUMNS, 2),
+                                              "PettingZoo's connect_four_v3", "tactics")
 
     def choose(positions):
         planes = np.stack([np.stack([m, o], -1) for m, o in positions]).astype(np.int8)
