@@ -92,8 +92,22 @@ def _mask_count(maskf: torch.Tensor) -> torch.Tensor:
     return maskf.sum().clamp(min=1.0)
 
 
+def _add_uniform_kl(loss, stats, uniform_kl, uniform_kl_coef, maskf, count):
+    """``loss + uniform_kl_coef * mean(uniform_kl)`` over the mask, and the stats that report it."""
+    if uniform_kl is None or uniform_kl_coef <= 0:
+        return loss, stats
+    mean_kl = masked_mean(uniform_kl, maskf, count)
+    loss = loss + uniform_kl_coef * mean_kl
+    return loss, {**stats, "loss": loss.detach(), "uniform_kl": mean_kl.detach()}
+
+
+def _check_uniform_kl(function: str, uniform_kl: torch.Tensor | None, target_logp: torch.Tensor) -> None:
+    if uniform_kl is not None and uniform_kl.shape != target_logp.shape:
+        raise _shape_error(function, "uniform_kl", uniform_kl.shape, "target_logp's [T, B]", tuple(target_logp.shape))
+
+
 def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef,
-                       value_clip=0.0, old_values=None):
+                       value_clip=0.0, old_values=None, uniform_kl=None, uniform_kl_coef=0.0):
     T = vs.shape[0]
     squared = (vs - values[:T]).square()
     if value_clip > 0:
@@ -103,8 +117,9 @@ def _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coe
     value_loss = 0.5 * masked_mean(squared, maskf, count)
     mean_entropy = masked_mean(entropy, maskf, count)
     loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
-    return loss, {"loss": loss.detach(), "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-                  "entropy": mean_entropy.detach()}
+    return _add_uniform_kl(loss, {"loss": loss.detach(), "policy_loss": policy_loss.detach(),
+                                  "value_loss": value_loss.detach(), "entropy": mean_entropy.detach()},
+                           uniform_kl, uniform_kl_coef, maskf, count)
 
 
 def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
@@ -113,6 +128,7 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
               ppo_clip: float = 0.2, value_coef: float = 0.5, entropy_coef: float = 0.01,
               normalize_advantages: bool = True, targets: tuple[torch.Tensor, torch.Tensor] | None = None,
               value_clip: float = 0.0, old_values: torch.Tensor | None = None,
+              uniform_kl: torch.Tensor | None = None, uniform_kl_coef: float = 0.0,
               compiled: bool = True) -> tuple[torch.Tensor, dict]:
     """APPO: PPO's clipped surrogate on V-trace advantages, a value loss on V-trace targets and
     an entropy bonus.
@@ -128,6 +144,9 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     arguments, or your own); by default they are computed here. ``value_clip`` > 0 clips the value
     loss as PPO does around ``old_values`` ``[T + 1, B]`` (the values before the batch's first
     gradient step): ``max((vs - V)^2, (vs - V_old - clip(V - V_old, +-value_clip))^2) / 2``.
+    ``uniform_kl`` ``[T, B]`` (KL(uniform over the legal actions || policy) per step, with
+    gradients: ``ActionHead.uniform_kl``) adds ``uniform_kl_coef`` times its mean over the mask,
+    reported as the stat ``uniform_kl``.
 
     ``compiled``: compute the loss and its gradient in one compiled pass
     (:class:`~fastrl.kernels.torch_ops.APPOLoss`, same maths) where it takes the tensors (CPU
@@ -140,12 +159,16 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     if value_clip > 0 and (old_values is None or old_values.shape != values.shape):
         raise ValueError(f"appo_loss: value_clip={value_clip:g} needs old_values of values' shape "
                          f"{list(values.shape)}, got {None if old_values is None else list(old_values.shape)}")
+    _check_uniform_kl("appo_loss", uniform_kl, target_logp)
     if compiled and not value_clip and kernels_take(target_logp, values, entropy, behaviour_logp, vs, advantages):
         loss, policy_loss, value_loss, mean_entropy = APPOLoss.apply(
             target_logp, values, entropy, behaviour_logp, vs, advantages, maskf, ppo_clip, normalize_advantages,
             value_coef, entropy_coef)
-        return loss, {"loss": loss.detach(), "policy_loss": policy_loss, "value_loss": value_loss,
-                      "entropy": mean_entropy}
+        stats = {"loss": loss.detach(), "policy_loss": policy_loss, "value_loss": value_loss, "entropy": mean_entropy}
+        if uniform_kl is None:
+            return loss, stats
+        # The kernel counts the mask inside; the KL term, seldom on, pays for a count of its own.
+        return _add_uniform_kl(loss, stats, uniform_kl, uniform_kl_coef, maskf, _mask_count(maskf))
     count = _mask_count(maskf)
     if normalize_advantages:
         mean = masked_mean(advantages, maskf, count)
@@ -155,22 +178,25 @@ def appo_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: t
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - ppo_clip, 1 + ppo_clip) * advantages)
     policy_loss = -masked_mean(surrogate, maskf, count)
     return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef,
-                              value_clip, old_values)
+                              value_clip, old_values, uniform_kl, uniform_kl_coef)
 
 
 def impala_loss(target_logp: torch.Tensor, behaviour_logp: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
                 rewards: torch.Tensor, discounts: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None = None,
                 *, clip_rho: float = 1.0, clip_c: float = 1.0, clip_pg_rho: float = 1.0, lambda_: float = 1.0,
                 value_coef: float = 0.5, entropy_coef: float = 0.01,
-                targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
+                targets: tuple[torch.Tensor, torch.Tensor] | None = None,
+                uniform_kl: torch.Tensor | None = None, uniform_kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
     """IMPALA: the V-trace policy gradient ``-mean(A * target_logp)``, the value loss on V-trace
     targets and an entropy bonus; arguments as :func:`appo_loss`."""
+    _check_uniform_kl("impala_loss", uniform_kl, target_logp)
     vs, advantages, maskf = _targets_and_mask(
         "impala_loss", target_logp, behaviour_logp, values, entropy, rewards, discounts, valid, mask, targets,
         dict(clip_rho=clip_rho, clip_c=clip_c, clip_pg_rho=clip_pg_rho, lambda_=lambda_))
     count = _mask_count(maskf)
     policy_loss = -masked_mean(advantages * target_logp, maskf, count)
-    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef)
+    return _actor_critic_loss(policy_loss, vs, values, entropy, maskf, count, value_coef, entropy_coef,
+                              uniform_kl=uniform_kl, uniform_kl_coef=uniform_kl_coef)
 
 
 def td_loss(q_taken: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None,

@@ -24,7 +24,7 @@ from ..replay.buffer import SequenceReplay
 from ..sampling.numpy_mlp import NumpyMLPActorCritic
 from .base import BaseLearner, read_stats, unroll
 from .batch import Trajectories
-from .losses import appo_loss, impala_loss, masked_mean
+from .losses import appo_loss, impala_loss
 from .losses import vtrace_targets as vtrace_targets_of
 from .replay_feed import add_trajectories
 from .return_scale import ReturnScale
@@ -255,12 +255,10 @@ class VTraceLearner(BaseLearner):
             if settings.get("value_clip"):
                 settings["old_values"] = start[2]
             with timers.time("forward_backward_s"):
+                if self.lcfg.uniform_kl_coef > 0:
+                    settings.update(uniform_kl=self.head.uniform_kl(params),
+                                    uniform_kl_coef=self.lcfg.uniform_kl_coef)
                 loss, stats = self.loss(target_logp, batch.behaviour_logp, values, entropy, rewards, discounts,
                                         batch.valid, mask, targets=targets, **settings)
-                if self.lcfg.uniform_kl_coef > 0:
-                    maskf = mask.to(values.dtype)
-                    uniform_kl = masked_mean(self.head.uniform_kl(params), maskf, maskf.sum().clamp(min=1.0))
-                    loss = loss + self.lcfg.uniform_kl_coef * uniform_kl
-                    stats = {**stats, "loss": loss.detach(), "uniform_kl": uniform_kl.detach()}
         grad_norm, _ = self.gradient_step(loss)
         return stats, grad_norm

@@ -373,3 +373,25 @@ def test_value_clipping_takes_the_larger_error_of_v_and_of_v_moved_at_most_the_c
         appo_loss(torch.zeros(T, B), torch.zeros(T, B), values, torch.zeros(T, B), torch.zeros(T, B),
                   torch.ones(T, B), torch.ones(T, B, dtype=torch.bool), targets=(vs, torch.zeros(T, B)),
                   value_clip=0.2)
+
+
+@pytest.mark.parametrize("loss_fn,compiled", [(appo_loss, True), (appo_loss, False), (impala_loss, None)])
+def test_the_uniform_kl_term_adds_its_coefficient_times_its_masked_mean_with_its_gradient(loss_fn, compiled):
+    target_logp, behaviour_logp, values, entropy, targets, mask = appo_inputs(4)
+    kl = torch.rand(target_logp.shape, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    options = {} if compiled is None else {"compiled": compiled}
+    args = (target_logp, behaviour_logp, values, entropy, None, None, mask, mask)
+    plain, plain_stats = loss_fn(*args, targets=targets, **options)
+    loss, stats = loss_fn(*args, targets=targets, uniform_kl=kl, uniform_kl_coef=0.3, **options)
+    by_hand = sum(float(kl.detach()[t, b]) for t, b in mask.nonzero()) / int(mask.sum())
+    assert float(stats["uniform_kl"]) == pytest.approx(by_hand, rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(float(plain) + 0.3 * by_hand, rel=1e-6)
+    assert float(stats["loss"]) == pytest.approx(float(loss.detach()), rel=1e-6) and "uniform_kl" not in plain_stats
+    loss.backward()
+    torch.testing.assert_close(kl.grad, 0.3 * mask.float() / int(mask.sum()))
+    # Off (coefficient 0), the KL is neither added nor reported.
+    off, off_stats = loss_fn(*args, targets=targets, uniform_kl=kl, uniform_kl_coef=0.0, **options)
+    assert float(off) == pytest.approx(float(plain), rel=1e-6) and "uniform_kl" not in off_stats
+    refusal = f"{loss_fn.__name__}: uniform_kl has shape [{kl.shape[0]}], expected target_logp's"
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        loss_fn(*args, targets=targets, uniform_kl=kl.detach()[:, 0], uniform_kl_coef=0.3, **options)
