@@ -280,6 +280,9 @@ def _validate_replay(cfg: Config) -> None:
     uses_replay = lcfg.algo in REPLAY_LEARNERS or replay.vtrace_fraction > 0
     if replay.vtrace_fraction > 0 and lcfg.algo in REPLAY_LEARNERS:
         raise ConfigError(f"replay.vtrace_fraction is for learner.algo=appo or impala; {lcfg.algo} replays every batch")
+    if replay.checkpoint and not uses_replay:
+        raise ConfigError(f"replay.checkpoint saves the replay, and learner.algo={lcfg.algo} keeps none unless "
+                          f"replay.vtrace_fraction > 0: set replay.checkpoint=false")
     if lcfg.algo in REPLAY_LEARNERS and replay.replay_ratio <= 0:
         raise ConfigError(f"config key 'replay.replay_ratio' must be > 0 for {lcfg.algo}, got {replay.replay_ratio}")
     # The replay gives every env an equal share: capacity rounds down to a multiple of the envs.

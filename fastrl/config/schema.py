@@ -322,6 +322,9 @@ class ReplayConfig:
                                        "steps per env step = replay_ratio / replay.batch_size")
     vtrace_fraction: float = declare(0.0, allowed=Range(0, 1, high_open=True), algos=VTRACE,
                                      help="share of each batch drawn from replayed trajectories")
+    checkpoint: bool = declare(False, help="save the replay's contents beside each checkpoint (only the newest "
+                                           "checkpoint's is kept) and load them on --resume; off, a resumed run "
+                                           "refills the replay to min_fill")
     sequence_length: int = declare(80, allowed=STEPS, algos=("r2d2",), help="steps per replayed sequence")
     burn_in: int = declare(40, allowed=NON_NEGATIVE, algos=("r2d2",),
                            help="first steps of each sequence only warm the recurrent state (no loss, no gradient)")

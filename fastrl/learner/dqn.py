@@ -12,8 +12,9 @@ allows, updates the sampled priorities after each step, and copies the online ne
 target network every ``learner.target_update_every`` steps (its observation statistics included:
 they change only then).
 
-The replay is not saved in checkpoints (a million Atari frames is gigabytes); a resumed run
-refills it to ``replay.min_fill`` before its first gradient step.
+Checkpoints leave the replay out unless ``replay.checkpoint`` (a million Atari frames is
+gigabytes: :mod:`fastrl.replay.snapshot`); without it a resumed run refills the replay to
+``replay.min_fill`` before its first gradient step.
 """
 from __future__ import annotations
 

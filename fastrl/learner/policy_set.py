@@ -23,7 +23,7 @@ from ..multiagent.policy_map import PolicyMap
 from ..tuning.pbt import Population, member_configs
 from .base import BaseLearner
 from .factory import make_learner
-from .runtime import LearnerRuntime, restore_learner
+from .runtime import LearnerRuntime, restore_learner, restore_run_replays
 
 
 def policy_configs(cfg: Config, num_policies: int) -> list[Config]:
@@ -88,6 +88,8 @@ class PolicyRuntimes:
         for name, runtime in zip(self.names, self.runtimes):
             for key, value in saved.get(name, {}).get("hyperparameters", {}).items():
                 set_typed_value(runtime.cfg, key, value)
+        if resume_state is not None and run_dir is not None and cfg.replay.checkpoint:
+            restore_run_replays(run_dir, counters["env_steps"], self.runtimes)
         self.population = None
         if cfg.pbt.population:
             self.population = Population(cfg, arena, self.runtimes, self.names, run_dir,
@@ -137,7 +139,7 @@ class PolicyRuntimes:
                                 for p, (name, runtime) in enumerate(zip(self.names, self.runtimes))}
         if self.population is not None:
             more["pbt"] = self.population.state_dict()
-        return self.first.checkpoint(more)
+        return self.first.checkpoint(more, self.runtimes)
 
     def _snapshot_if_due(self) -> None:
         if self.league is not None:

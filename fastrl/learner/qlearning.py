@@ -47,7 +47,8 @@ class ReplayLearner(BaseLearner):
         self.rcfg = cfg.replay
         self.replay = replay
         self.ratio = ReplayRatio(batches_per_record, start=self.rcfg.min_fill)
-        self.replayed_batches = 0  # since this replay was made (a resume starts a fresh one)
+        self.replayed_batches = 0  # since this replay was made (carried across a resume with replay.checkpoint)
+        self.replay_env_steps_before = 0  # env steps its ratio counted before this run (a restored replay's)
         self.last_stats: dict = {}
         self.prioritized = True  # each step sets its batch's new priorities
 
@@ -148,9 +149,19 @@ class ReplayLearner(BaseLearner):
         """``replay.replay_ratio`` as achieved: the sampled quantity it counts (transitions, or
         R2D2's trained steps) per env step of the ``env_steps`` the actors took since this replay
         was made, past ``replay.min_fill``; 0 before then."""
+        env_steps += self.replay_env_steps_before
         if env_steps <= self.ratio.start:
             return 0.0
         return self.rcfg.replay_ratio * self.replayed_batches / float(self.ratio.ratio) / (env_steps - self.ratio.start)
+
+    def replay_counters(self, env_steps: int) -> dict:
+        """The replay ratio's counts, saved with the replay (fastrl.replay.snapshot) so that a resumed
+        run goes on with the ratio where it was; ``env_steps``: taken by the actors in this run."""
+        return {"replayed_batches": self.replayed_batches, "ratio_env_steps": self.replay_env_steps_before + env_steps}
+
+    def restore_replay_counters(self, counters: dict) -> None:
+        self.replayed_batches = int(counters.get("replayed_batches", 0))
+        self.replay_env_steps_before = int(counters.get("ratio_env_steps", 0))
 
     def upload(self, values) -> torch.Tensor:
         """``values`` (a numpy array or a host tensor) on the learner's device: one copy,

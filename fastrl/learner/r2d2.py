@@ -20,7 +20,8 @@ the sequence end (:func:`fastrl.kernels.nstep_targets`). The loss is
 the importance-weighted Huber loss; new priorities are ``0.9 max|delta| + 0.1 mean|delta|`` over a
 sequence's trained steps. The target network is copied every ``learner.target_update_every`` steps.
 
-The replay is not checkpointed (as the dqn learner's): a resumed run refills it first.
+The replay is checkpointed only with ``replay.checkpoint`` (as the dqn learner's); without it a
+resumed run refills it first.
 """
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..files.checkpoint import capture_rng, restore_rng, save_checkpoint
+from ..files.checkpoint import CheckpointError, capture_rng, checkpoint_dir, restore_rng, save_checkpoint, warn
 from ..ipc.arena import Control
 from ..ipc.device_io import pinned_empty
 from ..ipc.weights import WeightBuffer
 from ..models.networks import num_state_values, state_to_flat
+from ..replay.snapshot import ReplaySnapshotError, load_replay, replay_dir, save_replays
 from ..reporting.metrics import write_learner_stats
 from ..reporting.timers import Timers
 from .base import BaseLearner
@@ -135,9 +136,10 @@ class LearnerRuntime:
         return (time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_s
                 or bool(self.arena.control[Control.CHECKPOINT]))
 
-    def checkpoint(self, more: dict | None = None):
-        """Save a checkpoint (rank 0), with ``more`` entries (the other policies'); raises
-        CheckpointError when it cannot be written."""
+    def checkpoint(self, more: dict | None = None, runtimes: list[LearnerRuntime] | None = None):
+        """Save a checkpoint (rank 0), with ``more`` entries (the other policies'), and with
+        ``replay.checkpoint`` the replays of ``runtimes`` (default: this one's) beside it; raises
+        CheckpointError when they cannot be written."""
         if self.run_dir is None:
             return None
         state = {
@@ -150,9 +152,60 @@ class LearnerRuntime:
             **(more or {}),
         }
         path = save_checkpoint(self.run_dir, state, state["counters"]["env_steps"], self.cfg.keep_checkpoints)
+        if self.cfg.replay.checkpoint:
+            # After the checkpoint: a save cut short (a kill past the shutdown grace) loses the
+            # replay, never the checkpoint.
+            save_run_replays(self.run_dir, state["counters"]["env_steps"], runtimes or [self])
         self.last_checkpoint = time.time()
         self.arena.control[Control.CHECKPOINT] = 0
         return path
+
+
+def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime]) -> None:
+    """The replays of ``runtimes``' learners (those that keep one), with their ratio counters, as
+    the replays of the checkpoint at ``env_steps``; CheckpointError naming the fix if the disk refuses."""
+    replays = {}
+    for runtime in runtimes:
+        replay = getattr(runtime.learner, "replay", None)
+        if replay is not None:
+            counters = getattr(runtime.learner, "replay_counters", None)
+            ran = runtime.env_steps() - runtime.start_env_steps
+            replays[str(runtime.policy)] = replay, ({} if counters is None else counters(ran))
+    try:
+        save_replays(checkpoint_dir(run_dir), env_steps, replays)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the replay beside the checkpoint at {env_steps} env steps in "
+                              f"{checkpoint_dir(run_dir)}: {exc.strerror or exc}; free space or set "
+                              f"replay.checkpoint=false, then continue the run with --resume") from None
+
+
+def restore_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], warn=warn) -> int:
+    """Load the replays saved with the checkpoint at ``env_steps`` into ``runtimes``' learners;
+    where one is missing or does not fit, say so in one line and let that replay refill. Returns
+    the number loaded."""
+    directory = replay_dir(checkpoint_dir(run_dir), env_steps)
+    loaded = 0
+    for runtime in runtimes:
+        learner = runtime.learner
+        if getattr(learner, "replay", None) is None:
+            continue
+        saved = directory / str(runtime.policy)
+        if not saved.is_dir():
+            warn(f"fastrl: no replay was saved with the checkpoint at {env_steps} env steps (replay.checkpoint "
+                 f"was off, or its save did not finish): policy {runtime.policy}'s replay refills to "
+                 f"replay.min_fill")
+            continue
+        try:
+            counters = load_replay(learner.replay, saved)
+        except ReplaySnapshotError as exc:
+            warn(f"fastrl: the saved replay cannot be used ({exc}): policy {runtime.policy}'s replay refills to "
+                 f"replay.min_fill")
+            continue
+        restore = getattr(learner, "restore_replay_counters", None)
+        if restore is not None:
+            restore(counters)
+        loaded += 1
+    return loaded
 
 
 def restore_learner(learner: BaseLearner, state: dict) -> None:

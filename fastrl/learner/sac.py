@@ -16,8 +16,8 @@ parameter sets are disjoint, so one backward pass and one fused Adam step (three
 serve all three. Then the target critics move ``learner.tau`` of the way to the critics.
 
 The actor is the published ``model``; the critics, their targets and the temperature stay in the
-learner and its checkpoints. The replay is not saved in checkpoints (as for DQN): a resumed run
-refills it to ``replay.min_fill`` before its first update, acting with its policy meanwhile.
+learner and its checkpoints. The replay joins them with ``replay.checkpoint``; without it a resumed
+run refills it to ``replay.min_fill`` before its first update, acting with its policy meanwhile.
 """
 from __future__ import annotations
 

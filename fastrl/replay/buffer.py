@@ -342,6 +342,62 @@ class _StreamReplay:
     def __exit__(self, *exc):
         self.close()
 
+    # ---------------------------------------------------------------- saving (fastrl.replay.snapshot)
+
+    def snapshot_layout(self) -> dict:
+        """What a saved replay must share with this one to load into it (plain data)."""
+        return {"kind": type(self).__name__, "capacity": self.capacity, "num_streams": self.num_streams,
+                "obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype.str, "frame_stack": self.frame_stack,
+                "action_shape": list(self.action_shape), "action_dtype": self.action_dtype.str,
+                "horizon": self.horizon, "stride": self.stride, "alpha": float(self.settings.alpha),
+                "state_size": int(getattr(self, "state_size", 0))}
+
+    def snapshot_arrays(self) -> dict[str, np.ndarray]:
+        """Every per-slot and per-stream array but the frames (the tree's leaves as "priorities")."""
+        arrays = {f"step_{name}": array for name, array in self._steps.items()}
+        arrays.update(terminated=self._terminated, truncated=self._truncated, first=self._first, valid=self._valid,
+                      generation=self._generation, arrival=self._arrival, written=self._written,
+                      done_last=self._done_last, final_last=self._final_last,
+                      priorities=self._tree.get(np.arange(self.capacity)))
+        states = getattr(self, "_states", None)
+        if states is not None:
+            arrays["states"] = states
+        return arrays
+
+    def snapshot_scalars(self) -> dict:
+        return {"added": int(self.added), "max_priority": float(self._max_priority),
+                "rng": self._rng.bit_generator.state}
+
+    def written_ranges(self) -> list[tuple[int, int]]:
+        """The ``[start, stop)`` slot ranges that hold frames: each stream's first
+        ``min(written, ring_len)`` slots."""
+        held = np.minimum(self._written, self.ring_len)
+        return [(s * self.ring_len, s * self.ring_len + int(n)) for s, n in enumerate(held) if n]
+
+    def read_frames(self, start: int, stop: int, out: np.ndarray) -> None:
+        self._frames.read(np.arange(start, stop), out)
+
+    def write_frames(self, start: int, stop: int, frames: np.ndarray) -> None:
+        self._frames.write(np.arange(start, stop), frames)
+
+    def restore_snapshot(self, arrays: dict[str, np.ndarray], scalars: dict) -> None:
+        """Load what :meth:`snapshot_arrays` and :meth:`snapshot_scalars` gave (frames apart, by
+        :meth:`write_frames`); the caller checked the layout. Every stream then restarts: the
+        envs of a resumed run begin new episodes."""
+        for name, array in self._steps.items():
+            array[...] = arrays[f"step_{name}"]
+        for name in ("terminated", "truncated", "first", "valid", "generation", "arrival", "written", "done_last",
+                     "final_last"):
+            getattr(self, f"_{name}")[...] = arrays[name]
+        states = getattr(self, "_states", None)
+        if states is not None:
+            states[...] = arrays["states"]
+        self._tree.update(np.arange(self.capacity), arrays["priorities"])
+        self.added = int(scalars["added"])
+        self._max_priority = float(scalars["max_priority"])
+        self._rng.bit_generator.state = scalars["rng"]
+        self.restart_streams(np.arange(self.num_streams))
+
     # ---------------------------------------------------------------- adding
 
     def _add(self, env_ids, obs, steps: dict, terminated, truncated, priorities=None, states=None) -> None:

@@ -41,6 +41,7 @@ from ..models.heads import discrete_actions
 from ..models.networks import build_model, keys_it_ignores, num_state_values, state_bytes
 from ..multiagent.league import prepare_league, require_rating_library
 from ..multiagent.policy_map import PolicyMap, check_policy_spaces, check_slots_per_policy, policy_map
+from ..replay.snapshot import remove_partial_replays
 from ..reporting.wandb_logger import require_wandb
 from .main_guard import unguarded_main_call
 from .plan import RunError, RunPlan
@@ -66,6 +67,9 @@ def check_request(cfg: Config, run_dir: Path | None, resume: bool) -> DistInfo:
     if dist_info.enabled and cfg.learner.algo == "sac":
         raise RunError("learner.algo=sac trains one learner on one replay; a torchrun launch is not supported with "
                        "it: run it without torchrun")
+    if dist_info.enabled and cfg.replay.checkpoint:
+        raise RunError("replay.checkpoint saves one process's replay, and under torchrun each rank keeps its own: "
+                       "set replay.checkpoint=false")
     if resume and run_dir is None:
         raise RunError("resume needs the run directory of the run to continue (--run-dir DIR)")
     if dist_info.enabled and resume and not uses_agent_store():
@@ -242,6 +246,7 @@ def load_resume_state(run_dir: Path, cfg: Config, template: torch.nn.Module, pol
     if not dist_info.is_main:
         return load_chosen_checkpoint(run_dir, check, dist_info, cfg.dist_timeout_s)
     remove_partial_checkpoints(run_dir)
+    remove_partial_replays(checkpoint_dir(run_dir))
     try:
         path, state = load_latest_checkpoint(run_dir, check=check)
     except CheckpointError:

@@ -1,6 +1,7 @@
 """The tests of tests/unit/learner/test_sac.py's subject that train in this process."""
 
 import copy
+import shutil
 
 import gymnasium
 import numpy as np
@@ -173,3 +174,35 @@ def test_sac_population_settings_its_updates_never_read_are_refused_in_one_line(
     with pytest.raises(ConfigError) as error:
         sac_config(**{**base, **settings})
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_resumed_run_keeps_its_replay_and_its_ratio_with_replay_checkpoint(tmp_path, capfd):
+    """replay.checkpoint: the replay is saved beside each checkpoint (only the newest one's kept)
+    and a resume goes on with it and with the ratio's counts, where without it the replay would
+    refill from empty; a missing one is said in one line and the replay refills."""
+    from fastrl.replay.snapshot import replay_dir
+
+    settings = {"serial": True, "replay.checkpoint": True, "replay.min_fill": 300, "model.hidden_sizes": [16, 16],
+                "replay.replay_ratio": 16.0, "replay.batch_size": 16, "learner.rollout": 8,
+                "learner.batch_size": 64, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 1}
+    run_dir = tmp_path / "run"
+    train(pendulum_config(**settings, train_for_env_steps=1_200), run_dir=run_dir, quiet=True)
+    first = read_metrics(run_dir)[-1]
+    steps = first["env_steps"]
+    assert [p.name for p in (run_dir / "checkpoints").glob("replay_*")] == [replay_dir(run_dir, steps).name]
+    train(pendulum_config(**settings, train_for_env_steps=1_800), run_dir=run_dir, resume=True, quiet=True)
+    resumed = [r for r in read_metrics(run_dir) if r["env_steps"] > steps]
+    # Kept: at its first report the replay holds more than the saved records (a refill would hold
+    # fewer than the 600 steps taken since), the updates' count goes on, the ratio holds.
+    assert resumed[0]["learner/replay_size"] > first["learner/replay_size"]
+    assert resumed[0]["learner/replayed_batches"] > first["learner/replayed_batches"]
+    assert resumed[-1]["learner/replay_ratio_achieved"] == pytest.approx(16.0, rel=0.05)
+    assert "replay refills" not in capfd.readouterr().err
+    assert len(list((run_dir / "checkpoints").glob("replay_*"))) == 1
+
+    # Without the saved replay, the resume says so in one line and refills.
+    for saved in (run_dir / "checkpoints").glob("replay_*"):
+        shutil.rmtree(saved)
+    train(pendulum_config(**settings, train_for_env_steps=2_200), run_dir=run_dir, resume=True, quiet=True)
+    said = [line for line in capfd.readouterr().err.splitlines() if "replay refills" in line]
+    assert len(said) == 1 and "no replay was saved with the checkpoint at" in said[0]

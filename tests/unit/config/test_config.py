@@ -451,6 +451,8 @@ def test_every_key_is_declared_with_its_help_and_readers():
     ("cartpole-dqn", {"replay.compress": "zip"}, "replay.compress' must be one of"),
     ("cartpole-dqn", {"replay.n_step": 0}, r"replay.n_step' must be in \[1, 1000\]"),
     ("cartpole-dqn", {"replay.alpha": -1.0}, "replay.alpha' must be >= 0"),
+    ("cartpole-appo", {"replay.checkpoint": True}, "learner.algo=appo keeps none unless replay.vtrace_fraction > 0: "
+                                                   "set replay.checkpoint=false"),
 ])
 def test_bad_replay_settings_name_the_fix(profile, overrides, message):
     with pytest.raises(ConfigError, match=message):

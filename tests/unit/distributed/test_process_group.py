@@ -84,3 +84,11 @@ def test_a_multi_rank_resume_without_torchruns_store_is_refused_in_one_line(tmp_
     with pytest.raises(RunError, match="needs torchrun's store, through which rank 0 tells the other ranks which "
                                        "checkpoint it resumes: launch it with torchrun"):
         check_request(build_config("cartpole-appo", {"device": "cpu"}), tmp_path, resume=True)
+
+
+def test_a_torchrun_launch_with_replay_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RunError, match="^replay.checkpoint saves one process's replay, and under torchrun each rank "
+                                       "keeps its own: set replay.checkpoint=false$"):
+        check_request(build_config("cartpole-dqn", {"replay.checkpoint": True}), tmp_path, resume=False)

@@ -1,0 +1,125 @@
+"""A replay's contents on disk, so that a resumed run keeps what its learner had stored
+(``replay.checkpoint``).
+
+One directory per replay: an ``.npy`` file per array (the frames written and read back in chunks,
+so a replay larger than RAM's headroom, or on a memmap, is never copied whole) and ``meta.json``
+(the layout it must match, the buffer's counters and random state, and the learner's counters
+that go with it: the replay ratio's). A run's checkpoint at ``N`` env steps keeps its replays in
+``checkpoints/replay_<N:012d>/<policy>/``, written under a temporary name and renamed into
+place, so a directory of that name is whole; a save that a killed process never finished is a
+``.replay_*.tmp`` directory, removed when the run resumes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = 1
+META = "meta.json"
+FRAMES = "frames.npy"
+CHUNK_BYTES = 64 << 20  # frames copied per step: bounded memory whatever the replay's size
+REPLAY_PREFIX = "replay_"
+
+
+class ReplaySnapshotError(RuntimeError):
+    """A saved replay that cannot load into this one (another layout, or missing or damaged files)."""
+
+
+def replay_dir(checkpoints: Path, env_steps: int) -> Path:
+    """Where the replays saved with the checkpoint at ``env_steps`` live."""
+    return Path(checkpoints) / f"{REPLAY_PREFIX}{env_steps:012d}"
+
+
+def save_replay(replay, directory: Path, counters: dict | None = None) -> None:
+    """Write ``replay`` (a fastrl.replay.buffer replay) and the learner's ``counters`` into the new
+    directory ``directory`` (its parent exists)."""
+    directory.mkdir()
+    for name, array in replay.snapshot_arrays().items():
+        np.save(directory / f"{name}.npy", array)
+    frames = np.lib.format.open_memmap(directory / FRAMES, mode="w+", dtype=replay.obs_dtype,
+                                       shape=(replay.capacity, *replay.frame_shape))
+    for start, stop in _chunks(replay, replay.written_ranges()):
+        buffer = np.empty((stop - start, *replay.frame_shape), replay.obs_dtype)
+        replay.read_frames(start, stop, buffer)
+        frames[start:stop] = buffer
+    frames.flush()
+    del frames
+    meta = {"format": FORMAT, "layout": replay.snapshot_layout(), "scalars": replay.snapshot_scalars(),
+            "counters": counters or {}}
+    (directory / META).write_text(json.dumps(meta))
+
+
+def load_replay(replay, directory: Path) -> dict:
+    """Fill ``replay`` from ``directory`` (written by :func:`save_replay`); returns the learner's
+    counters saved with it. ReplaySnapshotError (one line) if it cannot: the replay is then left
+    as it was only where the layout or the files were refused before anything was loaded."""
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (OSError, ValueError) as exc:
+        raise ReplaySnapshotError(f"no readable {META} in {directory} ({type(exc).__name__})") from None
+    if meta.get("format") != FORMAT:
+        raise ReplaySnapshotError(f"{directory} holds replay format {meta.get('format')}, this fastrl reads {FORMAT}")
+    saved, wanted = meta["layout"], replay.snapshot_layout()
+    differs = [f"{key} {saved.get(key)!r} (now {value!r})" for key, value in wanted.items() if saved.get(key) != value]
+    if differs:
+        raise ReplaySnapshotError(f"{directory} was saved by a replay of another layout: {', '.join(differs)}")
+    try:
+        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in replay.snapshot_arrays()}
+        frames = np.load(directory / FRAMES, mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        raise ReplaySnapshotError(f"{directory} is missing or has a damaged array ({exc})") from None
+    expected = {name: (array.shape, array.dtype) for name, array in replay.snapshot_arrays().items()}
+    expected[FRAMES] = ((replay.capacity, *replay.frame_shape), replay.obs_dtype)
+    for name, array in [*arrays.items(), (FRAMES, frames)]:
+        if (array.shape, array.dtype) != expected[name]:
+            raise ReplaySnapshotError(f"{directory}: {name} is {array.dtype} {list(array.shape)}, expected "
+                                      f"{expected[name][1]} {list(expected[name][0])}")
+    written = np.asarray(arrays["written"])
+    held = np.minimum(written, replay.ring_len)
+    ranges = [(s * replay.ring_len, s * replay.ring_len + int(n)) for s, n in enumerate(held) if n]
+    for start, stop in _chunks(replay, ranges):
+        replay.write_frames(start, stop, np.ascontiguousarray(frames[start:stop]))
+    replay.restore_snapshot({name: np.asarray(array) for name, array in arrays.items()}, meta["scalars"])
+    return meta["counters"]
+
+
+def _chunks(replay, ranges):
+    """``ranges`` cut into pieces of at most CHUNK_BYTES of frames."""
+    frame_bytes = max(1, int(np.prod(replay.frame_shape, dtype=np.int64)) * replay.obs_dtype.itemsize)
+    step = max(1, CHUNK_BYTES // frame_bytes)
+    for start, stop in ranges:
+        for a in range(start, stop, step):
+            yield a, min(stop, a + step)
+
+
+def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple]) -> Path:
+    """Save ``replays`` (``{name: (replay, counters)}``) as the replays of the checkpoint at
+    ``env_steps``, then remove every other checkpoint's: replays are large, and only the newest
+    checkpoint's is kept. OSError if the disk refuses; nothing partial is left behind."""
+    final = replay_dir(checkpoints, env_steps)
+    tmp = Path(checkpoints) / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        for name, (replay, counters) in replays.items():
+            save_replay(replay, tmp / name, counters)
+        if final.exists():  # the final checkpoint at the same env steps as the last periodic one
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for other in Path(checkpoints).glob(f"{REPLAY_PREFIX}*"):
+        if other != final and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
+    return final
+
+
+def remove_partial_replays(checkpoints: Path) -> None:
+    """Replay saves that a killed process never finished."""
+    for tmp in Path(checkpoints).glob(f".{REPLAY_PREFIX}*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
