@@ -80,6 +80,9 @@ class PolicyRuntimes:
         # Each runtime reads its learner's config: a member's own hyperparameters under pbt.
         self.runtimes = [LearnerRuntime(learner.cfg, arena, learner, run_dir, world_size, policy=p)
                          for p, learner in enumerate(learners)]
+        rows = policies.run_row_policies(cfg.env.num_workers, cfg.env.envs_per_worker)
+        for p, runtime in enumerate(self.runtimes):
+            runtime.env_share = float(np.mean(rows == p)) / world_size
         counters = (resume_state or {}).get("counters", {})
         saved = (resume_state or {}).get("policies", {})
         self.runtimes[0].trained_env_steps = counters.get("trained_env_steps", 0)

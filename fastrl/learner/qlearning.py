@@ -147,8 +147,8 @@ class ReplayLearner(BaseLearner):
 
     def achieved_ratio(self, env_steps: int) -> float:
         """``replay.replay_ratio`` as achieved: the sampled quantity it counts (transitions, or
-        R2D2's trained steps) per env step of the ``env_steps`` the actors took since this replay
-        was made, past ``replay.min_fill``; 0 before then."""
+        R2D2's trained steps) per env step of the ``env_steps`` the actors took for this learner
+        (its rows') since this replay was made, past ``replay.min_fill``; 0 before then."""
         env_steps += self.replay_env_steps_before
         if env_steps <= self.ratio.start:
             return 0.0

@@ -46,6 +46,9 @@ class LearnerRuntime:
         self.feed = BatchFeed(arena, learner.device, pipelined=learner.device_path)
         self.trained_env_steps = 0
         self.start_env_steps = self.env_steps()  # where this learner's replay (if any) began
+        # The share of the run's env steps whose rows feed this learner: its policy's rows (a PBT
+        # member's games, a multi-agent policy's seats), and with several ranks this rank's.
+        self.env_share = 1.0 / world_size
         self.extra_state: dict = {}  # saved with every checkpoint (e.g. distributed digests)
 
     def env_steps(self) -> int:
@@ -53,6 +56,10 @@ class LearnerRuntime:
         if self.world_size > 1:
             return int(self.arena.control[Control.RUN_ENV_STEPS])
         return int(self.arena.env_steps.sum() + self.arena.control[Control.ENV_STEPS_OFFSET])
+
+    def fed_env_steps(self) -> float:
+        """Env steps taken since this runtime started by the rows that feed its learner."""
+        return (self.env_steps() - self.start_env_steps) * self.env_share
 
     def trained_seconds(self) -> float:
         """The runner's clocks (fastrl.reporting.metrics.Reporter.tick): what the time budget counts."""
@@ -125,7 +132,7 @@ class LearnerRuntime:
         lcfg = self.learner.lcfg
         achieved_ratio = getattr(self.learner, "achieved_ratio", None)  # the replay learners'
         if achieved_ratio is not None:
-            stats["replay_ratio_achieved"] = achieved_ratio(self.env_steps() - self.start_env_steps)
+            stats["replay_ratio_achieved"] = achieved_ratio(self.fed_env_steps())
         stats.update(self.learner.timers.read(), **self.timers.read(), trained_env_steps=self.trained_env_steps,
                      entropy_coef=lcfg.entropy_coef, value_coef=lcfg.value_coef, ppo_clip=lcfg.ppo_clip,
                      max_grad_norm=lcfg.max_grad_norm, gamma=lcfg.gamma)
@@ -169,8 +176,7 @@ def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime]) ->
         replay = getattr(runtime.learner, "replay", None)
         if replay is not None:
             counters = getattr(runtime.learner, "replay_counters", None)
-            ran = runtime.env_steps() - runtime.start_env_steps
-            replays[str(runtime.policy)] = replay, ({} if counters is None else counters(ran))
+            replays[str(runtime.policy)] = replay, ({} if counters is None else counters(int(runtime.fed_env_steps())))
     try:
         save_replays(checkpoint_dir(run_dir), env_steps, replays)
     except OSError as exc:

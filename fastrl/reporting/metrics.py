@@ -48,9 +48,11 @@ LEARNER_STATS = {
     "wait_s": "cumulative seconds blocked until a worker sends full slots",
     "replay_s": "cumulative seconds adding to and sampling from the replay (DQN, R2D2, SAC)",
     "replay_size": "transitions or sequences held by the replay (DQN, R2D2, SAC)",
-    "replayed_batches": "batches sampled from the replay since it was made (DQN, R2D2, SAC; a resume starts afresh)",
+    "replayed_batches": "batches sampled from the replay since it was made (DQN, R2D2, SAC; a resume starts afresh "
+                        "unless replay.checkpoint kept the replay)",
     "replay_ratio_achieved": "replay.replay_ratio as achieved: transitions sampled (R2D2: trained steps) per env step "
-                             "the actors took since the replay was made, past replay.min_fill",
+                             "the actors took since the replay was made, past replay.min_fill, counting the env "
+                             "steps of the rows that feed this learner (a PBT member's games, this rank's envs)",
     "q_mean": "the mean Q-value of the last sampled batch (DQN, R2D2, SAC)",
     "critic_loss": "SAC: the twin critics' soft TD loss of the last sampled batch",
     "actor_loss": "SAC: the policy's loss, mean(alpha log pi - min Q), of the last sampled batch",

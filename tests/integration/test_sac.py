@@ -206,3 +206,15 @@ def test_a_resumed_run_keeps_its_replay_and_its_ratio_with_replay_checkpoint(tmp
     train(pendulum_config(**settings, train_for_env_steps=2_200), run_dir=run_dir, resume=True, quiet=True)
     said = [line for line in capfd.readouterr().err.splitlines() if "replay refills" in line]
     assert len(said) == 1 and "no replay was saved with the checkpoint at" in said[0]
+
+
+def test_a_population_members_ratio_counts_the_env_steps_of_its_own_games(tmp_path):
+    """Each member's replay is fed by its own games, half of the run's envs here: the achieved
+    ratio counts those env steps (counted against all of them it would read half the ratio)."""
+    cfg = pendulum_config(**{"serial": True, "pbt.population": 2, "env.num_workers": 1, "env.envs_per_worker": 8,
+                             "env.num_splits": 1, "learner.rollout": 8, "learner.batch_size": 32,
+                             "replay.min_fill": 200, "replay.replay_ratio": 16.0, "replay.batch_size": 16,
+                             "model.hidden_sizes": [16, 16], "train_for_env_steps": 1_600})
+    train(cfg, run_dir=tmp_path, quiet=True)
+    last = read_metrics(tmp_path)[-1]
+    assert last["learner/replay_ratio_achieved"] == pytest.approx(16.0, rel=0.1)
