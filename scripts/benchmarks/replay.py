@@ -20,6 +20,11 @@ Episodes end with probability 1/1000 per step. The figures, in the JSON line:
                            IS weights, into a reused output array (as into pinned memory)
   sample_fresh_batches_per_s   the same, allocating the output every call
   update_priorities_per_s  update_priorities calls of `batch` entries per second
+
+With ``--save DIR`` (replay.checkpoint's files, fastrl.replay.snapshot) also:
+
+  save_s, load_s           writing the full replay under DIR, and loading it into a fresh one
+  saved_mib                the files' size on disk
 """
 import os
 
@@ -28,13 +33,16 @@ os.environ["NUMBA_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import gc  # noqa: E402
+import shutil  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from fastrl.config import ReplayConfig  # noqa: E402
 from fastrl.replay.buffer import TransitionReplay  # noqa: E402
+from fastrl.replay.snapshot import load_replay, save_replay  # noqa: E402
 
 GIB = 2 ** 30
 STACK = 4
@@ -139,6 +147,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--n-step", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2, help="codec / copy threads")
     parser.add_argument("--seconds", type=float, default=3.0, help="per timed phase")
+    parser.add_argument("--save", type=Path, metavar="DIR",
+                        help="also time saving the replay under DIR and loading it back (removed after)")
 
 
 def run(args) -> dict:
@@ -193,5 +203,30 @@ def run(args) -> dict:
         "update_priorities_per_s": update_rate,
         "cpu_load_1min": round(os.getloadavg()[0], 2),
     }
+    if args.save is not None:
+        report.update(time_snapshot(replay, settings, args.save))
     replay.close()
     return report
+
+
+def time_snapshot(replay, settings, parent: Path) -> dict:
+    """Seconds to save ``replay`` under ``parent`` and to load it into a fresh replay, and the
+    files' size; the files are removed after."""
+    directory = parent / "fastrl-replay-bench"
+    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        start = time.perf_counter()
+        save_replay(replay, directory)
+        os.sync()  # the bytes on disk, not in the page cache
+        save_s = time.perf_counter() - start
+        size = sum(f.stat().st_blocks * 512 for f in directory.iterdir())
+        with TransitionReplay(settings, gamma=0.99, num_streams=replay.num_streams, obs_shape=replay.obs_shape,
+                              obs_dtype=replay.obs_dtype, seed=0) as fresh:
+            start = time.perf_counter()
+            load_replay(fresh, directory)
+            load_s = time.perf_counter() - start
+            loaded = len(fresh) == len(replay)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"save_s": round(save_s, 2), "load_s": round(load_s, 2), "saved_mib": round(size / 2 ** 20, 2),
+            "loaded_all": loaded}
