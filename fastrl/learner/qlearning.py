@@ -21,6 +21,7 @@ ahead of the learner's updates by at most the steps the slots hold
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -49,6 +50,9 @@ class ReplayLearner(BaseLearner):
         self.ratio = ReplayRatio(batches_per_record, start=self.rcfg.min_fill)
         self.replayed_batches = 0  # since this replay was made (carried across a resume with replay.checkpoint)
         self.replay_env_steps_before = 0  # env steps its ratio counted before this run (a restored replay's)
+        # Batches the limiter leaves out of its count: those sampled under another ratio before a
+        # resume that changed it (restore_replay_counters).
+        self.batches_offset = 0
         self.last_stats: dict = {}
         self.prioritized = True  # each step sets its batch's new priorities
 
@@ -88,7 +92,8 @@ class ReplayLearner(BaseLearner):
         dropped its batch, every rank counts a skipped update and takes no step (the others keep
         the batch in their replays); else all take the fewest steps any rank may take (the
         others' surplus stays owed to them). So every rank makes the same gradient all-reduces."""
-        steps = 0 if dropped else self.ratio.allowed_batches(self.replay.added, self.replayed_batches)
+        steps = 0 if dropped else self.ratio.allowed_batches(self.replay.added,
+                                                             self.replayed_batches - self.batches_offset)
         if self.grad_sync is not None:
             dropped, steps = self.grad_sync.agree_steps(dropped, steps)
         if dropped:
@@ -157,10 +162,22 @@ class ReplayLearner(BaseLearner):
     def replay_counters(self, env_steps: int) -> dict:
         """The replay ratio's counts, saved with the replay (fastrl.replay.snapshot) so that a resumed
         run goes on with the ratio where it was; ``env_steps``: taken by the actors in this run."""
-        return {"replayed_batches": self.replayed_batches, "ratio_env_steps": self.replay_env_steps_before + env_steps}
+        return {"replayed_batches": self.replayed_batches,
+                "limited_batches": self.replayed_batches - self.batches_offset,  # what the limiter counts
+                "ratio_env_steps": self.replay_env_steps_before + env_steps,
+                "ratio": [self.ratio.ratio.numerator, self.ratio.ratio.denominator], "ratio_start": self.ratio.start}
 
     def restore_replay_counters(self, counters: dict) -> None:
+        """The counts of :meth:`replay_counters`, with the replay they came with. Where the ratio's
+        settings changed since (``replay_ratio``, ``batch_size``, ``min_fill``), the limiter counts
+        the new ratio from the restored records on: the saved count under another ratio would make
+        the learner stall until the records caught up, or take every batch it was owed at once."""
         self.replayed_batches = int(counters.get("replayed_batches", 0))
+        saved = (Fraction(*counters["ratio"]), counters.get("ratio_start")) if "ratio" in counters else None
+        if saved is not None and saved != (self.ratio.ratio, self.ratio.start):
+            self.batches_offset = self.replayed_batches - self.ratio.allowed_batches(self.replay.added, 0)
+        else:
+            self.batches_offset = self.replayed_batches - int(counters.get("limited_batches", self.replayed_batches))
         self.replay_env_steps_before = int(counters.get("ratio_env_steps", 0))
 
     def upload(self, values) -> torch.Tensor:

@@ -7,12 +7,20 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..files.checkpoint import CheckpointError, capture_rng, checkpoint_dir, restore_rng, save_checkpoint, warn
+from ..files.checkpoint import capture_rng, checkpoint_dir, restore_rng, save_checkpoint, warn
 from ..ipc.arena import Control
 from ..ipc.device_io import pinned_empty
 from ..ipc.weights import WeightBuffer
 from ..models.networks import num_state_values, state_to_flat
-from ..replay.snapshot import ReplaySnapshotError, load_replay, replay_dir, save_replays
+from ..replay.snapshot import (
+    ReplaySnapshotError,
+    load_replay,
+    newest_saved_replay,
+    remove_saved_replays,
+    replay_dir,
+    save_replays,
+    saved_env_steps,
+)
 from ..reporting.metrics import write_learner_stats
 from ..reporting.timers import Timers
 from .base import BaseLearner
@@ -163,14 +171,19 @@ class LearnerRuntime:
             # After the checkpoint: a save cut short (a kill past the shutdown grace) loses the
             # replay, never the checkpoint.
             save_run_replays(self.run_dir, state["counters"]["env_steps"], runtimes or [self])
+        else:
+            for removed in remove_saved_replays(checkpoint_dir(self.run_dir)):
+                warn(f"fastrl: removed {removed}, a replay saved by an earlier part of this run "
+                     f"(replay.checkpoint is off now)")
         self.last_checkpoint = time.time()
         self.arena.control[Control.CHECKPOINT] = 0
         return path
 
 
-def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime]) -> None:
+def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], warn=warn) -> bool:
     """The replays of ``runtimes``' learners (those that keep one), with their ratio counters, as
-    the replays of the checkpoint at ``env_steps``; CheckpointError naming the fix if the disk refuses."""
+    the replays of the checkpoint at ``env_steps``. Where the disk refuses, one line says so and
+    the run goes on (its checkpoint is written): a resume from it would refill the replay."""
     replays = {}
     for runtime in runtimes:
         replay = getattr(runtime.learner, "replay", None)
@@ -180,29 +193,30 @@ def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime]) ->
     try:
         save_replays(checkpoint_dir(run_dir), env_steps, replays)
     except OSError as exc:
-        raise CheckpointError(f"cannot write the replay beside the checkpoint at {env_steps} env steps in "
-                              f"{checkpoint_dir(run_dir)}: {exc.strerror or exc}; free space or set "
-                              f"replay.checkpoint=false, then continue the run with --resume") from None
+        warn(f"fastrl: cannot write the replay beside the checkpoint at {env_steps} env steps in "
+             f"{checkpoint_dir(run_dir)} ({exc.strerror or exc}; a save needs room for two replays): training goes "
+             f"on, and a resume from that checkpoint would take an older saved replay or refill; free space")
+        return False
+    return True
 
 
 def restore_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], warn=warn) -> int:
-    """Load the replays saved with the checkpoint at ``env_steps`` into ``runtimes``' learners;
+    """Load the replays saved with the newest checkpoint at or before ``env_steps`` (the resumed
+    one's, or the one before where its replay's save was cut short) into ``runtimes``' learners;
     where one is missing or does not fit, say so in one line and let that replay refill. Returns
     the number loaded."""
-    directory = replay_dir(checkpoint_dir(run_dir), env_steps)
+    directory = newest_saved_replay(checkpoint_dir(run_dir), env_steps)
     loaded = 0
     for runtime in runtimes:
         learner = runtime.learner
         if getattr(learner, "replay", None) is None:
             continue
-        saved = directory / str(runtime.policy)
-        if not saved.is_dir():
-            warn(f"fastrl: no replay was saved with the checkpoint at {env_steps} env steps (replay.checkpoint "
-                 f"was off, or its save did not finish): policy {runtime.policy}'s replay refills to "
-                 f"replay.min_fill")
+        if directory is None or not (directory / str(runtime.policy)).is_dir():
+            warn(f"fastrl: no replay was saved with the checkpoint at {env_steps} env steps or an earlier one "
+                 f"(replay.checkpoint was off): policy {runtime.policy}'s replay refills to replay.min_fill")
             continue
         try:
-            counters = load_replay(learner.replay, saved)
+            counters = load_replay(learner.replay, directory / str(runtime.policy))
         except ReplaySnapshotError as exc:
             warn(f"fastrl: the saved replay cannot be used ({exc}): policy {runtime.policy}'s replay refills to "
                  f"replay.min_fill")
@@ -210,6 +224,9 @@ def restore_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime],
         restore = getattr(learner, "restore_replay_counters", None)
         if restore is not None:
             restore(counters)
+        if directory != replay_dir(checkpoint_dir(run_dir), env_steps):
+            warn(f"fastrl: policy {runtime.policy} resumes with the replay saved at {saved_env_steps(directory)} "
+                 f"env steps: the one of the checkpoint at {env_steps} was not written whole")
         loaded += 1
     return loaded
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files.run_dir import fsync_dir
+
 FORMAT = 1
 META = "meta.json"
 FRAMES = "frames.npy"
@@ -39,7 +41,9 @@ def save_replay(replay, directory: Path, counters: dict | None = None) -> None:
     directory ``directory`` (its parent exists)."""
     directory.mkdir()
     for name, array in replay.snapshot_arrays().items():
-        np.save(directory / f"{name}.npy", array)
+        with open(directory / f"{name}.npy", "wb") as f:
+            np.save(f, array)
+            _sync(f)
     frames = np.lib.format.open_memmap(directory / FRAMES, mode="w+", dtype=replay.obs_dtype,
                                        shape=(replay.capacity, *replay.frame_shape))
     for start, stop in _chunks(replay, replay.written_ranges()):
@@ -48,9 +52,19 @@ def save_replay(replay, directory: Path, counters: dict | None = None) -> None:
         frames[start:stop] = buffer
     frames.flush()
     del frames
+    with open(directory / FRAMES, "rb+") as f:
+        os.fsync(f.fileno())
     meta = {"format": FORMAT, "layout": replay.snapshot_layout(), "scalars": replay.snapshot_scalars(),
             "counters": counters or {}}
-    (directory / META).write_text(json.dumps(meta))
+    with open(directory / META, "w") as f:
+        f.write(json.dumps(meta))
+        _sync(f)
+    fsync_dir(directory)
+
+
+def _sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def load_replay(replay, directory: Path) -> dict:
@@ -61,8 +75,10 @@ def load_replay(replay, directory: Path) -> dict:
         meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as exc:
         raise ReplaySnapshotError(f"no readable {META} in {directory} ({type(exc).__name__})") from None
-    if meta.get("format") != FORMAT:
-        raise ReplaySnapshotError(f"{directory} holds replay format {meta.get('format')}, this fastrl reads {FORMAT}")
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found != FORMAT:
+        raise ReplaySnapshotError(f"{directory} holds replay format {found}, this fastrl reads {FORMAT}")
+    _check_meta(meta, directory)
     saved, wanted = meta["layout"], replay.snapshot_layout()
     differs = [f"{key} {saved.get(key)!r} (now {value!r})" for key, value in wanted.items() if saved.get(key) != value]
     if differs:
@@ -87,6 +103,22 @@ def load_replay(replay, directory: Path) -> dict:
     return meta["counters"]
 
 
+def _check_meta(meta: dict, directory: Path) -> None:
+    """ReplaySnapshotError unless ``meta`` has every entry a load reads, of usable types: checked
+    before the replay is touched, so a refused load leaves it as it was."""
+    scalars, counters = meta.get("scalars"), meta.get("counters")
+    try:
+        if not isinstance(meta.get("layout"), dict) or not isinstance(counters, dict):
+            raise TypeError("layout or counters")
+        int(scalars["added"]), float(scalars["max_priority"])
+        np.random.default_rng().bit_generator.state = scalars["rng"]  # a state the generator takes
+        for value in counters.values():  # integers, or lists of them (a ratio's numerator and denominator)
+            [int(v) for v in value] if isinstance(value, list) else int(value)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplaySnapshotError(f"{directory}/{META} lacks or mangles an entry ({type(exc).__name__}: "
+                                  f"{str(exc)[:80]})") from None
+
+
 def _chunks(replay, ranges):
     """``ranges`` cut into pieces of at most CHUNK_BYTES of frames."""
     frame_bytes = max(1, int(np.prod(replay.frame_shape, dtype=np.int64)) * replay.obs_dtype.itemsize)
@@ -107,16 +139,45 @@ def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple]) -
         tmp.mkdir()
         for name, (replay, counters) in replays.items():
             save_replay(replay, tmp / name, counters)
-        if final.exists():  # the final checkpoint at the same env steps as the last periodic one
-            shutil.rmtree(final)
+        fsync_dir(tmp)
+        if final.exists():
+            # The final checkpoint at the env steps of the last periodic one: the old directory is
+            # renamed away (to a name that counts as partial) before the new one takes its name,
+            # so no kill leaves a half-removed directory under the final name.
+            os.replace(final, Path(checkpoints) / f".{final.name}.old.tmp")
         os.replace(tmp, final)
+        fsync_dir(Path(checkpoints))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for other in Path(checkpoints).glob(f"{REPLAY_PREFIX}*"):
-        if other != final and other.is_dir():
-            shutil.rmtree(other, ignore_errors=True)
+    remove_saved_replays(checkpoints, keep=final)
     return final
+
+
+def remove_saved_replays(checkpoints: Path, keep: Path | None = None) -> list[Path]:
+    """Remove every saved replay directory but ``keep``, and partial saves; returns the removed."""
+    removed = []
+    saved = [path for path in sorted(Path(checkpoints).glob(f"{REPLAY_PREFIX}*")) if saved_env_steps(path) is not None]
+    for other in saved + sorted(Path(checkpoints).glob(f".{REPLAY_PREFIX}*.tmp")):
+        if other != keep and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+    return removed
+
+
+def saved_env_steps(directory: Path) -> int | None:
+    """The env steps in a saved replay directory's name (None for another name)."""
+    digits = Path(directory).name[len(REPLAY_PREFIX):]
+    return int(digits) if Path(directory).name.startswith(REPLAY_PREFIX) and digits.isdigit() else None
+
+
+def newest_saved_replay(checkpoints: Path, env_steps: int) -> Path | None:
+    """The replays saved with the newest checkpoint at or before ``env_steps``: a run stopped while
+    its final replay was being written resumes from its final checkpoint with the replay of the
+    one before (older records, and counters consistent among themselves)."""
+    found = [path for path in Path(checkpoints).glob(f"{REPLAY_PREFIX}*")
+             if path.is_dir() and saved_env_steps(path) is not None and saved_env_steps(path) <= env_steps]
+    return max(found, key=saved_env_steps, default=None)
 
 
 def remove_partial_replays(checkpoints: Path) -> None:

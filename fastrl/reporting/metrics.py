@@ -52,7 +52,8 @@ LEARNER_STATS = {
                         "unless replay.checkpoint kept the replay)",
     "replay_ratio_achieved": "replay.replay_ratio as achieved: transitions sampled (R2D2: trained steps) per env step "
                              "the actors took since the replay was made, past replay.min_fill, counting the env "
-                             "steps of the rows that feed this learner (a PBT member's games, this rank's envs)",
+                             "steps of the rows that feed this learner (a PBT member's games, this rank's envs; "
+                             "in self-play the opponents' seats count too, so it reads low)",
     "q_mean": "the mean Q-value of the last sampled batch (DQN, R2D2, SAC)",
     "critic_loss": "SAC: the twin critics' soft TD loss of the last sampled batch",
     "actor_loss": "SAC: the policy's loss, mean(alpha log pi - min Q), of the last sampled batch",

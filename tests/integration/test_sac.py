@@ -179,33 +179,56 @@ def test_sac_population_settings_its_updates_never_read_are_refused_in_one_line(
 def test_a_resumed_run_keeps_its_replay_and_its_ratio_with_replay_checkpoint(tmp_path, capfd):
     """replay.checkpoint: the replay is saved beside each checkpoint (only the newest one's kept)
     and a resume goes on with it and with the ratio's counts, where without it the replay would
-    refill from empty; a missing one is said in one line and the replay refills."""
+    refill from empty; a changed ratio neither stalls nor bursts; a missing replay is said in one
+    line and refills; turned off, the saved replays are removed."""
     from fastrl.replay.snapshot import replay_dir
 
     settings = {"serial": True, "replay.checkpoint": True, "replay.min_fill": 300, "model.hidden_sizes": [16, 16],
                 "replay.replay_ratio": 16.0, "replay.batch_size": 16, "learner.rollout": 8,
                 "learner.batch_size": 64, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 1}
     run_dir = tmp_path / "run"
-    train(pendulum_config(**settings, train_for_env_steps=1_200), run_dir=run_dir, quiet=True)
-    first = read_metrics(run_dir)[-1]
-    steps = first["env_steps"]
+
+    def run_to(env_steps, **overrides):
+        before = read_metrics(run_dir)[-1] if (run_dir / "metrics.jsonl").exists() else None
+        train(pendulum_config(**{**settings, **overrides}, train_for_env_steps=env_steps), run_dir=run_dir,
+              resume=before is not None, quiet=True)
+        after = [r for r in read_metrics(run_dir) if before is None or r["env_steps"] > before["env_steps"]]
+        return before, after, capfd.readouterr().err
+
+    def batches_per_env_step(before, after):
+        return ((after["learner/replayed_batches"] - before["learner/replayed_batches"])
+                / (after["env_steps"] - before["env_steps"]))
+
+    _, first, _ = run_to(1_200)
+    steps = first[-1]["env_steps"]
     assert [p.name for p in (run_dir / "checkpoints").glob("replay_*")] == [replay_dir(run_dir, steps).name]
-    train(pendulum_config(**settings, train_for_env_steps=1_800), run_dir=run_dir, resume=True, quiet=True)
-    resumed = [r for r in read_metrics(run_dir) if r["env_steps"] > steps]
+    before, resumed, err = run_to(1_800)
     # Kept: at its first report the replay holds more than the saved records (a refill would hold
-    # fewer than the 600 steps taken since), the updates' count goes on, the ratio holds.
-    assert resumed[0]["learner/replay_size"] > first["learner/replay_size"]
-    assert resumed[0]["learner/replayed_batches"] > first["learner/replayed_batches"]
+    # fewer than the 600 steps taken since), the updates go on at one per env step (no burst of
+    # owed ones), and the ratio over the whole run holds.
+    assert resumed[0]["learner/replay_size"] > before["learner/replay_size"]
+    assert batches_per_env_step(before, resumed[-1]) == pytest.approx(1.0, abs=0.1)
     assert resumed[-1]["learner/replay_ratio_achieved"] == pytest.approx(16.0, rel=0.05)
-    assert "replay refills" not in capfd.readouterr().err
-    assert len(list((run_dir / "checkpoints").glob("replay_*"))) == 1
+    assert "replay" not in err and len(list((run_dir / "checkpoints").glob("replay_*"))) == 1
+
+    # Half the ratio from here: half a batch per env step, neither a stall nor a burst, and so
+    # again after one more resume at that ratio.
+    for end in (2_400, 2_800):
+        before, halved, _ = run_to(end, **{"replay.replay_ratio": 8.0})
+        assert batches_per_env_step(before, halved[-1]) == pytest.approx(0.5, abs=0.1)
 
     # Without the saved replay, the resume says so in one line and refills.
     for saved in (run_dir / "checkpoints").glob("replay_*"):
         shutil.rmtree(saved)
-    train(pendulum_config(**settings, train_for_env_steps=2_200), run_dir=run_dir, resume=True, quiet=True)
-    said = [line for line in capfd.readouterr().err.splitlines() if "replay refills" in line]
+    _, _, err = run_to(3_200)
+    said = [line for line in err.splitlines() if "replay refills" in line]
     assert len(said) == 1 and "no replay was saved with the checkpoint at" in said[0]
+
+    # Turned off, the replays saved earlier are removed at the next checkpoint, and said.
+    assert len(list((run_dir / "checkpoints").glob("replay_*"))) == 1
+    _, _, err = run_to(3_500, **{"replay.checkpoint": False})
+    assert not list((run_dir / "checkpoints").glob("replay_*"))
+    assert "replay.checkpoint is off now" in err
 
 
 def test_a_population_members_ratio_counts_the_env_steps_of_its_own_games(tmp_path):

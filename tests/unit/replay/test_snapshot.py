@@ -12,7 +12,9 @@ from fastrl.replay.buffer import SequenceReplay, TransitionReplay
 from fastrl.replay.snapshot import (
     ReplaySnapshotError,
     load_replay,
+    newest_saved_replay,
     remove_partial_replays,
+    remove_saved_replays,
     replay_dir,
     save_replay,
     save_replays,
@@ -151,3 +153,60 @@ def test_a_run_keeps_the_newest_checkpoints_replays_only_and_no_partial_save(tmp
         (tmp_path / ".replay_000000000400.tmp").mkdir()  # a save a kill cut short
         remove_partial_replays(tmp_path)
         assert sorted(p.name for p in tmp_path.iterdir()) == [replay_dir(tmp_path, 200).name]
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda meta: {k: v for k, v in meta.items() if k != "scalars"},
+    lambda meta: {**meta, "scalars": {**meta["scalars"], "rng": {"bit_generator": "PCG64", "state": 3}}},
+    lambda meta: {**meta, "counters": {"replayed_batches": "many"}},
+    lambda meta: [meta],
+])
+def test_a_meta_json_that_lacks_or_mangles_an_entry_is_refused_before_the_replay_is_touched(tmp_path, mangle):
+    with fill_transitions(transition_replay()) as saved, transition_replay() as fresh:
+        save_replay(saved, tmp_path / "replay", {"replayed_batches": 3})
+        meta = json.loads((tmp_path / "replay" / "meta.json").read_text())
+        (tmp_path / "replay" / "meta.json").write_text(json.dumps(mangle(meta)))
+        with pytest.raises(ReplaySnapshotError) as refused:
+            load_replay(fresh, tmp_path / "replay")
+        assert "\n" not in str(refused.value)
+        assert fresh.added == 0 and len(fresh) == 0 and fresh.stream_length(0) == 0
+
+
+def test_a_second_save_at_the_same_env_steps_replaces_the_first_whole(tmp_path):
+    """The final checkpoint can fall on the env steps of the last periodic one."""
+    with fill_transitions(transition_replay()) as replay, transition_replay() as fresh:
+        save_replays(tmp_path, 100, {"0": (replay, {"replayed_batches": 1})})
+        save_replays(tmp_path, 100, {"0": (replay, {"replayed_batches": 2})})
+        assert sorted(p.name for p in tmp_path.iterdir()) == [replay_dir(tmp_path, 100).name]
+        assert load_replay(fresh, replay_dir(tmp_path, 100) / "0") == {"replayed_batches": 2}
+
+
+def test_a_resume_takes_the_newest_replay_at_or_before_its_checkpoint(tmp_path):
+    for steps in (100, 200, 300):
+        (replay_dir(tmp_path, steps) / "0").mkdir(parents=True)
+    (tmp_path / "replay_notes").mkdir()
+    assert newest_saved_replay(tmp_path, 300) == replay_dir(tmp_path, 300)
+    assert newest_saved_replay(tmp_path, 250) == replay_dir(tmp_path, 200)
+    assert newest_saved_replay(tmp_path, 50) is None
+    removed = remove_saved_replays(tmp_path, keep=replay_dir(tmp_path, 200))
+    assert sorted(p.name for p in removed) == [replay_dir(tmp_path, 100).name, replay_dir(tmp_path, 300).name]
+    assert (tmp_path / "replay_notes").is_dir()  # not a name fastrl writes: left alone
+
+
+def test_a_replay_the_disk_refuses_is_said_in_one_line_and_the_run_goes_on(tmp_path):
+    from types import SimpleNamespace
+
+    from fastrl.learner.runtime import save_run_replays
+
+    class Refusing:
+        def __getattr__(self, name):
+            if name == "snapshot_arrays":
+                raise OSError(28, "No space left on device")
+            raise AttributeError(name)
+
+    runtime = SimpleNamespace(learner=SimpleNamespace(replay=Refusing()), policy=0, fed_env_steps=lambda: 10)
+    (tmp_path / "checkpoints").mkdir()  # as the checkpoint written first leaves it
+    said = []
+    assert save_run_replays(tmp_path, 500, [runtime], warn=said.append) is False
+    assert len(said) == 1 and "No space left on device" in said[0] and "a save needs room for two replays" in said[0]
+    assert not list((tmp_path / "checkpoints").iterdir())
