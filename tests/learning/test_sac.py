@@ -22,7 +22,7 @@ def test_sac_learns_pendulum_and_a_resumed_run_carries_on(tmp_path):
     assert resumed["updates"] > learner["updates"] and resumed["version"] > learner["version"]
     steps_after = {k: v["step"].item() for k, v in resumed["optimizer"]["state"].items()}
     assert min(steps_after.values()) > learner["updates"]  # Adam's step counts went on, not from 0
-    # A resumed replay refills to min_fill acting with the policy (not at random): its episodes stay good.
+    # The profile keeps the replay across the resume (replay.checkpoint): its episodes stay good.
     assert read_metrics(tmp_path)[-1]["episode_return_mean"] > -400
     assert_all_exited(tmp_path)
     assert result.reports
