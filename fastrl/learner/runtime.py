@@ -153,8 +153,9 @@ class LearnerRuntime:
 
     def checkpoint(self, more: dict | None = None, runtimes: list[LearnerRuntime] | None = None):
         """Save a checkpoint (rank 0), with ``more`` entries (the other policies'), and with
-        ``replay.checkpoint`` the replays of ``runtimes`` (default: this one's) beside it; raises
-        CheckpointError when they cannot be written."""
+        ``replay.checkpoint`` the replays of ``runtimes`` (default: this one's) beside it. Raises
+        CheckpointError when the checkpoint cannot be written; a replay that cannot is said in one
+        line, and the run goes on."""
         if self.run_dir is None:
             return None
         state = {
