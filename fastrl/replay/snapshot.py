@@ -69,8 +69,8 @@ def _sync(f) -> None:
 
 def load_replay(replay, directory: Path) -> dict:
     """Fill ``replay`` from ``directory`` (written by :func:`save_replay`); returns the learner's
-    counters saved with it. ReplaySnapshotError (one line) if it cannot: the replay is then left
-    as it was only where the layout or the files were refused before anything was loaded."""
+    counters saved with it. ReplaySnapshotError (one line) if it cannot; every check comes before
+    the replay is touched, so a refused load leaves it as it was."""
     try:
         meta = json.loads((directory / META).read_text())
     except (OSError, ValueError) as exc:
