@@ -371,8 +371,7 @@ class _StreamReplay:
     def written_ranges(self) -> list[tuple[int, int]]:
         """The ``[start, stop)`` slot ranges that hold frames: each stream's first
         ``min(written, ring_len)`` slots."""
-        held = np.minimum(self._written, self.ring_len)
-        return [(s * self.ring_len, s * self.ring_len + int(n)) for s, n in enumerate(held) if n]
+        return written_slot_ranges(self._written, self.ring_len)
 
     def read_frames(self, start: int, stop: int, out: np.ndarray) -> None:
         self._frames.read(np.arange(start, stop), out)
@@ -649,6 +648,12 @@ class SequenceReplay(_StreamReplay):
                              truncated=self._truncated[taken], valid=self._valid[taken], indices=indices,
                              generations=generations, weights=weights,
                              initial_state=None if self._states is None else self._states[indices // self.stride])
+
+
+def written_slot_ranges(written: np.ndarray, ring_len: int) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` slot ranges holding frames for per-stream record counts ``written``."""
+    held = np.minimum(written, ring_len)
+    return [(s * ring_len, s * ring_len + int(n)) for s, n in enumerate(held) if n]
 
 
 @numba.njit(cache=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files.run_dir import fsync_dir
+from .buffer import written_slot_ranges
 
 FORMAT = 1
 META = "meta.json"
@@ -94,10 +95,7 @@ def load_replay(replay, directory: Path) -> dict:
         if (array.shape, array.dtype) != expected[name]:
             raise ReplaySnapshotError(f"{directory}: {name} is {array.dtype} {list(array.shape)}, expected "
                                       f"{expected[name][1]} {list(expected[name][0])}")
-    written = np.asarray(arrays["written"])
-    held = np.minimum(written, replay.ring_len)
-    ranges = [(s * replay.ring_len, s * replay.ring_len + int(n)) for s, n in enumerate(held) if n]
-    for start, stop in _chunks(replay, ranges):
+    for start, stop in _chunks(replay, written_slot_ranges(np.asarray(arrays["written"]), replay.ring_len)):
         replay.write_frames(start, stop, np.ascontiguousarray(frames[start:stop]))
     replay.restore_snapshot({name: np.asarray(array) for name, array in arrays.items()}, meta["scalars"])
     return meta["counters"]
