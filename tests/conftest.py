@@ -89,9 +89,11 @@ def no_leftovers():
 
 
 def _lives_with_this_process(process: psutil.Process, me: psutil.Process) -> bool:
-    """multiprocessing's resource tracker, and the fork server the runs' children were forked from
-    (fastrl.ipc.start): they serve every run of this process and exit with it. The server's own
-    children (a run's processes, forked with its command line) are not excused."""
+    """multiprocessing's resource tracker, the fork server the runs' children were forked from
+    (fastrl.ipc.start), and torch.compile's pool of compile workers (started on a machine of many
+    cores; it watches its parent): they serve every run of this process and exit with it. The
+    server's own children (a run's processes, forked with its command line) are not excused."""
     command = " ".join(process.cmdline())
-    return "resource_tracker" in command or ("multiprocessing.forkserver import main" in command
-                                             and process.ppid() == me.pid)
+    started_here = process.ppid() == me.pid
+    return "resource_tracker" in command or started_here and (
+        "multiprocessing.forkserver import main" in command or "torch/_inductor/compile_worker" in command)

@@ -257,34 +257,86 @@ def test_r2d2_on_cuda_takes_the_gradient_steps_its_device_path_takes_on_the_cpu(
     assert_same_weights(*(learner.model for learner in learners))
 
 
-def certain(model: nn.Module) -> nn.Module:
-    """The model with its weights scaled up: logits far apart, so sampling picks the argmax on
-    any device and actions can be compared exactly."""
+def sharpened(model: nn.Module) -> nn.Module:
+    """The model with its policy head scaled up, so that most of its choices are near-certain. The
+    head starts at gain 0.01; scaling every weight alike by 30 left logits within one of each
+    other, and the GPU then sampled other actions than the CPU."""
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(30.0)
+        for name, p in model.named_parameters():
+            if name.startswith("policy."):
+                p.mul_(1e4)
     return model
+
+
+def assert_draws_from_the_same_policy(got: tuple, expected: tuple) -> None:
+    """Two devices draw from different random streams, so equal actions can only be asked where the
+    policy is sure. Each action either side drew must carry the log-probability the other side's
+    policy gives it (CartPole has two actions: the other one's is log(1 - p)), and where the
+    expected side was sure of its action (p > 1 - 1e-6) the other must have drawn it too."""
+    (actions, logp, _), (want_actions, want_logp, _) = got, expected
+    drawn = ~np.isnan(want_logp)
+    np.testing.assert_array_equal(drawn, ~np.isnan(logp))  # the same slots written
+    same = drawn & (actions == want_actions)
+    np.testing.assert_allclose(logp[same], want_logp[same], atol=1e-4)
+    other = drawn & (actions != want_actions)
+    with np.errstate(divide="ignore"):  # a sure action's other one: log(0)
+        np.testing.assert_allclose(logp[other], np.log1p(-np.exp(want_logp[other])), atol=1e-3)
+    sure = drawn & (want_logp > -1e-6)
+    assert sure.sum() >= drawn.sum() // 2, "too few sure choices for the actions to be compared"
+    np.testing.assert_array_equal(actions[sure], want_actions[sure])
+
+
+def act_fresh(arena, batcher, seed: int = 1, start_state=None) -> tuple:
+    """One batch from a cleared arena: unwritten log-probs read NaN, the recurrent state restarts."""
+    if start_state is not None:
+        arena.env_state[:] = start_state
+    arena.actions[:] = 0
+    arena.behaviour_logp[:] = np.nan
+    return act(arena, batcher, [0, 1, 1], [1, 0, 1], seed=seed)
+
+
+def test_the_device_comparison_allows_another_random_stream_and_no_other_policy():
+    """The CPU half of the CUDA batcher tests: another seed on the same device passes; the policy
+    with its two actions swapped, or one slot's action changed, fails."""
+    _, spec, model, arena = small_run("none")
+    sharpened(model)
+    WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
+    expected = act_fresh(arena, InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, CPU), seed=1)
+    for seed in (2, 3, 4):
+        got = act_fresh(arena, InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, CPU), seed=seed)
+        assert_draws_from_the_same_policy(got, expected)
+    swapped = copy.deepcopy(model)
+    with torch.no_grad():
+        swapped.policy.weight.copy_(swapped.policy.weight.flip(0))
+    # The batcher acts with the weights published in the arena.
+    WeightBuffer(arena).publish(state_to_flat(swapped, torch.empty(num_state_values(swapped))).numpy(), 1)
+    got = act_fresh(arena, InferenceBatcher(arena, swapped, spec.action_space, CPU), seed=1)
+    with pytest.raises(AssertionError):
+        assert_draws_from_the_same_policy(got, expected)
+    actions, logp, state = expected
+    sure = np.flatnonzero(logp.ravel() > -1e-6)[0]
+    actions = actions.copy()
+    actions.flat[sure] = 1 - actions.flat[sure]
+    with pytest.raises(AssertionError):
+        assert_draws_from_the_same_policy((actions, logp, state), expected)
 
 
 def acts_as_the_cpu(core: str, compile: bool, monkeypatch) -> None:
     exact_float32(monkeypatch)  # a learner built earlier in this process may have turned TF32 on
     _, spec, model, arena = small_run(core)
-    certain(model)
+    sharpened(model)
     WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
     start_state = arena.env_state.copy() if core != "none" else None
-    expected = act(arena, InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, CPU), [0, 1, 1], [1, 0, 1])
-    if core != "none":
-        arena.env_state[:] = start_state
-    arena.actions[:] = 0
-    arena.behaviour_logp[:] = 0
+    expected = act_fresh(arena, InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, CPU),
+                         start_state=start_state)
     buckets = batch_buckets(4, 4) if compile else ()
     gpu = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, CUDA, buckets=buckets, compile=compile)
     assert gpu.transfer.staged  # the default on CUDA: one copy each way per batch
-    actions, logp, state = act(arena, gpu, [0, 1, 1], [1, 0, 1])
-    np.testing.assert_array_equal(actions, expected[0])
-    np.testing.assert_allclose(logp, expected[1], atol=1e-4)
+    got = act_fresh(arena, gpu, start_state=start_state)
+    assert_draws_from_the_same_policy(got, expected)
     if core != "none":
-        np.testing.assert_allclose(state, expected[2], rtol=1e-3, atol=1e-4)
+        # The recurrent state does not depend on the action drawn.
+        np.testing.assert_allclose(got[2], expected[2], rtol=1e-3, atol=1e-4)
 
 
 @needs_cuda
