@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .figures import PlotError, engineering_axis, figure_path, pyplot, save
 
 X_AXES = {"env_steps": "env steps", "wall_time": "wall time (s)"}
 WILDCARD = "*"
+LEGEND_WIDTH = 60  # characters a legend line holds before it wraps
 # Budgets (train_for_env_steps, train_for_seconds) are not here: learner.lr_decay decays the
 # learning rate over the budget, so two budgets are two experiments.
 NOT_EXPERIMENT_KEYS = ("seed", "report_every_s", "checkpoint_every_s", "keep_checkpoints", "max_worker_restarts",
@@ -305,8 +307,9 @@ def plot_learning_curves(run_dirs: list[Path], x_key: str, y_keys: list[str], ou
             band = seed_band(curves)
             color = colors[index % len(colors)]
             name = line_name(y_key, key)
-            ax.plot(band.x, band.mean, color=color,
-                    label=f"{name}: {group.legend(len(curves))}" if name else group.legend(len(curves)))
+            label = f"{name}: {group.legend(len(curves))}" if name else group.legend(len(curves))
+            # Runs that differ in many keys get long labels; unwrapped, the legend covers the plot.
+            ax.plot(band.x, band.mean, color=color, label=textwrap.fill(label, LEGEND_WIDTH))
             ax.fill_between(band.x, band.low, band.high, color=color, alpha=0.2, linewidth=0)
         if y_key in (targets or {}):
             ax.axhline(targets[y_key], color="black", linestyle="--", linewidth=1, label=f"target {targets[y_key]:g}")
