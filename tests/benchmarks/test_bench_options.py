@@ -24,7 +24,7 @@ def test_a_setup_file_holds_a_profile_and_its_overrides_by_section(tmp_path):
                                                       "learner.lr": 0.01})
     assert options.load_setup("pong-cpu") == options.Setup("atari-appo", {
         "device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-        "learner.batch_size": 512})
+        "learner.batch_size": 512, "learner.num_epochs": 1, "learner.num_minibatches": 2})
 
 
 @pytest.mark.parametrize("text,message", [
