@@ -355,6 +355,12 @@ class EvalConfig:
                                 "(the score against eval.opponents: wins + draws / 2 over games, averaged over the "
                                 "opponents), auto (opponents when eval.opponents is set and no population, else "
                                 "return)")
+    # The evaluation that beats the best so far is the luckiest of many noisy ones: its own figure
+    # overstates the weights, and with 100 games a round a worse checkpoint can win the title.
+    confirm_best: bool = declare(False, help="an evaluation that beats best.pt's figure is played again on other "
+                                             "seeds, and best.pt takes the weights only if that second round beats "
+                                             "it too, keeping the second round's figure "
+                                             "(docs/evaluation.md#evaluation-during-training)")
 
 
 @dataclass

@@ -56,6 +56,7 @@ from .video import VideoError, remove_partial_videos, write_video  # imageio its
 
 EVAL_NICENESS = 10  # an observer: the actors and the learner come first when cores are short
 SEED_OFFSET = 1_000_003  # evaluation episodes never replay the training envs' seeds
+CONFIRM_SEED_OFFSET = 2**29  # eval.confirm_best's second round: seeds no evaluation of a run reaches
 # A run of a week can lose its evaluator to a stray kill or two; one that fails on every
 # evaluation (an env that breaks only there) is given up after these, with one notice.
 MAX_RESTARTS = 3
@@ -248,12 +249,34 @@ class Evaluator:
         else:
             best = max(range(len(evaluated)), key=lambda k: evaluated[k][0]["episode_return_mean"])
             figure = evaluated[best][0]["episode_return_mean"]
+        kept, kept_against = evaluated[best], against
+        if figure > self.best and self.cfg.eval.confirm_best:
+            figure, kept, kept_against = self._confirm(best, kept, against, seed + CONFIRM_SEED_OFFSET)
         if figure > self.best:  # NaN (no game against an opponent ended) never is
             self.best = figure
-            self._save_best(best, *evaluated[best], against)
+            self._save_best(best, *kept, kept_against)
         clip_at = self._clip(at_env_steps) if time.monotonic() >= self.next_clip else None
         self._record(result, against, version, at_env_steps, seconds, clip_at, evaluated)
         return {**result, "opponents": dict(zip(ecfg.opponents, against))}
+
+    def _confirm(self, member: int, evaluated: tuple[dict, int, int], against: list[dict],
+                 seed: int) -> tuple[float, tuple[dict, int, int], list[dict]]:
+        """eval.confirm_best: the candidate for best.pt (``member``'s weights, still loaded) plays a
+        second round on other seeds; returns that round's figure, result and rates, which alone
+        decide and describe best.pt. The first round stays the evaluation that is reported."""
+        ecfg = self.cfg.eval
+        result, version, at_env_steps = evaluated
+        model = self.models[member]
+        if self.best_by == "opponents" or self.seated_only:
+            against = [evaluate_against(self.cfg, model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
+                                        seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going,
+                                        seats=self.seats) for opponent in ecfg.opponents]
+            if self.best_by == "opponents":
+                return opponent_score(against), evaluated, against
+            return against[0]["episode_return_mean"], (against[0], version, at_env_steps), against
+        result = evaluate_policy(self.cfg, model, ecfg.episodes, ecfg.deterministic, self.device, seed=seed,
+                                 num_envs=ecfg.num_envs, keep_going=self.keep_going)
+        return result["episode_return_mean"], (result, version, at_env_steps), against
 
     def _clip(self, at_env_steps: int) -> int:
         """Write one episode's clip of the evaluated weights (its first CLIP_FRAMES frames)."""

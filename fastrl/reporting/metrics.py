@@ -173,10 +173,10 @@ EVALUATION = {
     "eval_at_env_steps": "training env steps when the evaluated weights were taken",
     "eval_seconds": "how long the evaluation took",
     "eval_best_return": "the best eval_return_mean so far: the one checkpoints/best.pt holds (eval.best_by "
-                        "resolved to return)",
+                        "resolved to return; with eval.confirm_best, its second round's)",
     "eval_opponent_score": "the score against eval.opponents: each one's win_rate + draw_rate / 2, averaged",
     "eval_best_opponent_score": "the best eval_opponent_score so far: the one checkpoints/best.pt holds "
-                                "(eval.best_by resolved to opponents)",
+                                "(eval.best_by resolved to opponents; with eval.confirm_best, its second round's)",
 }
 # The results against one scripted opponent of eval.opponents: eval/<opponent>/<key>.
 OPPONENT = {

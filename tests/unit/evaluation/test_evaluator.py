@@ -209,6 +209,62 @@ def test_with_opponents_best_pt_keeps_the_best_score_against_them_not_the_best_r
                      tmp_path).best == -np.inf
 
 
+def test_confirm_best_keeps_weights_only_when_a_second_round_on_other_seeds_beats_the_best(tmp_path, monkeypatch):
+    """eval.confirm_best: the round that beats best.pt is the luckiest of many, so a second round on
+    other seeds decides, and its figure is the one best.pt keeps. The first round is reported."""
+    opponents = ["random", "tests.unit.evaluation.test_evaluator:first_legal_square"]
+    # Each opponent's win rate, round after round (no draws); a round's score is their mean.
+    rounds = iter([0.5, 0.4,  # eval 1: 0.5 beats nothing yet; confirmed at 0.4
+                   0.6, 0.3,  # eval 2: 0.6 beats 0.4, the second round does not
+                   0.35,  # eval 3: below 0.4, no second round
+                   0.9, 0.8])  # eval 4: confirmed at 0.8
+    seeds = []
+
+    def against(cfg, model, opponent, episodes, deterministic, device, seed, **kwargs):
+        if opponent == "random":
+            seeds.append(seed)
+            against.win = next(rounds)
+        return {"episodes": 6, "win_rate": against.win, "draw_rate": 0.0, "loss_rate": 1 - against.win,
+                "episode_return_mean": 2 * against.win - 1}
+
+    monkeypatch.setattr(evaluator_module, "evaluate_policy", lambda *a, **k: {
+        "episode_return_mean": 0.0, "episode_return_std": 0.0, "episode_length_mean": 7.0, "episodes": 6,
+        "env_steps_played": 42})
+    monkeypatch.setattr(evaluator_module, "evaluate_against", against)
+    cfg, model, arena = _countdown_setup(tmp_path, **{"eval.opponents": opponents, "eval.every_s": 1.0,
+                                                      "eval.confirm_best": True})
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), tmp_path)
+    results = EvalResults(arena, opponents, best_by_opponents=True)
+    kept = []
+    for version in (1, 2, 3, 4):
+        _publish(arena, model, version)
+        evaluator.evaluate()
+        metrics = results.new()
+        best = load_checkpoint(best_checkpoint_path(tmp_path))
+        kept.append((metrics["eval_opponent_score"], best["counters"]["weights_version"],
+                     metrics["eval_best_opponent_score"], best["eval"]["eval_opponent_score"],
+                     best["eval"]["opponents"]["random"]["win_rate"]))
+    assert kept == [(0.5, 1, 0.4, 0.4, 0.4), (0.6, 1, 0.4, 0.4, 0.4), (0.35, 1, 0.4, 0.4, 0.4),
+                    (0.9, 4, 0.8, 0.8, 0.8)]
+    first_rounds = [seeds[0], seeds[2], seeds[4], seeds[5]]
+    assert len(seeds) == 7 and len(set(first_rounds)) == 4
+    for first, second in ((seeds[0], seeds[1]), (seeds[2], seeds[3]), (seeds[5], seeds[6])):
+        assert second == first + evaluator_module.CONFIRM_SEED_OFFSET
+    # By return alike: the second round's return decides.
+    returns = iter([5.0, 4.0, 6.0, 3.0])
+    monkeypatch.setattr(evaluator_module, "evaluate_policy", lambda *a, **k: {
+        "episode_return_mean": next(returns), "episode_return_std": 0.0, "episode_length_mean": 7.0,
+        "episodes": 6, "env_steps_played": 42})
+    run = tmp_path / "by_return"
+    cfg, model, arena = _countdown_setup(run, **{"eval.confirm_best": True})
+    evaluator = Evaluator(cfg, arena, build_model(*_spaces(cfg), cfg.model, algo=cfg.learner.algo), run)
+    for version in (1, 2):
+        _publish(arena, model, version)
+        evaluator.evaluate()
+    best = load_checkpoint(best_checkpoint_path(run))
+    assert (evaluator.best, best["counters"]["weights_version"], best["eval"]["eval_return_mean"]) == (4.0, 1, 4.0)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"eval.best_by": "opponents"}, "eval.best_by=opponents keeps best.pt by the score against eval.opponents, and "
                                     "none are set"),
