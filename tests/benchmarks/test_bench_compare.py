@@ -75,7 +75,7 @@ def test_a_setup_gives_both_runs_its_profile_and_overrides_and_json_writes_the_f
     assert entry.main(["compare", "--setup", "pong-cpu", "--set", "learner.precision=auto", "--rounds", "1",
                        "--seconds", "1", "--json", str(figures)]) == 0
     pong = {"device": "cpu", "env.num_workers": 2, "env.envs_per_worker": 16, "learner.rollout": 32,
-            "learner.batch_size": 512}
+            "learner.batch_size": 512, "learner.num_epochs": 1, "learner.num_minibatches": 2}
     assert runs == [("atari-appo", pong), ("atari-appo", {**pong, "learner.precision": "auto"})]
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert figures.read_text() == printed + "\n" and json.loads(printed)["median_ratio"] == 1.0

@@ -21,7 +21,8 @@ def nature_cnn_flop_per_observation(actions: int) -> int:
 def test_one_train_call_counts_the_nature_cnn_s_forward_and_backward():
     bench = load_benchmark("learner")
     cfg = build_config("atari-appo", {"device": "cpu", "learner.rollout": 4, "learner.batch_size": 8,
-                                      "learner.num_minibatches": 1, "env.num_workers": 1, "env.envs_per_worker": 2,
+                                      "learner.num_epochs": 1, "learner.num_minibatches": 1, "env.num_workers": 1,
+                                      "env.envs_per_worker": 2,
                                       "env.num_splits": 1})
     spec = type("Spec", (), {"observation_space": gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8),
                              "action_space": gymnasium.spaces.Discrete(6)})()
