@@ -236,9 +236,7 @@ class Evaluator:
             evaluated.append((evaluate_policy(self.cfg, model, ecfg.episodes, ecfg.deterministic, self.device,
                                               seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going),
                               version, at_env_steps))
-        against = [evaluate_against(self.cfg, self.model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
-                                    seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going,
-                                    seats=self.seats) for opponent in ecfg.opponents]
+        against = self._against_opponents(self.model, seed)
         if self.seated_only:
             evaluated.append((against[0], version, at_env_steps))
         result, version, at_env_steps = evaluated[0]
@@ -259,6 +257,13 @@ class Evaluator:
         self._record(result, against, version, at_env_steps, seconds, clip_at, evaluated)
         return {**result, "opponents": dict(zip(ecfg.opponents, against))}
 
+    def _against_opponents(self, model: torch.nn.Module, seed: int) -> list[dict]:
+        """``model``'s results against each of eval.opponents, its seats in turn."""
+        ecfg = self.cfg.eval
+        return [evaluate_against(self.cfg, model, opponent, ecfg.episodes, ecfg.deterministic, self.device, seed=seed,
+                                 num_envs=ecfg.num_envs, keep_going=self.keep_going, seats=self.seats)
+                for opponent in ecfg.opponents]
+
     def _confirm(self, member: int, evaluated: tuple[dict, int, int], against: list[dict],
                  seed: int) -> tuple[float, tuple[dict, int, int], list[dict]]:
         """eval.confirm_best: the candidate for best.pt (``member``'s weights, still loaded) plays a
@@ -268,9 +273,7 @@ class Evaluator:
         result, version, at_env_steps = evaluated
         model = self.models[member]
         if self.best_by == "opponents" or self.seated_only:
-            against = [evaluate_against(self.cfg, model, opponent, ecfg.episodes, ecfg.deterministic, self.device,
-                                        seed=seed, num_envs=ecfg.num_envs, keep_going=self.keep_going,
-                                        seats=self.seats) for opponent in ecfg.opponents]
+            against = self._against_opponents(model, seed)
             if self.best_by == "opponents":
                 return opponent_score(against), evaluated, against
             return against[0]["episode_return_mean"], (against[0], version, at_env_steps), against
