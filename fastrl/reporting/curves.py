@@ -19,6 +19,7 @@ import math
 import re
 import textwrap
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,19 +196,33 @@ def experiment(config: dict) -> dict:
 
 def group_by_seed(runs: list[Run]) -> list[SeedGroup]:
     """Runs with equal experiments, in the order first seen. A label is the env id plus each
-    key whose value differs between groups, e.g. ``CartPole-v1 learner.lr=0.001``."""
+    key where the group departs from the others, e.g. ``CartPole-v1 learner.lr=0.001``: where most
+    groups share a key's value, only the groups that differ name it, so a screen of one-key
+    changes reads ``learner.num_epochs=1`` and its baseline ``(the others' common settings)``."""
     members: dict[tuple, list[Run]] = {}
     for run in runs:
         members.setdefault(tuple(sorted(experiment(run.config).items())), []).append(run)
     experiments = [dict(key) for key in members]
     differing = [key for key in experiments[0] if key != "env.id"
                  and len({settings.get(key) for settings in experiments}) > 1]
+    common = {key: _majority([settings.get(key) for settings in experiments]) for key in differing}
     groups = []
-    for group_runs in members.values():
+    for settings, group_runs in zip(experiments, members.values()):
         config = group_runs[0].config
-        label = " ".join([str(config["env.id"])] + [f"{key}={config[key]}" for key in differing])
-        groups.append(SeedGroup(label, group_runs))
+        named = [f"{key}={config[key]}" for key in differing if settings.get(key) != common[key]]
+        if differing and not named:
+            named = ["(the others' common settings)"]
+        groups.append(SeedGroup(" ".join([str(config["env.id"]), *named]), group_runs))
     return groups
+
+
+_TIE = object()  # equal to no value: on a tie every group names the key
+
+
+def _majority(values: list):
+    """The value more groups hold than any other, or _TIE."""
+    (first, count), *rest = Counter(values).most_common(2)
+    return first if not rest or count > rest[0][1] else _TIE
 
 
 EVAL_X = {"env_steps": "eval_at_env_steps"}  # see fastrl.evaluation.evaluator

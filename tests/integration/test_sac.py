@@ -111,8 +111,13 @@ def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, repla
     # The learner is behind the actors by at most the slots' 4 envs x 2 slots x 4 steps = 32 env steps:
     # 2.3% of the 1,400 env steps past min_fill (at 800 a loaded machine missed 5% by 0.6%).
     assert last["learner/replay_ratio_achieved"] == pytest.approx(replay_ratio, rel=0.05)
-    waited = last[who_waits] - first[who_waits]
-    assert waited > 0.3 * (last["wall_time"] - first["wall_time"])
+    # The slower side never waits much; the faster one does. Alone the faster side waits 45-95% of
+    # the time, the other under a tenth of that; in a CI run on a host twice as slow, the learner
+    # waited 14% (so not an absolute share alone).
+    waited = {key: last[key] - first[key] for key in ("learner/wait_s", "rollout/wait_slots_s")}
+    other = next(key for key in waited if key != who_waits)
+    assert waited[who_waits] > 0.1 * (last["wall_time"] - first["wall_time"])
+    assert waited[who_waits] > 3 * waited[other], waited
 
 
 def test_a_population_member_copies_the_sac_learner_and_keeps_its_own_replay():

@@ -51,6 +51,30 @@ def test_a_budget_is_part_of_the_experiment_and_a_repeated_seed_is_a_run(tmp_pat
                                                        "CartPole-v1 train_for_env_steps=5000 (1 seed)"]
 
 
+def test_a_screen_of_one_key_changes_names_only_each_groups_change(tmp_path):
+    dirs = [make_run(tmp_path / "base", ROWS, seed=1),
+            make_run(tmp_path / "lr", ROWS, seed=1, learner__lr=1e-3),
+            make_run(tmp_path / "gamma", ROWS, seed=1, learner__gamma=0.9),
+            make_run(tmp_path / "base2", ROWS, seed=2)]
+    groups = group_by_seed([load_run(d) for d in dirs])
+    assert [g.legend(len(g.runs)) for g in groups] == ["CartPole-v1 (the others' common settings) (2 seeds)",
+                                                       "CartPole-v1 learner.lr=0.001 (1 seed)",
+                                                       "CartPole-v1 learner.gamma=0.9 (1 seed)"]
+
+
+def test_a_key_split_evenly_is_named_by_every_group(tmp_path):
+    dirs = [make_run(tmp_path / "a", ROWS, learner__lr=1e-3, learner__gamma=0.9),
+            make_run(tmp_path / "b", ROWS, learner__lr=1e-3),
+            make_run(tmp_path / "c", ROWS, learner__lr=2e-3),
+            make_run(tmp_path / "d", ROWS, learner__lr=2e-3, learner__gamma=0.9)]
+    labels = [g.label for g in group_by_seed([load_run(d) for d in dirs])]
+    default = build_config("cartpole-appo", {}).learner.gamma
+    assert labels == ["CartPole-v1 learner.gamma=0.9 learner.lr=0.001",
+                      f"CartPole-v1 learner.gamma={default} learner.lr=0.001",
+                      f"CartPole-v1 learner.gamma={default} learner.lr=0.002",
+                      "CartPole-v1 learner.gamma=0.9 learner.lr=0.002"]
+
+
 def test_band_is_the_mean_min_max_where_every_seed_has_data():
     a = (np.array([0.0, 10, 20, 30]), np.array([0.0, 1, 2, 3]))
     b = (np.array([5.0, 15, 25, 35]), np.array([10.0, 30, 10, 30]))
