@@ -108,7 +108,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weight_seq", (K, 2), "<i8"),
         ArraySpec("weight_version", (K,), "<i8"),
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
-        ArraySpec("control", (7,), "<i8"),  # see Control
+        ArraySpec("control", (8,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
@@ -140,6 +140,9 @@ class Control:
     # learning-rate schedule read the same seconds as the budget and metrics.jsonl (milliseconds).
     WALL_MS = 5  # wall time since the run started, summed over resumes
     TRAINED_MS = 6  # seconds counted against train_for_seconds: from process start, over resumes
+    # Stamped by the learner (time.time() in ms) as it writes a replay: a stopping runner waits past
+    # its grace while the stamps keep coming (fastrl.run.supervisor.stop_processes).
+    SAVE_BEAT_MS = 7
 
 
 def total_env_steps(arena) -> int:

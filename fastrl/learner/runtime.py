@@ -147,6 +147,10 @@ class LearnerRuntime:
         write_learner_stats(self.arena, stats, self.policy)
         return stats
 
+    def save_beat(self) -> None:
+        """A replay save goes on: the runner's stop waits for it (Control.SAVE_BEAT_MS)."""
+        self.arena.control[Control.SAVE_BEAT_MS] = int(time.time() * 1000)
+
     def checkpoint_due(self) -> bool:
         return (time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_s
                 or bool(self.arena.control[Control.CHECKPOINT]))
@@ -171,7 +175,7 @@ class LearnerRuntime:
         if self.cfg.replay.checkpoint:
             # After the checkpoint: a save cut short (a kill past the shutdown grace) loses the
             # replay, never the checkpoint.
-            save_run_replays(self.run_dir, state["counters"]["env_steps"], runtimes or [self])
+            save_run_replays(self.run_dir, state["counters"]["env_steps"], runtimes or [self], beat=self.save_beat)
         else:
             for removed in remove_saved_replays(checkpoint_dir(self.run_dir)):
                 warn(f"fastrl: removed {removed}, a replay saved by an earlier part of this run "
@@ -181,10 +185,11 @@ class LearnerRuntime:
         return path
 
 
-def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], warn=warn) -> bool:
+def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], warn=warn, beat=None) -> bool:
     """The replays of ``runtimes``' learners (those that keep one), with their ratio counters, as
     the replays of the checkpoint at ``env_steps``. Where the disk refuses, one line says so and
-    the run goes on (its checkpoint is written): a resume from it would refill the replay."""
+    the run goes on (its checkpoint is written): a resume from it would refill the replay.
+    ``beat``: called as each part is written (fastrl.replay.snapshot.save_replay)."""
     replays = {}
     for runtime in runtimes:
         replay = getattr(runtime.learner, "replay", None)
@@ -192,7 +197,7 @@ def save_run_replays(run_dir, env_steps: int, runtimes: list[LearnerRuntime], wa
             counters = getattr(runtime.learner, "replay_counters", None)
             replays[str(runtime.policy)] = replay, ({} if counters is None else counters(int(runtime.fed_env_steps())))
     try:
-        save_replays(checkpoint_dir(run_dir), env_steps, replays)
+        save_replays(checkpoint_dir(run_dir), env_steps, replays, beat)
     except OSError as exc:
         warn(f"fastrl: cannot write the replay beside the checkpoint at {env_steps} env steps in "
              f"{checkpoint_dir(run_dir)} ({exc.strerror or exc}; a save needs room for two replays): training goes "

@@ -37,20 +37,24 @@ def replay_dir(checkpoints: Path, env_steps: int) -> Path:
     return Path(checkpoints) / f"{REPLAY_PREFIX}{env_steps:012d}"
 
 
-def save_replay(replay, directory: Path, counters: dict | None = None) -> None:
+def save_replay(replay, directory: Path, counters: dict | None = None, beat=None) -> None:
     """Write ``replay`` (a fastrl.replay.buffer replay) and the learner's ``counters`` into the new
-    directory ``directory`` (its parent exists)."""
+    directory ``directory`` (its parent exists). ``beat()`` is called after every file and chunk
+    written: the sign of progress a stopping run waits on."""
+    beat = beat or (lambda: None)
     directory.mkdir()
     for name, array in replay.snapshot_arrays().items():
         with open(directory / f"{name}.npy", "wb") as f:
             np.save(f, array)
             _sync(f)
+        beat()
     frames = np.lib.format.open_memmap(directory / FRAMES, mode="w+", dtype=replay.obs_dtype,
                                        shape=(replay.capacity, *replay.frame_shape))
     for start, stop in _chunks(replay, replay.written_ranges()):
         buffer = np.empty((stop - start, *replay.frame_shape), replay.obs_dtype)
         replay.read_frames(start, stop, buffer)
         frames[start:stop] = buffer
+        beat()
     frames.flush()
     del frames
     with open(directory / FRAMES, "rb+") as f:
@@ -126,17 +130,18 @@ def _chunks(replay, ranges):
             yield a, min(stop, a + step)
 
 
-def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple]) -> Path:
+def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple], beat=None) -> Path:
     """Save ``replays`` (``{name: (replay, counters)}``) as the replays of the checkpoint at
     ``env_steps``, then remove every other checkpoint's: replays are large, and only the newest
-    checkpoint's is kept. OSError if the disk refuses; nothing partial is left behind."""
+    checkpoint's is kept. OSError if the disk refuses; nothing partial is left behind. ``beat``:
+    see save_replay."""
     final = replay_dir(checkpoints, env_steps)
     tmp = Path(checkpoints) / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
         for name, (replay, counters) in replays.items():
-            save_replay(replay, tmp / name, counters)
+            save_replay(replay, tmp / name, counters, beat)
         fsync_dir(tmp)
         if final.exists():
             # The final checkpoint at the env steps of the last periodic one: the old directory is

@@ -123,20 +123,47 @@ class Supervisor:
         self.write_process_file()
 
 
+# A replay can take longer to write than the grace (a million Atari frames are gigabytes), and a
+# kill there loses it. So past the grace the learner is waited for while it reports progress: a
+# stamp (Control.SAVE_BEAT_MS) per file and 64 MB chunk written, at most SAVE_SILENCE_S apart
+# (room for the final fsync of what the kernel still holds), for at most SAVE_GRACE_MAX_S.
+SAVE_SILENCE_S = 30.0
+SAVE_GRACE_MAX_S = 600.0
+
+
 def stop_processes(arena: Arena, procs: dict, console: Console) -> None:
-    """Stop flag first; the learner gets time for its final checkpoint; stragglers are killed."""
+    """Stop flag first; the learner gets time for its final checkpoint, and more while it writes
+    its replay; stragglers are killed."""
     arena.control[Control.STOP] = 1
-    deadline = time.time() + SHUTDOWN_GRACE_S
+    started = time.time()
+    deadline = started + SHUTDOWN_GRACE_S
     for role in ("rollout", "inference", "evaluator", "learner"):
         for p in procs.get(role, ()):
             if p.pid is not None:
                 p.join(max(0.1, deadline - time.time()))
+    for p in procs.get("learner", ()):
+        _wait_while_saving(arena, p, started + SAVE_GRACE_MAX_S, console)
     for group in procs.values():
         for p in group:
             if p.pid is not None and p.is_alive():
-                console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {SHUTDOWN_GRACE_S:.0f} s; "
-                               f"killed" + (" before its final checkpoint" if p.name == "fastrl-learner" else ""))
+                waited = time.time() - started
+                console.notice(f"[fastrl] {p.name} (pid {p.pid}) did not stop within {waited:.0f} s; killed"
+                               + (" before its final checkpoint or replay was whole (a resume takes the newest "
+                                  "whole ones)" if p.name == "fastrl-learner" else ""))
                 kill_with_descendants(p)
+
+
+def _wait_while_saving(arena: Arena, process, until: float, console: Console) -> None:
+    """Join ``process`` while its replay-save stamps are fresh, up to the time ``until``."""
+    told = False
+    while process.pid is not None and process.is_alive() and time.time() < until:
+        if time.time() - arena.control[Control.SAVE_BEAT_MS] / 1000 > SAVE_SILENCE_S:
+            return
+        if not told:
+            console.notice(f"[fastrl] {process.name} is still writing its replay: waiting while it makes progress "
+                           f"(at most {SAVE_GRACE_MAX_S:.0f} s from the stop)")
+            told = True
+        process.join(min(0.5, max(0.01, until - time.time())))
 
 
 def kill_with_descendants(process) -> None:

@@ -210,3 +210,18 @@ def test_a_replay_the_disk_refuses_is_said_in_one_line_and_the_run_goes_on(tmp_p
     assert save_run_replays(tmp_path, 500, [runtime], warn=said.append) is False
     assert len(said) == 1 and "No space left on device" in said[0] and "a save needs room for two replays" in said[0]
     assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_a_save_beats_once_per_file_and_chunk(tmp_path, monkeypatch):
+    """The beats a stopping run waits on (fastrl.run.supervisor.stop_processes): one per array
+    file and one per chunk of frames, so a large replay beats all through its frames."""
+    import fastrl.replay.snapshot as snapshot
+
+    frame_bytes = 84 * 84  # one uint8 frame; the replay stores single frames
+    monkeypatch.setattr(snapshot, "CHUNK_BYTES", 16 * frame_bytes)
+    beats = []
+    with fill_transitions(transition_replay()) as replay:
+        chunks = list(snapshot._chunks(replay, replay.written_ranges()))
+        save_replays(tmp_path, 100, {"0": (replay, {})}, beat=lambda: beats.append(1))
+        files = len(replay.snapshot_arrays())
+    assert len(chunks) > 5 and len(beats) == files + len(chunks)
