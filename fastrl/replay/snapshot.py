@@ -138,6 +138,8 @@ def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple], b
     final = replay_dir(checkpoints, env_steps)
     tmp = Path(checkpoints) / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    if beat is not None:
+        beat()  # the save has begun, however long the checkpoint before it took
     try:
         tmp.mkdir()
         for name, (replay, counters) in replays.items():

@@ -213,8 +213,8 @@ def test_a_replay_the_disk_refuses_is_said_in_one_line_and_the_run_goes_on(tmp_p
 
 
 def test_a_save_beats_once_per_file_and_chunk(tmp_path, monkeypatch):
-    """The beats a stopping run waits on (fastrl.run.supervisor.stop_processes): one per array
-    file and one per chunk of frames, so a large replay beats all through its frames."""
+    """The beats a stopping run waits on (fastrl.run.supervisor.stop_processes): one as the save
+    begins, one per array file and one per chunk of frames, so a large replay beats all through."""
     import fastrl.replay.snapshot as snapshot
 
     frame_bytes = 84 * 84  # one uint8 frame; the replay stores single frames
@@ -224,4 +224,4 @@ def test_a_save_beats_once_per_file_and_chunk(tmp_path, monkeypatch):
         chunks = list(snapshot._chunks(replay, replay.written_ranges()))
         save_replays(tmp_path, 100, {"0": (replay, {})}, beat=lambda: beats.append(1))
         files = len(replay.snapshot_arrays())
-    assert len(chunks) > 5 and len(beats) == files + len(chunks)
+    assert len(chunks) > 5 and len(beats) == 1 + files + len(chunks)
