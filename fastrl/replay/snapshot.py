@@ -28,6 +28,10 @@ CHUNK_BYTES = 64 << 20  # frames copied per step: bounded memory whatever the re
 REPLAY_PREFIX = "replay_"
 
 
+def _no_beat() -> None:
+    """The ``beat`` of a save nobody waits on."""
+
+
 class ReplaySnapshotError(RuntimeError):
     """A saved replay that cannot load into this one (another layout, or missing or damaged files)."""
 
@@ -41,7 +45,7 @@ def save_replay(replay, directory: Path, counters: dict | None = None, beat=None
     """Write ``replay`` (a fastrl.replay.buffer replay) and the learner's ``counters`` into the new
     directory ``directory`` (its parent exists). ``beat()`` is called after every file and chunk
     written: the sign of progress a stopping run waits on."""
-    beat = beat or (lambda: None)
+    beat = beat or _no_beat
     directory.mkdir()
     for name, array in replay.snapshot_arrays().items():
         with open(directory / f"{name}.npy", "wb") as f:
@@ -138,8 +142,8 @@ def save_replays(checkpoints: Path, env_steps: int, replays: dict[str, tuple], b
     final = replay_dir(checkpoints, env_steps)
     tmp = Path(checkpoints) / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    if beat is not None:
-        beat()  # the save has begun, however long the checkpoint before it took
+    beat = beat or _no_beat
+    beat()  # the save has begun, however long the checkpoint before it took
     try:
         tmp.mkdir()
         for name, (replay, counters) in replays.items():
