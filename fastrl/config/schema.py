@@ -78,6 +78,10 @@ class DeviceNames:
         return self.text
 
 
+# The score of a whole Atari game: the backends put it in the info of the step a game ends
+# (fastrl.envs.game_return), and under env.kwargs episodic_life, where a lost life ends the
+# learner's episode, every episode records it (Config.info_keys): info/game_return.
+GAME_RETURN_KEY = "game_return"
 POLICY_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a policy's name is part of metric keys and file names
 POSITIVE, NON_NEGATIVE, AT_LEAST_1, UNIT = Range(0, low_open=True), Range(0), Range(1), Range(0, 1)
 FINITE = Range(-math.inf)
@@ -143,7 +147,7 @@ class EnvConfig:
     kwargs: dict = declare({}, help="keyword arguments of envpool.make, gymnasium.make or the factory")
     info_keys: list[str] = declare([], help="numbers the env reports in its info at an episode's end, averaged per "
                                             "report as info/<key> (per member member/<k>/info/<key>); gymnasium "
-                                            "and factory envs")
+                                            "and factory envs, and Atari's game_return on envpool")
     actions: list[int] = declare([], allowed=ANY_ACTION,
                                  help="the Discrete env's actions the policy chooses among, as the env numbers them "
                                       "(a minimal action set); [] = all of them")
@@ -589,10 +593,12 @@ class Config:
 
     @property
     def info_keys(self) -> tuple[str, ...]:
-        """The env info keys recorded at every episode's end: env.info_keys, and the one a
-        population's pbt.objective names (info/<key>)."""
+        """The env info keys recorded at every episode's end: env.info_keys, the one a
+        population's pbt.objective names (info/<key>), and under Atari's episodic_life the
+        game's score (GAME_RETURN_KEY)."""
         objective = objective_info_key(self.pbt.objective) if self.pbt.population else None
-        return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else [])]))
+        game = [GAME_RETURN_KEY] if self.env.kwargs.get("episodic_life") else []
+        return tuple(dict.fromkeys([*self.env.info_keys, *([objective] if objective else []), *game]))
 
     @property
     def best_by_opponents(self) -> bool:

@@ -142,3 +142,16 @@ def test_stop_when_is_refused_for_a_run_of_several_ranks_before_anything_is_writ
                                               "run by its budget"):
         runner.train(build_config("cartpole-appo"), run_dir=tmp_path / "run", stop_when=lambda record: True)
     assert not (tmp_path / "run").exists()
+
+def test_breakout_with_episodic_life_reports_whole_games_beside_its_lives(tmp_path):
+    # A lost life ends the learner's episode; info/game_return is the score of the five lives.
+    cfg = build_config("atari-appo-cpu", {
+        "serial": True, "train_for_env_steps": 2_400, "env.id": "Breakout-v5", "env.kwargs": {"episodic_life": True},
+        "env.num_workers": 1, "env.envs_per_worker": 4, "env.num_splits": 1, "env.num_threads": 1,
+        "learner.batch_size": 64, "report_every_env_steps": 600})
+    train(cfg, run_dir=tmp_path, quiet=True)
+    records = read_metrics(tmp_path)
+    games = [r["info/game_return"] for r in records if r["info/game_return"] == r["info/game_return"]]  # not NaN
+    # Whole games end in the budget (about 150 agent steps each, at random), and some score.
+    assert games and max(games) >= 1.0, [r["info/game_return"] for r in records]
+    assert records[-1]["episode_length_mean"] < 60  # lives of about 30 agent steps, not games

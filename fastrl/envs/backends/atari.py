@@ -21,6 +21,9 @@ checked against `envpool.make_spec("Pong-v5").config` by the tests) and maps the
                                    continues the game (no-ops and FIRE only)
   reward_clip (False)              _EnvpoolEpisode: reward = sign(reward)
 
+As on envpool, the step that ends a game (its last life lost, or the time limit) has the game's
+unclipped score in ``info["game_return"]`` (fastrl.envs.game_return).
+
 Known difference: after a lost life with episodic_life=True envpool keeps the older stacked
 frames, while FrameStackObservation refills the stack with the first frame of the new life.
 Other keyword arguments go to `ale_py.AtariEnv` (e.g. mode, difficulty).
@@ -33,6 +36,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+from fastrl.envs.game_return import GAME_RETURN_KEY
 
 ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
 
@@ -155,7 +160,8 @@ class _EnvpoolEpisode(gymnasium.Wrapper):
     """envpool's episode rules on agent steps: time limit, episodic life, reward clipping.
 
     As in envpool, reaching the time limit reports truncated=True (never terminated) even when
-    the game ends on that same step, and the step counter restarts only when the game does.
+    the game ends on that same step, and the step counter restarts only when the game does. The
+    step that ends the game carries its unclipped score in ``info[GAME_RETURN_KEY]``.
     """
 
     def __init__(
@@ -167,6 +173,7 @@ class _EnvpoolEpisode(gymnasium.Wrapper):
         self._reward_clip = reward_clip
         self._elapsed = max_episode_steps  # forces a full reset first
         self._lives = 0
+        self._game_return = 0.0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
         ale = self.unwrapped.ale
@@ -178,6 +185,7 @@ class _EnvpoolEpisode(gymnasium.Wrapper):
         )
         if full_reset:
             self._elapsed = 0
+            self._game_return = 0.0
         else:
             options = {**(options or {}), _LIFE_RESET: True}
         obs, info = self.env.reset(seed=seed, options=options)
@@ -192,6 +200,9 @@ class _EnvpoolEpisode(gymnasium.Wrapper):
         self._lives = lives
         time_up = self._elapsed >= self._max_episode_steps
         ended = terminated or life_lost
+        self._game_return += float(reward)
+        if terminated or truncated or time_up:
+            info = {**info, GAME_RETURN_KEY: self._game_return}
         if self._reward_clip:
             reward = float(np.sign(reward))
         return obs, reward, ended and not time_up, time_up or (truncated and not ended), info

@@ -28,6 +28,7 @@ import numpy as np
 from envpool.registration import registry
 
 from fastrl.envs.base import Batch, SplitVecEnv, VecEnv, as_batch, check_whole_games
+from fastrl.envs.game_return import GameReturns
 from fastrl.envs.multiagent.envpool_players import EnvpoolTurns, PlayerRows, is_turn_based
 from fastrl.envs.multiagent.turns import check_turn_groups
 from fastrl.envs.spaces import CodeGrid
@@ -70,12 +71,13 @@ def make_envpool_vec_env(
     check_whole_games(env_id, players, batch_size)
     games, games_per_batch = num_envs // players, batch_size // players
     first = make_pool(games if async_mode else games_per_batch, games_per_batch, seed)
+    atari = _is_atari(env_id)
     if async_mode:
-        env = EnvpoolAsync(first, _frame_skip(env_id, first))
+        env = EnvpoolAsync(first, _frame_skip(env_id, first), atari)
     else:
         pools = [first] + [make_pool(games_per_batch, games_per_batch, seed + start)
                            for start in range(games_per_batch, games, games_per_batch)]
-        env = EnvpoolSplitVecEnv(pools, _frame_skip(env_id, first))
+        env = EnvpoolSplitVecEnv(pools, _frame_skip(env_id, first), atari)
     return PlayerRows(env, players) if players > 1 else env
 
 
@@ -138,10 +140,13 @@ def _integer_box_as_multidiscrete(space: Any) -> Any:
     return space
 
 
+def _is_atari(env_id: str) -> bool:
+    return registry.specs[env_id][0] == "envpool.atari"
+
+
 def _frame_skip(env_id: str, pool: Any) -> int:
     # Only Atari's frame_skip counts emulator frames; MuJoCo's counts physics substeps.
-    import_path = registry.specs[env_id][0]
-    return int(pool.config["frame_skip"]) if import_path == "envpool.atari" else 1
+    return int(pool.config["frame_skip"]) if _is_atari(env_id) else 1
 
 
 class DirectPoolIO:
@@ -162,12 +167,17 @@ class DirectPoolIO:
 
     STATE_KEYS = ("info:env_id", "obs", "reward", "done", "trunc")
     ACTION_KEYS = ["env_id", "players.env_id", "action"]
+    # Atari's game over (a lost life ends no game) and its unclipped reward: read where a pool has them.
+    GAME_KEYS = ("info:terminated", "info:reward")
 
-    def __init__(self, pool: Any, state_index: list[int], action_dtype: np.dtype) -> None:
+    def __init__(self, pool: Any, state_index: list[int], action_dtype: np.dtype,
+                 game_index: list[int] | None = None) -> None:
         self._pool = pool
         self._state_index = state_index
         self._action_dtype = action_dtype
+        self._game_index = game_index
         self._checked = False
+        self.last_game: tuple[np.ndarray, np.ndarray] | None = None  # (game over, raw reward) of the last recv
 
     @classmethod
     def of(cls, pool: Any) -> DirectPoolIO | None:
@@ -180,7 +190,9 @@ class DirectPoolIO:
             return None
         if not compiled or action_keys != cls.ACTION_KEYS or not set(cls.STATE_KEYS) <= set(state_keys):
             return None
-        return cls(pool, [state_keys.index(key) for key in cls.STATE_KEYS], action_dtype)
+        game_index = [state_keys.index(key) for key in cls.GAME_KEYS] if set(cls.GAME_KEYS) <= set(state_keys) \
+            else None
+        return cls(pool, [state_keys.index(key) for key in cls.STATE_KEYS], action_dtype, game_index)
 
     def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         if not self._checked:
@@ -194,6 +206,8 @@ class DirectPoolIO:
         """(obs, rewards, terminated, truncated, env_ids) as the gymnasium `recv` returns them."""
         state = self._pool._recv()
         env_ids, obs, rewards, done, truncated = (state[i] for i in self._state_index)
+        if self._game_index is not None:
+            self.last_game = (state[self._game_index[0]], state[self._game_index[1]])
         return obs, rewards, done & ~truncated, truncated, env_ids
 
 
@@ -202,12 +216,15 @@ class _PublicPoolIO:
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
+        self.last_game: tuple[np.ndarray, np.ndarray] | None = None  # as DirectPoolIO's
 
     def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         self._pool.send(actions, env_ids)
 
     def recv(self) -> Batch:
         obs, rewards, terminated, truncated, info = self._pool.recv()
+        if "terminated" in info and "reward" in info:
+            self.last_game = (info["terminated"], info["reward"])
         return obs, rewards, terminated, truncated, info["env_id"]
 
 
@@ -238,16 +255,18 @@ def pool_io(pool: Any) -> DirectPoolIO | _PublicPoolIO:
 class EnvpoolSplitVecEnv(SplitVecEnv):
     """Sync mode: one envpool instance per split; split s holds envs [s*B, (s+1)*B).
 
-    `recv()` returns fresh arrays from envpool.
+    `recv()` returns fresh arrays from envpool; with ``atari``, ``last_info`` holds the game scores
+    (fastrl.envs.game_return).
     """
 
-    def __init__(self, pools: list[Any], frame_skip: int) -> None:
+    def __init__(self, pools: list[Any], frame_skip: int, atari: bool = False) -> None:
         batch_size = pools[0].config["num_envs"]
         super().__init__(batch_size * len(pools), batch_size)
         self._pools = pools
         self._io = [pool_io(pool) for pool in pools]
         self.observation_space, self.action_space = _spaces(pools)
         self.frame_skip = frame_skip
+        self._games = GameReturns(self.num_envs) if atari else None
 
     def _reset_split(self, split: int) -> None:
         self._pools[split].async_reset()
@@ -256,7 +275,13 @@ class EnvpoolSplitVecEnv(SplitVecEnv):
         self._io[split].send(self._env_actions(actions), local_ids)
 
     def _recv_split(self, split: int) -> Batch:
-        return self._io[split].recv()
+        io = self._io[split]
+        batch = io.recv()
+        if self._games is not None and io.last_game is not None:
+            game_over, raw_rewards = io.last_game
+            self.last_info = self._games.batch_info(batch[4] + split * self.batch_size, raw_rewards, game_over,
+                                                    batch[3])
+        return batch
 
     def render_game(self, env: int = 0) -> np.ndarray:
         """Env ``env``'s frame (made with ``render_mode="rgb_array"``: uint8 [H, W, 3])."""
@@ -274,16 +299,18 @@ class EnvpoolAsync(VecEnv):
     """Async mode: one envpool instance; each `recv()` returns the first `batch_size` envs done.
 
     Any subset of the envs returned by `recv()` may be sent at a time. `recv()` returns fresh
-    arrays from envpool.
+    arrays from envpool; with ``atari``, ``last_info`` holds the game scores
+    (fastrl.envs.game_return).
     """
 
-    def __init__(self, pool: Any, frame_skip: int) -> None:
+    def __init__(self, pool: Any, frame_skip: int, atari: bool = False) -> None:
         self.num_envs = pool.config["num_envs"]
         self.batch_size = pool.config["batch_size"]
         self._pool = pool
         self._io = pool_io(pool)
         self.observation_space, self.action_space = _spaces([pool])
         self.frame_skip = frame_skip
+        self._games = GameReturns(self.num_envs) if atari else None
         self._awaiting = np.zeros(self.num_envs, dtype=bool)  # returned by recv, not yet sent
         self._in_flight = 0  # envs reset or sent and not yet returned
 
@@ -312,6 +339,9 @@ class EnvpoolAsync(VecEnv):
         obs, rewards, terminated, truncated, env_ids = self._io.recv()
         self._in_flight -= self.batch_size
         self._awaiting[env_ids] = True
+        if self._games is not None and self._io.last_game is not None:
+            game_over, raw_rewards = self._io.last_game
+            self.last_info = self._games.batch_info(env_ids, raw_rewards, game_over, truncated)
         return as_batch(obs, rewards, terminated, truncated, env_ids)
 
     def render_game(self, env: int = 0) -> np.ndarray:
