@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fastrl.config.schema import GAME_RETURN_KEY
+from fastrl.config import GAME_RETURN_KEY
 
 __all__ = ["GAME_RETURN_KEY", "GameReturns"]
 

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..config import (
+    GAME_RETURN_KEY,
     OPPONENT_ACTIONS,
     Q_LEARNERS,
     Config,
@@ -113,11 +114,14 @@ class EpisodeSteps:
         self.lengths[ids] += stepped
         return obs, ids, np.logical_or(terminated, truncated), stepped
 
-    def advance(self, ids: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def advance(self, ids: np.ndarray, done: np.ndarray, closed: np.ndarray | None = None) -> np.ndarray:
         """Close the episodes of rows ``ids[done]`` (read their returns before); bool ``[k]``:
-        the rows whose observation begins an episode (after an autoreset step, or the first)."""
-        self.returns[ids[done]] = 0.0
-        self.lengths[ids[done]] = 0
+        the rows whose observation begins an episode (after an autoreset step, or the first).
+        ``closed`` (bool ``[k]``, within ``done``): the rows whose return and length start again
+        from zero, where an evaluation counts whole games of several episodes; default ``done``."""
+        closed = done if closed is None else closed
+        self.returns[ids[closed]] = 0.0
+        self.lengths[ids[closed]] = 0
         episode_start = self.after_done[ids] | ~self.started[ids]
         self.started[ids] = True
         self.after_done[ids] = done
@@ -138,8 +142,11 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     In a multi-agent env every agent is an env here (its episodes count one by one, a game that
     ended before its first turn too: VecEnv.last_unplayed) and whole games are played: the
     fewest that hold ``min(episodes, num_envs)`` agents, so ``n`` may exceed ``num_envs`` by less
-    than a game.
+    than a game. Under Atari's ``episodic_life`` an episode here is a whole game, every life of
+    it: its return is the game's score (``info["game_return"]``, fastrl.envs.game_return), its
+    length the agent steps of all its lives.
     """
+    games = bool(cfg.env.kwargs.get("episodic_life"))
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     n = env.num_envs
@@ -156,20 +163,32 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             obs, ids, done, stepped = steps.next_batch()
             env_steps += int(stepped.sum())
             # A done that ends no step is an agent that left its game before, still reporting it.
-            ended = ids[done & stepped]
+            closed = done & stepped
+            if games:
+                closed &= game_ends(env.last_info, len(ids))
+            ended = ids[closed]
+            scores = np.asarray(env.last_info[GAME_RETURN_KEY])[closed] if games and closed.any() \
+                else steps.returns[ended]
             unplayed, unplayed_returns = env.last_unplayed
-            for i, episode_return, length in zip([*ended, *unplayed], [*steps.returns[ended], *unplayed_returns],
+            for i, episode_return, length in zip([*ended, *unplayed], [*scores, *unplayed_returns],
                                                  [*steps.lengths[ended], *[0] * len(unplayed)]):
                 if finished[i] < quota[i]:
                     returns.append(float(episode_return))
                     lengths.append(int(length))
                     finished[i] += 1
-            episode_start = steps.advance(ids, done)
+            episode_start = steps.advance(ids, done, closed if games else None)
             env.send(act(act.layout.pack(obs, len(ids)), ids, episode_start, done), ids)
     finally:
         env.close()
     return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
             "episode_length_mean": float(np.mean(lengths)), "episodes": len(returns), "env_steps_played": env_steps}
+
+
+def game_ends(info, rows: int) -> np.ndarray:
+    """bool ``[rows]``: the rows of a batch whose step ended a whole game (the mask of
+    ``info["game_return"]``); none where the env reports no games."""
+    mask = info.get("_" + GAME_RETURN_KEY)
+    return np.zeros(rows, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
 
 
 def evaluate_against(cfg: Config, model: torch.nn.Module, opponent, episodes: int, deterministic: bool = False,

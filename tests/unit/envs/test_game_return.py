@@ -56,3 +56,19 @@ def test_both_atari_backends_end_a_game_after_its_last_life_with_its_whole_score
             env.send(rng.integers(env.action_space.n, size=len(ids)), ids)
     # Breakout's five lives: a lost life ends an episode and the game goes on.
     assert games_ended >= 2 and lives_ended >= 4 * games_ended
+
+
+@pytest.mark.parametrize("episodic_life", [True, False])
+def test_an_evaluation_under_episodic_life_counts_whole_games_at_their_score(episodic_life):
+    from fastrl.envs import probe_env
+    from fastrl.evaluation.episodes import evaluate_policy
+    from fastrl.models.networks import build_model
+    cfg = build_config("cartpole-appo", {"env.id": "tests.support.info_envs:Lives", "device": "cpu",
+                                         "env.kwargs": {"lives": 3, "life_length": 4, "episodic_life": episodic_life}})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    result = evaluate_policy(cfg, model, episodes=4, num_envs=2)
+    # A game: 3 lives of 4 steps, its score 10 a step. Without episodic_life a game is one episode
+    # and its return the rewards'; with it, the evaluation joins the lives and reads the score.
+    assert result["episodes"] == 4 and result["episode_length_mean"] == 12
+    assert result["episode_return_mean"] == (120.0 if episodic_life else 12.0)
