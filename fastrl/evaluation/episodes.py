@@ -147,6 +147,7 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     length the agent steps of all its lives.
     """
     games = bool(cfg.env.kwargs.get("episodic_life"))
+    lives = np.zeros(0, dtype=np.int64)  # episodes of each row's game so far (games only)
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     n = env.num_envs
@@ -165,7 +166,14 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             # A done that ends no step is an agent that left its game before, still reporting it.
             closed = done & stepped
             if games:
+                lives = lives if len(lives) else np.zeros(env.num_envs, dtype=np.int64)
+                lives[ids[closed]] += 1
                 closed &= game_ends(env.last_info, len(ids))
+                lives[ids[closed]] = 0
+                if lives.max() >= MAX_LIVES_PER_GAME:
+                    raise ConfigError(f"env.kwargs episodic_life: {cfg.env.id!r} ended {MAX_LIVES_PER_GAME} episodes "
+                                      f"without a game's end (info[{GAME_RETURN_KEY!r}]), so an evaluation of whole "
+                                      f"games would never finish; drop episodic_life, or report the game's end")
             ended = ids[closed]
             scores = np.asarray(env.last_info[GAME_RETURN_KEY])[closed] if games and closed.any() \
                 else steps.returns[ended]
@@ -182,6 +190,11 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
         env.close()
     return {"episode_return_mean": float(np.mean(returns)), "episode_return_std": float(np.std(returns)),
             "episode_length_mean": float(np.mean(lengths)), "episodes": len(returns), "env_steps_played": env_steps}
+
+
+# An Atari game has at most a few lives; far more episodes without a game's end is an env that
+# takes episodic_life but reports no games, and an evaluation counting games would never end.
+MAX_LIVES_PER_GAME = 1000
 
 
 def game_ends(info, rows: int) -> np.ndarray:

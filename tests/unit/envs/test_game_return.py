@@ -72,3 +72,18 @@ def test_an_evaluation_under_episodic_life_counts_whole_games_at_their_score(epi
     # and its return the rewards'; with it, the evaluation joins the lives and reads the score.
     assert result["episodes"] == 4 and result["episode_length_mean"] == 12
     assert result["episode_return_mean"] == (120.0 if episodic_life else 12.0)
+
+
+def test_an_env_that_takes_episodic_life_but_reports_no_games_is_refused_not_evaluated_forever(monkeypatch):
+    from fastrl.config import ConfigError
+    from fastrl.envs import probe_env
+    from fastrl.evaluation import episodes
+    from fastrl.models.networks import build_model
+    monkeypatch.setattr(episodes, "MAX_LIVES_PER_GAME", 5)
+    monkeypatch.setattr(episodes, "game_ends", lambda info, rows: np.zeros(rows, dtype=bool))
+    cfg = build_config("cartpole-appo", {"env.id": "tests.support.info_envs:Lives", "device": "cpu",
+                                         "env.kwargs": {"lives": 3, "life_length": 2, "episodic_life": True}})
+    spec = probe_env(cfg)
+    model = build_model(spec.observation_space, spec.action_space, cfg.model, algo=cfg.learner.algo)
+    with pytest.raises(ConfigError, match="ended 5 episodes without a game's end"):
+        episodes.evaluate_policy(cfg, model, episodes=2, num_envs=1)
