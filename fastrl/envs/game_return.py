@@ -39,3 +39,11 @@ class GameReturns:
         values = np.where(ended, totals[env_ids], np.nan)
         totals[env_ids[ended]] = 0.0
         return {GAME_RETURN_KEY: values, "_" + GAME_RETURN_KEY: ended}
+
+    def read(self, io, env_ids: np.ndarray, truncated: np.ndarray) -> Mapping[str, np.ndarray]:
+        """batch_info from a pool reader's ``last_game`` (game over, raw reward); empty where the
+        reader has none."""
+        if io.last_game is None:
+            return {}
+        game_over, raw_rewards = io.last_game
+        return self.batch_info(env_ids, raw_rewards, game_over, truncated)

@@ -147,10 +147,10 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
     length the agent steps of all its lives.
     """
     games = bool(cfg.env.kwargs.get("episodic_life"))
-    lives = np.zeros(0, dtype=np.int64)  # episodes of each row's game so far (games only)
     if env is None:
         env = make_episode_env(cfg, min(episodes, num_envs), seed)
     n = env.num_envs
+    lives = np.zeros(n, dtype=np.int64)  # episodes of each row's game so far (games only)
     quota = np.full(n, episodes // n) + (np.arange(n) < episodes % n)
     act = PolicyActions(cfg, model, env, deterministic, device)
     steps = EpisodeSteps(env, keep_going, after_recv)
@@ -166,7 +166,6 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, episodes: int, determin
             # A done that ends no step is an agent that left its game before, still reporting it.
             closed = done & stepped
             if games:
-                lives = lives if len(lives) else np.zeros(env.num_envs, dtype=np.int64)
                 lives[ids[closed]] += 1
                 closed &= game_ends(env.last_info, len(ids))
                 lives[ids[closed]] = 0

@@ -277,10 +277,8 @@ class EnvpoolSplitVecEnv(SplitVecEnv):
     def _recv_split(self, split: int) -> Batch:
         io = self._io[split]
         batch = io.recv()
-        if self._games is not None and io.last_game is not None:
-            game_over, raw_rewards = io.last_game
-            self.last_info = self._games.batch_info(batch[4] + split * self.batch_size, raw_rewards, game_over,
-                                                    batch[3])
+        if self._games is not None:
+            self.last_info = self._games.read(io, batch[4] + split * self.batch_size, batch[3])
         return batch
 
     def render_game(self, env: int = 0) -> np.ndarray:
@@ -339,9 +337,8 @@ class EnvpoolAsync(VecEnv):
         obs, rewards, terminated, truncated, env_ids = self._io.recv()
         self._in_flight -= self.batch_size
         self._awaiting[env_ids] = True
-        if self._games is not None and self._io.last_game is not None:
-            game_over, raw_rewards = self._io.last_game
-            self.last_info = self._games.batch_info(env_ids, raw_rewards, game_over, truncated)
+        if self._games is not None:
+            self.last_info = self._games.read(self._io, env_ids, truncated)
         return as_batch(obs, rewards, terminated, truncated, env_ids)
 
     def render_game(self, env: int = 0) -> np.ndarray:
