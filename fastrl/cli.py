@@ -114,12 +114,19 @@ def train_main(argv=None) -> int:
 
         write_best_effort(sys.stdout, list_keys())
         return 0
-    made_dir = None
+    made_dir, started_server = None, False
     try:
         from .files.run_dir import RunDirError, default_run_dir, first_missing, remove_unused_run_dir
-        from .run.training import train
 
         cfg = resolve_train_config(args)
+        if not cfg.serial:
+            # The fork server's imports (torch, numba, envpool: ~3 s) overlap this process's own
+            # import of torch below instead of following it: the run's first env step comes ~2 s sooner.
+            from .ipc.start import child_context, fork_server_running
+            started_server = not fork_server_running()
+            child_context()
+        from .run.training import train
+
         if args.run_dir:
             run_dir = Path(args.run_dir)  # train() removes what it makes of it on a refusal
         else:
@@ -130,6 +137,9 @@ def train_main(argv=None) -> int:
     except (*_user_errors(), RunDirError) as exc:
         if made_dir is not None:
             remove_unused_run_dir(made_dir, made_from)
+        if started_server:
+            from .ipc.start import stop_fork_server
+            stop_fork_server()
         return _fail("fastrl-train", exc)
     final = result.final
     summary = {"run_dir": str(run_dir), "env_steps": final.get("env_steps"),

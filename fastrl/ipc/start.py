@@ -45,6 +45,25 @@ def child_context():
     return ctx
 
 
+def fork_server_running() -> bool:
+    return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+
+
+def stop_fork_server() -> None:
+    """Stop this process's fork server at once, its imports finished or not, so that a command
+    refused after starting it (fastrl-train) leaves no process behind. Only once no child of it is
+    left; a no-op where none runs."""
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)  # it ignores SIGTERM (child_context), and would finish its imports first
+    except ProcessLookupError:
+        pass
+    server._stop()  # reaps it and removes its socket
+
+
 def child_process(ctx, target, name: str, args: tuple, daemon: bool | None = None):
     """A Process of ``ctx`` that runs ``target(*args)`` in the runner's current environment."""
     return ctx.Process(target=_in_environment, name=name, args=(dict(os.environ), target, args), daemon=daemon)
