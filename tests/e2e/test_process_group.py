@@ -52,7 +52,8 @@ def test_two_dqn_ranks_take_the_same_gradient_steps(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "fastrl.cli", "--profile", "cartpole-dqn", "--run-dir", str(run_dir), "--quiet",
            "--train-for-env-steps", "30000", "--set", "device=cpu", "--set", "env.num_workers=1",
-           "--set", "learner.batch_size=512", "--set", "replay.min_fill=2000", "--set", "report_every_s=1"]
+           "--set", "learner.batch_size=512", "--set", "replay.min_fill=2000", "--set", "replay.replay_ratio=2",
+           "--set", "report_every_s=1"]  # ratio 2: hundreds of gradient steps, not thousands
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     state = load_checkpoint(list_checkpoints(run_dir)[-1])
