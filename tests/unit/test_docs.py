@@ -79,7 +79,7 @@ def test_the_readme_gives_two_set_up_commands_and_ci_runs_its_test_command():
     assert train == "pip install torch==2.13.0 -e . && fastrl-train --profile cartpole-appo"
     install, _, command = test.partition(" && ")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert ci[-1] == command == "python -m pytest -q -n 2 tests"
+    assert ci[-1] == command == "python -m pytest -q -n 3 --dist worksteal tests"
     extras = re.search(r"-e '(\.\[[\w,]+\])'", install)[1]
     assert any(line.startswith("pip install") and f"-e '{extras}'" in line for line in ci)
 
