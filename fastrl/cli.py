@@ -107,6 +107,13 @@ def resolve_train_config(args):
     return cfg
 
 
+def _stop_fork_server(started_here: bool) -> None:
+    """Stop the fork server train_main started for a run that is not going to happen."""
+    if started_here:
+        from .ipc.start import stop_fork_server
+        stop_fork_server()
+
+
 def train_main(argv=None) -> int:
     args = train_parser().parse_args(argv)
     if args.list_keys:
@@ -122,9 +129,10 @@ def train_main(argv=None) -> int:
         if not cfg.serial:
             # The fork server's imports (torch, numba, envpool: ~3 s) overlap this process's own
             # import of torch below instead of following it: the run's first env step comes ~2 s sooner.
-            from .ipc.start import child_context, fork_server_running
-            started_server = not fork_server_running()
+            from .ipc.start import child_context, fork_server_pid
+            running = fork_server_pid()
             child_context()
+            started_server = fork_server_pid() != running
         from .run.training import train
 
         if args.run_dir:
@@ -134,12 +142,13 @@ def train_main(argv=None) -> int:
             made_from = first_missing(runs_root)
             run_dir = made_dir = default_run_dir(args.profile, runs_root)
         result = train(cfg, run_dir=run_dir, resume=args.resume, quiet=args.quiet, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        _stop_fork_server(started_server)
+        raise
     except (*_user_errors(), RunDirError) as exc:
         if made_dir is not None:
             remove_unused_run_dir(made_dir, made_from)
-        if started_server:
-            from .ipc.start import stop_fork_server
-            stop_fork_server()
+        _stop_fork_server(started_server)
         return _fail("fastrl-train", exc)
     final = result.final
     summary = {"run_dir": str(run_dir), "env_steps": final.get("env_steps"),

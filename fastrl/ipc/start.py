@@ -15,6 +15,7 @@ A child takes the runner's environment as it is when the child starts, not the s
 variable set between two runs (CUDA_VISIBLE_DEVICES, the collectives' interfaces) reaches it."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -45,23 +46,23 @@ def child_context():
     return ctx
 
 
-def fork_server_running() -> bool:
-    return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+def fork_server_pid() -> int | None:
+    """The pid of this process's fork server, None where none was started (or it was stopped)."""
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def stop_fork_server() -> None:
     """Stop this process's fork server at once, its imports finished or not, so that a command
-    refused after starting it (fastrl-train) leaves no process behind. Only once no child of it is
-    left; a no-op where none runs."""
+    refused after starting it (fastrl-train) leaves no process behind. A no-op where none runs, and
+    where a child forked from it still runs: the server is the parent that reaps it."""
     server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid is None:
+    pid = fork_server_pid()
+    if pid is None or multiprocessing.active_children():
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)  # it ignores SIGTERM (child_context), and would finish its imports first
-    except ProcessLookupError:
-        pass
-    server._stop()  # reaps it and removes its socket
+    with contextlib.suppress(OSError):
+        server._stop()  # reaps it and removes its socket (CPython 3.10-3.13 name it so)
 
 
 def child_process(ctx, target, name: str, args: tuple, daemon: bool | None = None):

@@ -10,18 +10,17 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
 
 
-def test_a_fork_server_stopped_in_its_imports_is_gone_and_reaped_at_once():
+def test_a_fork_server_stopped_at_once_is_gone_and_reaped():
     done = run_python("""
-        import multiprocessing.forkserver as forkserver
         import psutil
-        from fastrl.ipc.start import child_context, fork_server_running, stop_fork_server
+        from fastrl.ipc.start import child_context, fork_server_pid, stop_fork_server
 
-        assert not fork_server_running()
+        assert fork_server_pid() is None
         child_context()  # returns at once: the server imports torch, numba and envpool for seconds
-        pid = forkserver._forkserver._forkserver_pid
-        assert fork_server_running() and psutil.Process(pid).ppid() == psutil.Process().pid
+        pid = fork_server_pid()
+        assert psutil.Process(pid).ppid() == psutil.Process().pid
         stop_fork_server()
-        assert not fork_server_running() and not psutil.pid_exists(pid)  # killed, and reaped: no zombie
+        assert fork_server_pid() is None and not psutil.pid_exists(pid)  # killed, and reaped: no zombie
         stop_fork_server()  # a no-op once none runs
         print("ok")
         """)
@@ -33,7 +32,6 @@ def test_a_refused_fastrl_train_stops_the_fork_server_it_started_before_it_exits
     # has imported torch, the fork server started before that still importing or just done.
     (tmp_path / "config.toml").write_text("")
     done = run_python(f"""
-        import multiprocessing.forkserver as forkserver
         import psutil
         from fastrl.cli import train_main
         from fastrl.ipc import start
@@ -42,13 +40,14 @@ def test_a_refused_fastrl_train_stops_the_fork_server_it_started_before_it_exits
         original = start.child_context
         def child_context():
             ctx = original()
-            started.append(forkserver._forkserver._forkserver_pid)
+            started.append(start.fork_server_pid())
             return ctx
         start.child_context = child_context
         assert train_main(["--run-dir", {str(tmp_path)!r}, "--quiet"]) == 2
-        (pid,) = set(started)  # train() asks again for the server fastrl-train started
-        assert not start.fork_server_running() and not psutil.pid_exists(pid)
+        pid = started[0]  # train() may ask again for the server fastrl-train started
+        assert set(started) == {{pid}} and start.fork_server_pid() is None and not psutil.pid_exists(pid)
         print("ok")
         """)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
-    assert "already holds a run" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    # The last line: the server shares stderr, and may have warned while it imported.
+    assert "already holds a run" in done.stderr.strip().splitlines()[-1], done.stderr
