@@ -1,6 +1,6 @@
-"""fastrl.ipc.start: the fork server a run's children come from, and its stop when fastrl-train
-is refused after starting it. Each case runs in its own interpreter: this one's fork server serves
-the other tests' runs."""
+"""fastrl.ipc.start's fork server and its stop when fastrl-train is refused after starting it, in
+fresh interpreters: this one's fork server serves the other tests' runs, and a unit test starts no
+process of fastrl's."""
 import subprocess
 import sys
 import textwrap
