@@ -128,7 +128,7 @@ def train_main(argv=None) -> int:
         cfg = resolve_train_config(args)
         if not cfg.serial:
             # The fork server's imports (torch, numba, envpool: ~3 s) overlap this process's own
-            # import of torch below instead of following it: the run's first env step comes ~2 s sooner.
+            # import of torch below instead of following it: a short run ends 1.4-2.3 s sooner alone on 2 cores.
             from .ipc.start import child_context, fork_server_pid
             running = fork_server_pid()
             child_context()
