@@ -108,7 +108,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weight_seq", (K, 2), "<i8"),
         ArraySpec("weight_version", (K,), "<i8"),
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
-        ArraySpec("control", (8,), "<i8"),  # see Control
+        ArraySpec("control", (11,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
@@ -143,11 +143,33 @@ class Control:
     # Stamped by the learner (time.time() in ms) as it writes a replay: a stopping runner waits past
     # its grace while the stamps keep coming (fastrl.run.supervisor.stop_processes).
     SAVE_BEAT_MS = 7
+    # A single node's step budget (train_for_env_steps with the resumed steps; 0: none), set by the
+    # runner: a worker that sees the run's env steps reach it stops stepping (RolloutWorker.recv_batch),
+    # so a run takes the steps it was given, not as many more as fit before the runner's next check
+    # (every 0.25 s: 216K CartPole steps past a budget of 2,560, measured).
+    BUDGET_ENV_STEPS = 8
+    # The learner's waits for full slots (fastrl.learner.process.FullSlots.receive): how many began,
+    # and while one lasts, 1 + the full slots it holds that make no batch (0: not waiting). Past
+    # the step budget the runner stops once the learner is waiting with every emitted slot
+    # in hand (learner_caught_up): the budget's last batches are trained on, not dropped.
+    LEARNER_WAITS = 9
+    LEARNER_IDLE_QUEUED = 10
 
 
 def total_env_steps(arena) -> int:
     """Env steps of this rank's workers, with the steps done before a resume."""
     return int(arena.env_steps.sum() + arena.control[Control.ENV_STEPS_OFFSET])
+
+
+def learner_caught_up(arena) -> bool:
+    """Whether the learner waits for full slots while holding every slot the workers emitted: no
+    batch is left for it to train on until workers step again (Control.LEARNER_WAITS). Read
+    around the sum, so a wait that ended meanwhile never counts."""
+    control = arena.control
+    waits, idle = int(control[Control.LEARNER_WAITS]), int(control[Control.LEARNER_IDLE_QUEUED])
+    queued = int(arena.slot_queued.sum())
+    same_wait = waits == int(control[Control.LEARNER_WAITS]) and idle == int(control[Control.LEARNER_IDLE_QUEUED])
+    return same_wait and idle > 0 and queued == idle - 1
 
 
 def new_episodes(arena, seen: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

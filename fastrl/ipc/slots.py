@@ -196,6 +196,10 @@ class PolicyQueues:
         for p in np.unique(policies):
             self.queues[p].put(slot_ids[policies == p])
 
+    def queued(self) -> int:
+        """Full slots held in the queues, not yet taken in a batch."""
+        return sum(len(q.queue) for q in self.queues)
+
     def next_batch(self) -> tuple[int, np.ndarray] | None:
         """(policy, its ``[batch_size]`` oldest queued ids) from the first queue in turn that holds a
         batch, or None while none does."""

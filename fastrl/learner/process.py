@@ -99,9 +99,16 @@ class FullSlots:
         return batch
 
     def receive(self) -> None:
-        """Block until a worker sends full slot ids (or the wait times out); queue all that came."""
-        with self.timers.time("wait_s"):
-            ready = self.pipes.wait(self.arena.control)
+        """Block until a worker sends full slot ids (or the wait times out); queue all that came.
+        The wait is marked in the arena (Control.LEARNER_WAITS) for the runner's end of the budget."""
+        control = self.arena.control
+        control[Control.LEARNER_WAITS] += 1
+        control[Control.LEARNER_IDLE_QUEUED] = 1 + self.full.queued()
+        try:
+            with self.timers.time("wait_s"):
+                ready = self.pipes.wait(control)
+        finally:
+            control[Control.LEARNER_IDLE_QUEUED] = 0
         while ready:
             for conn in ready:
                 self.full.put(slot_ids_from(conn.recv_bytes()))

@@ -13,15 +13,16 @@ Process layout of one node::
 from __future__ import annotations
 
 import signal
+import time
 
 from ..distributed import process_group as distributed
 from ..evaluation.evaluator import EvalResults, evaluator_process
-from ..ipc.arena import Arena, Control, get_error
+from ..ipc.arena import Arena, Control, get_error, learner_caught_up
 from ..ipc.child import make_channels
 from ..ipc.start import child_context, child_process
 from ..learner import learner_process
 from ..reporting.console import Console
-from ..reporting.metrics import MetricsWriteError, Reporter
+from ..reporting.metrics import STAT, MetricsWriteError, Reporter
 from ..sampling.batcher import inference_process
 from ..sampling.rollout_worker import rollout_process
 from ..tuning.pbt import info_due_env_steps
@@ -52,6 +53,9 @@ def run_parallel(plan: RunPlan, console: Console) -> RunResult:
     late_error = ""
     try:
         arena = plan.new_arena(shared=True)
+        if not dist_info.enabled:
+            # Ranks stop together at an agreed report instead (Reporter.report).
+            arena.control[Control.BUDGET_ENV_STEPS] = cfg.train_for_env_steps
         eval_results = EvalResults(arena, cfg.eval.opponents, cfg.pbt.population, cfg.best_by_opponents)
         supervisor = _supervised_children(plan, child_context(), arena, console)
         previous.update({sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)})
@@ -164,8 +168,9 @@ def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Repor
     """Watch the children and report every ``report_every_s`` until the budget is spent (with
     several ranks: until they agree to stop, or ``watch`` finds that one went away)."""
     distributed_run = plan.dist_info.enabled
+    budget_end = _BudgetEnd(supervisor.arena, supervisor.console)
     while True:
-        if not distributed_run and reporter.budget_reached():
+        if not distributed_run and budget_end.reached(reporter):
             return
         supervisor.watch(timeout=min(0.25, reporter.seconds_to_report()))
         if watch is not None and watch.lost:
@@ -175,6 +180,42 @@ def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Repor
             # Distributed: every rank leaves at the same report, on the same aggregated figures.
             if distributed_run and reporter.stop_agreed:
                 return
+
+
+# How long the end of a step budget waits for a learner that neither trains, nor waits for slots,
+# nor writes its replay (one still loading its model, or stuck in an update) before the run stops
+# without the last batches.
+BUDGET_END_PATIENCE_S = 120.0
+
+
+class _BudgetEnd:
+    """Past the step budget the workers step no more (Control.BUDGET_ENV_STEPS), and the run waits
+    for the learner to train on the full slots they sent: a short run would otherwise end before
+    the learner, still loading, took any. A time budget, a signal or ``stop_when`` ends the run
+    at once; a learner that makes no progress for BUDGET_END_PATIENCE_S ends it with a notice."""
+
+    def __init__(self, arena: Arena, console: Console):
+        self.arena = arena
+        self.console = console
+        self.progress: tuple[int, int, float] | None = None
+        self.since = 0.0
+
+    def reached(self, reporter: Reporter) -> bool:
+        if not reporter.budget_reached():
+            return False
+        if reporter.time_up() or reporter.stop_asked or learner_caught_up(self.arena):
+            return True
+        arena, now = self.arena, time.monotonic()
+        progress = (int(arena.control[Control.LEARNER_WAITS]), int(arena.control[Control.SAVE_BEAT_MS]),
+                    float(arena.learner_stats[:, STAT["learner_updates"]].sum()))
+        if progress != self.progress:
+            self.progress, self.since = progress, now
+            return False
+        if now - self.since < BUDGET_END_PATIENCE_S:
+            return False
+        self.console.notice(f"[fastrl] the learner neither trained nor took slots for {BUDGET_END_PATIENCE_S:.0f} s "
+                            f"after the step budget was spent: stopping without its last batches")
+        return True
 
 
 def _close_quietly(reporter: Reporter) -> None:

@@ -17,8 +17,8 @@ import numpy as np
 from ..config import Config
 from ..envs import ImageOptions, make_vec_env
 from ..envs.spaces import ObsLayout
-from ..ipc.arena import Arena, set_error
-from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
+from ..ipc.arena import Arena, Control, set_error, total_env_steps
+from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child, wait_for_stop
 from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from ..multiagent.league import SelfPlaySeats
 from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
@@ -42,6 +42,7 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.env = env
         self.arena = arena
+        self.control = arena.control
         self.rollout = cfg.learner.rollout
         E = cfg.env.envs_per_worker
         self.take_free_slots = take_free_slots
@@ -109,6 +110,11 @@ class RolloutWorker:
         # learner's backpressure.
         slot_wait = timings[WorkerTiming.WAIT_SLOTS] - slot_wait_before
         timings[WorkerTiming.OBS_COPY] += time.perf_counter() - stepped - slot_wait
+        budget = self.control[Control.BUDGET_ENV_STEPS]
+        if budget and total_env_steps(self.arena) >= budget:
+            # The run's steps are spent (its full slots are sent): step no more, wait for the stop
+            # the runner gives once the learner has trained on them.
+            wait_for_stop(self.control)
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
         return request

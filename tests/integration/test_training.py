@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fastrl.config import build_config
-from fastrl.files.checkpoint import list_checkpoints
+from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.run.training import train
 from tests.support.training import assert_all_exited, read_metrics
 
@@ -99,6 +99,25 @@ def test_sample_only_mode_steps_envs_without_training(tmp_path):
     result = train(cfg, run_dir=tmp_path, quiet=True)
     assert result.final["env_steps"] >= 200_000
     assert result.final["learner_updates"] == 0
+
+def test_a_step_budget_ends_with_its_steps_and_their_full_batches_trained(tmp_path):
+    """Workers stop stepping at the budget, not a quarter of a second of budget checks later, and
+    the run ends once the learner has trained on the full slots they sent: CartPole spends the
+    budget in a fraction of the time the learner takes to load."""
+    workers, envs, rollout, batch = 2, 16, 8, 256
+    budget = 10 * workers * envs * rollout
+    cfg = build_config("cartpole-appo", {"device": "cpu", "env.num_workers": workers, "env.envs_per_worker": envs,
+                                         "env.num_splits": 2, "learner.rollout": rollout, "learner.batch_size": batch,
+                                         "train_for_env_steps": budget, "report_every_s": 0.2})
+    result = train(cfg, run_dir=tmp_path, quiet=True)
+    steps = result.final["env_steps"]
+    assert budget <= steps < budget + workers * envs  # a worker records at most one batch past it
+    trained = load_checkpoint(list_checkpoints(tmp_path)[-1])["counters"]["trained_env_steps"]
+    # Left untrained: the slots the envs were filling, and full ones short of a batch.
+    assert steps - workers * envs * rollout - batch < trained <= steps
+    assert result.final["learner_updates"] == trained // batch
+    assert_all_exited(tmp_path)
+
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(cartpole_run, tmp_path):
     import shutil

@@ -1,12 +1,14 @@
 """The slot protocol (fastrl.ipc.slots): the request byte, the free and full queues in one process, and
 the same protocol over the pipes of a run."""
+import threading
+import time
 from multiprocessing import Pipe
 
 import numpy as np
 import pytest
 
 from fastrl.config import ConfigError, build_config
-from fastrl.ipc.arena import Arena, trajectory_layout
+from fastrl.ipc.arena import Arena, Control, learner_caught_up, trajectory_layout
 from fastrl.ipc.child import WorkerChannels
 from fastrl.ipc.slots import (
     MAX_SPLITS,
@@ -129,3 +131,36 @@ def test_slots_go_round_over_the_pipes_of_a_run():
     assert not arena.slot_queued.any()
     assert workers[1].take(2).tolist() == [8, 6]  # it had none spare: the release came through its free pipe
     assert workers[0].take(PER_WORKER).tolist() == list(range(PER_WORKER))  # nothing of worker 1's came to 0
+
+
+def test_the_learner_is_caught_up_only_while_it_waits_holding_every_emitted_slot():
+    """What the runner waits for past the step budget (fastrl.run.parallel): the learner blocked for
+    more full slots, with none left in a pipe."""
+    cfg = build_config("cartpole-appo", {"env.num_workers": WORKERS, "env.envs_per_worker": ENVS,
+                                         "slots_per_env": SLOTS_PER_ENV, "learner.rollout": 4,
+                                         "learner.batch_size": 8})
+    arena = small_arena()
+    full = [Pipe(duplex=False) for _ in range(WORKERS)]
+    free = [Pipe(duplex=False) for _ in range(WORKERS)]
+    learner = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), Timers("wait_s"))
+    worker = worker_slots(cfg, arena, 1, WorkerChannels(None, None, full[1][1], free[1][0]))
+    worker.take(PER_WORKER)
+    worker.emit(np.array([8], np.int32))
+    assert not learner_caught_up(arena)  # not waiting, and slot 8 is in the pipe
+    assert learner.next_batch() is None  # it took slot 8 in: half a batch
+    assert not learner_caught_up(arena) and arena.control[Control.LEARNER_IDLE_QUEUED] == 0
+
+    found = []
+    waiting = threading.Thread(target=lambda: found.append(learner.next_batch()))
+    waiting.start()  # waits for the pipes' timeout: nothing more comes
+    while waiting.is_alive() and not learner_caught_up(arena):
+        time.sleep(0.002)
+    caught_up = learner_caught_up(arena)
+    waiting.join()
+    assert caught_up and found == [None] and not learner_caught_up(arena)
+
+    # Waiting, but a slot is still in a pipe: the learner has a batch to come.
+    arena.control[Control.LEARNER_IDLE_QUEUED] = 1 + 1
+    worker.emit(np.array([6], np.int32))
+    assert not learner_caught_up(arena)
+    assert learner.next_batch()[1].tolist() == [8, 6]

@@ -1,0 +1,74 @@
+"""The end of a step budget (fastrl.run.parallel._BudgetEnd): the run waits for the learner to train
+on the budget's full slots, and not for ever on a learner that does nothing."""
+import numpy as np
+
+from fastrl.ipc.arena import Arena, Control, trajectory_layout
+from fastrl.reporting.metrics import STAT
+from fastrl.run import parallel
+
+
+class FakeReporter:
+    def __init__(self):
+        self.steps_spent, self.time_is_up, self.stop_asked = True, False, False
+
+    def budget_reached(self):
+        return self.steps_spent or self.time_is_up or self.stop_asked
+
+    def time_up(self):
+        return self.time_is_up
+
+
+class Notices:
+    def __init__(self):
+        self.lines = []
+
+    def notice(self, line):
+        self.lines.append(line)
+
+
+def arena() -> Arena:
+    return Arena(trajectory_layout(num_slots=4, rollout=4, obs_shape=(1,), obs_dtype=np.float32, action_shape=(),
+                                   action_dtype=np.int64, num_workers=1, envs_per_worker=2, num_splits=1,
+                                   num_weights=1), shared=False)
+
+
+def test_the_run_ends_once_the_learner_waits_with_every_emitted_slot():
+    a, reporter, notices = arena(), FakeReporter(), Notices()
+    end = parallel._BudgetEnd(a, notices)
+    a.slot_queued[[0, 2]] = 1
+    reporter.steps_spent = False
+    assert not end.reached(reporter)
+    reporter.steps_spent = True
+    assert not end.reached(reporter)  # the learner is not waiting
+    a.control[Control.LEARNER_IDLE_QUEUED] = 1 + 1  # waiting, holding one of the two
+    assert not end.reached(reporter)
+    a.control[Control.LEARNER_IDLE_QUEUED] = 1 + 2
+    assert end.reached(reporter) and not notices.lines
+
+
+def test_a_time_budget_or_a_stop_ends_the_run_without_waiting_for_the_learner():
+    a, reporter = arena(), FakeReporter()
+    reporter.steps_spent, reporter.time_is_up = False, True
+    assert parallel._BudgetEnd(a, Notices()).reached(reporter)
+    reporter.time_is_up, reporter.stop_asked = False, True
+    assert parallel._BudgetEnd(a, Notices()).reached(reporter)
+
+
+def test_a_learner_that_does_nothing_past_the_budget_is_waited_for_a_while_then_named(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(parallel.time, "monotonic", lambda: clock[0])
+    a, reporter, notices = arena(), FakeReporter(), Notices()
+    end = parallel._BudgetEnd(a, notices)
+    patience = parallel.BUDGET_END_PATIENCE_S
+    assert not end.reached(reporter)
+    clock[0] += patience - 1
+    a.learner_stats[0, STAT["learner_updates"]] += 1  # it trained: the patience starts again
+    assert not end.reached(reporter)
+    clock[0] += patience - 1
+    assert not end.reached(reporter)
+    a.control[Control.LEARNER_WAITS] += 1  # it began a wait (a slot still in a pipe)
+    assert not end.reached(reporter)
+    clock[0] += patience + 1
+    assert end.reached(reporter)
+    assert notices.lines == [f"[fastrl] the learner neither trained nor took slots for {patience:.0f} s after the "
+                             f"step budget was spent: stopping without its last batches"]
