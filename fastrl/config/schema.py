@@ -540,9 +540,10 @@ class Config:
                                "is visible")
     seed: int = declare(0, allowed=Range(0, 2**32 - 1), help="seeds envs, networks and samplers (numpy takes 32 bits)")
     train_for_env_steps: int = declare(1_000_000, allowed=NON_NEGATIVE,
-                                       help="stop at this many env steps, a resumed run's earlier ones included (the "
-                                            "workers stop there; the learner trains on the batches they filled); "
-                                            "0 = no step limit")
+                                       help="stop at this many env steps, a resumed run's earlier ones included (on "
+                                            "one node the workers stop there and the learner trains on the "
+                                            "batches they filled; several ranks stop at the first report past "
+                                            "it); 0 = no step limit")
     train_for_seconds: float = declare(0.0, allowed=SECONDS_OR_OFF, help="stop after this many seconds of training; "
                                                                          "0 = no time limit")
     slots_per_env: int = declare(3, allowed=Range(2, 256),

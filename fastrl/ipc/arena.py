@@ -97,6 +97,8 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("request_envs", (W, S, b), "<i4"),  # env ids of each outstanding request
         ArraySpec("env_actor", (W, E), "<i2"),  # the weight set acting for the env row (a policy or a snapshot)
         ArraySpec("env_steps", (W,), "<i8"),
+        # 1: the worker stepped past the step budget and steps no more (Control.BUDGET_ENV_STEPS)
+        ArraySpec("worker_parked", (W,), "|u1"),
         ArraySpec("episode_return", (W, EPISODE_RING), "<f8"),
         ArraySpec("episode_length", (W, EPISODE_RING), "<i8"),
         ArraySpec("episode_actor", (W, EPISODE_RING), "<i2"),  # the weight set that played the episode
@@ -108,7 +110,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weight_seq", (K, 2), "<i8"),
         ArraySpec("weight_version", (K,), "<i8"),
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
-        ArraySpec("control", (11,), "<i8"),  # see Control
+        ArraySpec("control", (12,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
@@ -144,21 +146,30 @@ class Control:
     # its grace while the stamps keep coming (fastrl.run.supervisor.stop_processes).
     SAVE_BEAT_MS = 7
     # A single node's step budget (train_for_env_steps with the resumed steps; 0: none), set by the
-    # runner: a worker that sees the run's env steps reach it stops stepping (RolloutWorker.recv_batch),
-    # so a run takes the steps it was given, not as many more as fit before the runner's next check
-    # (every 0.25 s: 216K CartPole steps past a budget of 2,560, measured).
+    # runner. A worker that sees the run's env steps reach it steps no more (budget_spent; it
+    # marks itself in arena.worker_parked), so a run takes the steps it was given, not as many
+    # more as fit before the runner's next check (every 0.25 s: 216K CartPole steps past a budget
+    # of 2,560, measured).
     BUDGET_ENV_STEPS = 8
     # The learner's waits for full slots (fastrl.learner.process.FullSlots.receive): how many began,
-    # and while one lasts, 1 + the full slots it holds that make no batch (0: not waiting). Past
-    # the step budget the runner stops once the learner is waiting with every emitted slot
-    # in hand (learner_caught_up): the budget's last batches are trained on, not dropped.
+    # and while one lasts, 1 + the full slots it holds that make no batch (0: not waiting, or
+    # holding a batch it has not trained on). Past the step budget the runner stops once every
+    # worker is parked and the learner waits with every emitted slot in hand (learner_caught_up):
+    # the budget's last batches are trained on, not dropped.
     LEARNER_WAITS = 9
     LEARNER_IDLE_QUEUED = 10
+    LEARNER_SLOTS_IN = 11  # full slot ids the learner has received: its progress past the budget
 
 
 def total_env_steps(arena) -> int:
     """Env steps of this rank's workers, with the steps done before a resume."""
     return int(arena.env_steps.sum() + arena.control[Control.ENV_STEPS_OFFSET])
+
+
+def budget_spent(arena) -> bool:
+    """Whether the run's env steps reached the step budget the runner set (Control.BUDGET_ENV_STEPS)."""
+    budget = arena.control[Control.BUDGET_ENV_STEPS]
+    return bool(budget) and total_env_steps(arena) >= budget
 
 
 def learner_caught_up(arena) -> bool:

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import select
 import signal
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
@@ -115,14 +114,6 @@ def check_alive(control) -> None:
         raise ProcessExit
     if not runner_alive():
         raise ProcessExit
-
-
-def wait_for_stop(control) -> None:
-    """Block until the run stops (ProcessExit), looking every WAIT_TIMEOUT_S: for a process with
-    nothing left to do before then (a rollout worker past the step budget)."""
-    while True:
-        time.sleep(WAIT_TIMEOUT_S)
-        check_alive(control)
 
 
 class ReadablePipes:

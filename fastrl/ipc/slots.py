@@ -118,6 +118,8 @@ class WorkerSlots:
         waited = time.perf_counter()
         self.receive(self, False)
         while len(self.spare) < n:
+            # A worker past the step budget whose slots all wait in the learner's unfinished batch
+            # would wait here for ever: the receive parks it (fastrl.sampling.rollout_worker).
             self.receive(self, True)
         self.wait_seconds[0] += time.perf_counter() - waited
         spare = self.spare
@@ -128,6 +130,14 @@ class WorkerSlots:
         self.slot_queued[slot_ids] = 1
         self.held.difference_update(slot_ids.tolist())
         self.send_full(slot_ids)
+
+    def park(self, parked: np.ndarray) -> None:
+        """Past the step budget: mark this worker in ``parked`` ``[1]`` and take the learner's releases
+        until the run stops (``receive`` ends the wait then: ProcessExit), so that the learner is
+        never blocked on a full free pipe while it trains on what the workers sent."""
+        parked[0] = 1
+        while True:
+            self.receive(self, True)
 
     def returned(self, slot_ids: np.ndarray) -> None:
         """Released slots back into the free queue (an id held already is not added twice)."""

@@ -129,6 +129,10 @@ class PolicyRuntimes:
         for runtime in self.runtimes:
             runtime.flush(progress)
 
+    def holds_batch(self) -> bool:
+        """Whether a policy's device path holds a gathered batch it has not trained on (see flush)."""
+        return any(runtime.holds_batch() for runtime in self.runtimes)
+
     def checkpoint_due(self) -> bool:
         return self.first.checkpoint_due()
 

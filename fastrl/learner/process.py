@@ -88,22 +88,25 @@ class FullSlots:
                                  drop_untrained=cfg.selfplay.enabled)
         self.release = self.full.release
 
-    def next_batch(self) -> tuple[int, np.ndarray] | None:
+    def next_batch(self, idle: bool = True) -> tuple[int, np.ndarray] | None:
         """(policy, the ids ``[trajectories_per_batch]`` int64 of its next batch's slots, oldest
         first). With no batch queued, first waits for workers to send more (``wait_s``;
-        ProcessExit when the run stops meanwhile): None when the wait ended without one."""
+        ProcessExit when the run stops meanwhile): None when the wait ended without one.
+        ``idle``: the learner has nothing else to train on meanwhile (see receive)."""
         batch = self.full.next_batch()
         if batch is None:
-            self.receive()
+            self.receive(idle)
             batch = self.full.next_batch()
         return batch
 
-    def receive(self) -> None:
+    def receive(self, idle: bool = True) -> None:
         """Block until a worker sends full slot ids (or the wait times out); queue all that came.
-        The wait is marked in the arena (Control.LEARNER_WAITS) for the runner's end of the budget."""
+        The wait is marked in the arena for the runner's end of the step budget (Control.LEARNER_WAITS):
+        with ``idle`` (no batch held untrained) as one in which the learner has caught up."""
         control = self.arena.control
         control[Control.LEARNER_WAITS] += 1
-        control[Control.LEARNER_IDLE_QUEUED] = 1 + self.full.queued()
+        if idle:
+            control[Control.LEARNER_IDLE_QUEUED] = 1 + self.full.queued()
         try:
             with self.timers.time("wait_s"):
                 ready = self.pipes.wait(control)
@@ -111,7 +114,9 @@ class FullSlots:
             control[Control.LEARNER_IDLE_QUEUED] = 0
         while ready:
             for conn in ready:
-                self.full.put(slot_ids_from(conn.recv_bytes()))
+                slot_ids = slot_ids_from(conn.recv_bytes())
+                control[Control.LEARNER_SLOTS_IN] += len(slot_ids)
+                self.full.put(slot_ids)
             ready = self.pipes.ready()
 
 
@@ -152,7 +157,8 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
     runtime.publish()
     try:
         while True:
-            batch = slots.next_batch()
+            holding = runtime.holds_batch()
+            batch = slots.next_batch(idle=not holding)
             if batch is not None:
                 policy, slot_ids = batch
                 # Checked before every batch: queued batches could outlast the shutdown grace.
@@ -161,6 +167,11 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                     raise ProcessExit
                 runtime.consume(policy, slot_ids, slots.release, progress)
                 stopping.after_batch(learners[policy])
+            elif holding and not parallel:
+                # The device path holds the batch it gathered last until the next one comes: with
+                # none coming it trains on it now (the end of a step budget waits for that). Ranks
+                # train only on the batches they agreed on.
+                runtime.flush(runtime.progress())
             if runtime.checkpoint_due():
                 runtime.checkpoint()
     except ProcessExit:

@@ -118,6 +118,10 @@ class LearnerRuntime:
             ready = self.feed.arrived(gathered)
         return stats if ready is None else self.train(ready, progress)
 
+    def holds_batch(self) -> bool:
+        """Whether the device path holds a gathered batch it has not trained on (see flush)."""
+        return self.feed.waiting is not None
+
     def flush(self, progress: float | None = None) -> dict:
         """Train on the batch the device path still holds (gathered, released, not yet trained
         on), so that a run's last batch is not lost at its end; {} when none is held."""

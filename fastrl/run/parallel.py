@@ -182,39 +182,43 @@ def _supervise_until_done(plan: RunPlan, supervisor: Supervisor, reporter: Repor
                 return
 
 
-# How long the end of a step budget waits for a learner that neither trains, nor waits for slots,
-# nor writes its replay (one still loading its model, or stuck in an update) before the run stops
-# without the last batches.
+# How long the end of a step budget waits while nothing moves: no worker parks, the learner takes
+# in no slot, makes no update and writes no replay (a learner still loading its model, one stuck in
+# an update, an env that never answers). Then the run stops without what it still had to train on.
 BUDGET_END_PATIENCE_S = 120.0
 
 
 class _BudgetEnd:
-    """Past the step budget the workers step no more (Control.BUDGET_ENV_STEPS), and the run waits
-    for the learner to train on the full slots they sent: a short run would otherwise end before
-    the learner, still loading, took any. A time budget, a signal or ``stop_when`` ends the run
-    at once; a learner that makes no progress for BUDGET_END_PATIENCE_S ends it with a notice."""
+    """Past the step budget each worker parks after its batch that reached it (Control.BUDGET_ENV_STEPS),
+    and the run waits for every worker to have parked and the learner to have trained on the full
+    slots they sent (learner_caught_up): a short run would otherwise end before the learner, still
+    loading, took any. A time budget, a signal or ``stop_when`` ends the run at once; so does
+    BUDGET_END_PATIENCE_S in which nothing moves, with a notice."""
 
     def __init__(self, arena: Arena, console: Console):
         self.arena = arena
         self.console = console
-        self.progress: tuple[int, int, float] | None = None
+        self.progress: tuple | None = None
         self.since = 0.0
 
     def reached(self, reporter: Reporter) -> bool:
         if not reporter.budget_reached():
             return False
-        if reporter.time_up() or reporter.stop_asked or learner_caught_up(self.arena):
+        arena = self.arena
+        if reporter.time_up() or reporter.stop_asked or (arena.worker_parked.all() and learner_caught_up(arena)):
             return True
-        arena, now = self.arena, time.monotonic()
-        progress = (int(arena.control[Control.LEARNER_WAITS]), int(arena.control[Control.SAVE_BEAT_MS]),
-                    float(arena.learner_stats[:, STAT["learner_updates"]].sum()))
+        control, now = arena.control, time.monotonic()
+        progress = (int(arena.worker_parked.sum()), int(control[Control.LEARNER_SLOTS_IN]),
+                    int(control[Control.SAVE_BEAT_MS]), float(arena.learner_stats[:, STAT["learner_updates"]].sum()))
         if progress != self.progress:
             self.progress, self.since = progress, now
             return False
         if now - self.since < BUDGET_END_PATIENCE_S:
             return False
-        self.console.notice(f"[fastrl] the learner neither trained nor took slots for {BUDGET_END_PATIENCE_S:.0f} s "
-                            f"after the step budget was spent: stopping without its last batches")
+        self.console.notice(f"[fastrl] {BUDGET_END_PATIENCE_S:.0f} s after the step budget was spent, "
+                            f"{int(arena.worker_parked.sum())} of {len(arena.worker_parked)} workers had stopped "
+                            f"and the learner had taken no slot and made no update meanwhile: stopping without "
+                            f"the batches it had not trained on")
         return True
 
 

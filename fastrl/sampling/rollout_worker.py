@@ -17,8 +17,8 @@ import numpy as np
 from ..config import Config
 from ..envs import ImageOptions, make_vec_env
 from ..envs.spaces import ObsLayout
-from ..ipc.arena import Arena, Control, set_error, total_env_steps
-from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child, wait_for_stop
+from ..ipc.arena import Arena, budget_spent, set_error
+from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from ..multiagent.league import SelfPlaySeats
 from ..multiagent.opponents import OpponentError, find_opponent, make_opponent
@@ -33,16 +33,19 @@ class RolloutWorker:
     ``n`` more free slot ids of this worker (blocking if it must); ``emit_full(slot_ids)`` hands
     full slots to the learner (in a run, a WorkerSlots' ``take`` and ``emit``); ``recv_batch()``
     steps the env and returns a request id; ``act(request_id)`` sends the actions the batcher
-    wrote for that request to the envs.
+    wrote for that request to the envs. ``park()``, called once a batch brings the run's env steps
+    to the step budget (fastrl.ipc.arena.budget_spent), waits for the run's stop (None: the serial
+    run, which has no budget in the arena).
     """
 
     def __init__(self, worker_id: int, cfg: Config, arena: Arena, env, first_slots: np.ndarray,
                  take_free_slots: Callable[[int], np.ndarray], emit_full: Callable[[np.ndarray], None],
-                 row_policies: np.ndarray | None = None, seats: SelfPlaySeats | None = None):
+                 row_policies: np.ndarray | None = None, seats: SelfPlaySeats | None = None,
+                 park: Callable[[], None] | None = None):
         self.worker_id = worker_id
         self.env = env
         self.arena = arena
-        self.control = arena.control
+        self.park = park
         self.rollout = cfg.learner.rollout
         E = cfg.env.envs_per_worker
         self.take_free_slots = take_free_slots
@@ -110,11 +113,10 @@ class RolloutWorker:
         # learner's backpressure.
         slot_wait = timings[WorkerTiming.WAIT_SLOTS] - slot_wait_before
         timings[WorkerTiming.OBS_COPY] += time.perf_counter() - stepped - slot_wait
-        budget = self.control[Control.BUDGET_ENV_STEPS]
-        if budget and total_env_steps(self.arena) >= budget:
-            # The run's steps are spent (its full slots are sent): step no more, wait for the stop
-            # the runner gives once the learner has trained on them.
-            wait_for_stop(self.control)
+        if self.park is not None and budget_spent(self.arena):
+            # The run's steps are spent and this worker's full slots sent: it steps no more and
+            # waits for the stop, which the runner gives once the learner has trained on them.
+            self.park()
         request = self.free_requests.popleft()
         self.request_envs[request] = env_ids
         return request
@@ -392,9 +394,14 @@ def worker_slots(cfg: Config, arena: Arena, worker_id: int, channels: WorkerChan
     free_pipe = ReadablePipes([free_in])
     control = arena.control
 
+    parked = arena.worker_parked[worker_id:worker_id + 1]
+    parked[0] = 0  # a restarted worker steps until it sees the budget spent itself
+
     def receive(slots: WorkerSlots, block: bool) -> None:
         # Blocks until the learner returns slots: this is the backpressure that bounds lag.
         if block and not free_pipe.wait(control):
+            if budget_spent(arena) and not parked[0]:
+                slots.park(parked)
             return
         while free_pipe.ready():
             slots.returned(slot_ids_from(free_in.recv_bytes()))
@@ -455,8 +462,10 @@ def rollout_process(worker_id: int, cfg: Config, layout, arena_name: str, channe
     env = None
     try:
         env = make_worker_env(cfg, worker_id, rank)
+        parked = arena.worker_parked[worker_id:worker_id + 1]
         worker = RolloutWorker(worker_id, cfg, arena, env, slots.take(cfg.env.envs_per_worker), slots.take,
-                               slots.emit, *worker_policies(cfg, arena, policies, env, worker_id, rank, generation))
+                               slots.emit, *worker_policies(cfg, arena, policies, env, worker_id, rank, generation),
+                               park=lambda: slots.park(parked))
         worker.start()
         if cfg.inference.in_workers:
             run_acting_itself(worker, cfg, arena, spaces, model, rank)  # leaves by ProcessExit

@@ -9,7 +9,7 @@ import pytest
 
 from fastrl.config import ConfigError, build_config
 from fastrl.ipc.arena import Arena, Control, learner_caught_up, trajectory_layout
-from fastrl.ipc.child import WorkerChannels
+from fastrl.ipc.child import ProcessExit, WorkerChannels
 from fastrl.ipc.slots import (
     MAX_SPLITS,
     NOT_THIS_GENERATION,
@@ -133,34 +133,78 @@ def test_slots_go_round_over_the_pipes_of_a_run():
     assert workers[0].take(PER_WORKER).tolist() == list(range(PER_WORKER))  # nothing of worker 1's came to 0
 
 
-def test_the_learner_is_caught_up_only_while_it_waits_holding_every_emitted_slot():
-    """What the runner waits for past the step budget (fastrl.run.parallel): the learner blocked for
-    more full slots, with none left in a pipe."""
-    cfg = build_config("cartpole-appo", {"env.num_workers": WORKERS, "env.envs_per_worker": ENVS,
-                                         "slots_per_env": SLOTS_PER_ENV, "learner.rollout": 4,
-                                         "learner.batch_size": 8})
+def slots_config():
+    return build_config("cartpole-appo", {"env.num_workers": WORKERS, "env.envs_per_worker": ENVS,
+                                          "slots_per_env": SLOTS_PER_ENV, "learner.rollout": 4,
+                                          "learner.batch_size": 8})
+
+
+def learner_and_worker(worker_id: int):
+    """The learner's FullSlots and worker ``worker_id``'s WorkerSlots over pipes, as in a run."""
+    cfg = slots_config()
     arena = small_arena()
     full = [Pipe(duplex=False) for _ in range(WORKERS)]
     free = [Pipe(duplex=False) for _ in range(WORKERS)]
     learner = FullSlots(cfg, arena, ([r for r, _ in full], [w for _, w in free]), Timers("wait_s"))
-    worker = worker_slots(cfg, arena, 1, WorkerChannels(None, None, full[1][1], free[1][0]))
+    worker = worker_slots(cfg, arena, worker_id, WorkerChannels(None, None, full[worker_id][1], free[worker_id][0]))
+    return arena, learner, worker, (full, free)  # every end kept open: a closed one reads as EOF
+
+
+class WatchedPipes:
+    """The learner's pipes, recording at each wait whether the runner would find it caught up."""
+
+    def __init__(self, arena, pipes):
+        self.arena, self.pipes, self.seen = arena, pipes, []
+
+    def wait(self, control):
+        self.seen.append(learner_caught_up(self.arena))
+        return self.pipes.ready()
+
+    def ready(self):
+        return self.pipes.ready()
+
+
+def test_the_learner_is_caught_up_only_while_it_waits_holding_every_emitted_slot():
+    """What the runner waits for past the step budget (fastrl.run.parallel): the learner blocked for
+    more full slots, with none left in a pipe and no batch held untrained."""
+    arena, learner, worker, _pipes = learner_and_worker(1)
+    learner.pipes = watched = WatchedPipes(arena, learner.pipes)
     worker.take(PER_WORKER)
     worker.emit(np.array([8], np.int32))
-    assert not learner_caught_up(arena)  # not waiting, and slot 8 is in the pipe
-    assert learner.next_batch() is None  # it took slot 8 in: half a batch
-    assert not learner_caught_up(arena) and arena.control[Control.LEARNER_IDLE_QUEUED] == 0
-
-    found = []
-    waiting = threading.Thread(target=lambda: found.append(learner.next_batch()))
-    waiting.start()  # waits for the pipes' timeout: nothing more comes
-    while waiting.is_alive() and not learner_caught_up(arena):
-        time.sleep(0.002)
-    caught_up = learner_caught_up(arena)
-    waiting.join()
-    assert caught_up and found == [None] and not learner_caught_up(arena)
-
-    # Waiting, but a slot is still in a pipe: the learner has a batch to come.
-    arena.control[Control.LEARNER_IDLE_QUEUED] = 1 + 1
+    assert not learner_caught_up(arena)  # not waiting
+    assert learner.next_batch() is None  # waited while slot 8 was in the pipe, took it in: half a batch
+    assert learner.next_batch() is None  # waited holding every emitted slot
+    assert learner.next_batch(idle=False) is None  # waited holding a batch it has not trained on
     worker.emit(np.array([6], np.int32))
-    assert not learner_caught_up(arena)
-    assert learner.next_batch()[1].tolist() == [8, 6]
+    assert learner.next_batch()[1].tolist() == [8, 6]  # waited while slot 6 was in the pipe
+    assert watched.seen == [False, True, False, False]
+    assert not learner_caught_up(arena) and arena.control[Control.LEARNER_IDLE_QUEUED] == 0
+    assert arena.control[Control.LEARNER_SLOTS_IN] == 2 and arena.control[Control.LEARNER_WAITS] == 4
+
+
+def test_a_worker_waiting_for_a_free_slot_past_the_budget_parks_and_takes_releases_until_the_stop():
+    """Its slots may all sit in the learner's unfinished batch: no release would ever come."""
+    arena, learner, worker, _pipes = learner_and_worker(1)
+    arena.control[Control.BUDGET_ENV_STEPS] = 100
+    worker.take(PER_WORKER)
+    worker.emit(np.array([6, 7], np.int32))
+    arena.env_steps[0] = 100
+
+    def release_then_stop():
+        while not arena.worker_parked[1]:
+            time.sleep(0.01)
+        learner.receive()
+        learner.release(np.array([6], np.int64))  # a release while parked is taken in, not left in the pipe
+        while 6 not in worker.spare:
+            time.sleep(0.01)
+        arena.control[Control.STOP] = 1
+
+    stopper = threading.Thread(target=release_then_stop)
+    stopper.start()
+    with pytest.raises(ProcessExit):
+        worker.take(1)
+    stopper.join()
+    assert arena.worker_parked.tolist() == [0, 1] and list(worker.spare) == [6]
+    restarted = Pipe(duplex=False)
+    worker_slots(slots_config(), arena, 1, WorkerChannels(None, None, None, restarted[0]))
+    assert arena.worker_parked[1] == 0  # a restarted worker steps again until it sees the budget itself

@@ -114,6 +114,8 @@ def test_each_batch_is_trained_once_as_gathered_its_slots_released_first(device_
     pointers = [batch.obs.data_ptr() for batch, _ in trained]
     assert pointers[0] != pointers[1] and pointers[2:] == pointers[:-2]
     assert host.trained_env_steps == len(trained) * T * B
+    assert host.holds_batch() == device_path  # the learner waits as one that has caught up only without it
     host.flush()  # the run's end: the device path's last batch is trained on, not dropped
     assert len(trained) == len(batches) and host.trained_env_steps == len(batches) * T * B
+    assert not host.holds_batch()
     assert host.flush() == {}

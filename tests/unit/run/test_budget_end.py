@@ -1,6 +1,7 @@
 """The end of a step budget (fastrl.run.parallel._BudgetEnd): the run waits for the learner to train
 on the budget's full slots, and not for ever on a learner that does nothing."""
 import numpy as np
+import pytest
 
 from fastrl.ipc.arena import Arena, Control, trajectory_layout
 from fastrl.reporting.metrics import STAT
@@ -32,17 +33,23 @@ def arena() -> Arena:
                                    num_weights=1), shared=False)
 
 
-def test_the_run_ends_once_the_learner_waits_with_every_emitted_slot():
+def test_the_run_ends_once_every_worker_parked_and_the_learner_waits_with_every_emitted_slot():
     a, reporter, notices = arena(), FakeReporter(), Notices()
     end = parallel._BudgetEnd(a, notices)
     a.slot_queued[[0, 2]] = 1
+    a.control[Control.LEARNER_IDLE_QUEUED] = 1 + 2  # waiting, holding both
+    a.worker_parked[:] = 1
     reporter.steps_spent = False
     assert not end.reached(reporter)
     reporter.steps_spent = True
+    a.control[Control.LEARNER_IDLE_QUEUED] = 0
     assert not end.reached(reporter)  # the learner is not waiting
     a.control[Control.LEARNER_IDLE_QUEUED] = 1 + 1  # waiting, holding one of the two
     assert not end.reached(reporter)
     a.control[Control.LEARNER_IDLE_QUEUED] = 1 + 2
+    a.worker_parked[0] = 0  # a worker may still send a slot
+    assert not end.reached(reporter)
+    a.worker_parked[0] = 1
     assert end.reached(reporter) and not notices.lines
 
 
@@ -54,7 +61,24 @@ def test_a_time_budget_or_a_stop_ends_the_run_without_waiting_for_the_learner():
     assert parallel._BudgetEnd(a, Notices()).reached(reporter)
 
 
-def test_a_learner_that_does_nothing_past_the_budget_is_waited_for_a_while_then_named(monkeypatch):
+def an_update(a):
+    a.learner_stats[0, STAT["learner_updates"]] += 1
+
+
+def slots_taken_in(a):
+    a.control[Control.LEARNER_SLOTS_IN] += 8
+
+
+def a_replay_written(a):
+    a.control[Control.SAVE_BEAT_MS] += 1000
+
+
+def a_worker_parked(a):
+    a.worker_parked[0] = 1
+
+
+@pytest.mark.parametrize("moves", [an_update, slots_taken_in, a_replay_written, a_worker_parked])
+def test_nothing_moving_past_the_budget_is_waited_for_a_while_then_named(monkeypatch, moves):
     clock = [100.0]
     monkeypatch.setattr(parallel.time, "monotonic", lambda: clock[0])
     a, reporter, notices = arena(), FakeReporter(), Notices()
@@ -62,13 +86,14 @@ def test_a_learner_that_does_nothing_past_the_budget_is_waited_for_a_while_then_
     patience = parallel.BUDGET_END_PATIENCE_S
     assert not end.reached(reporter)
     clock[0] += patience - 1
-    a.learner_stats[0, STAT["learner_updates"]] += 1  # it trained: the patience starts again
+    moves(a)  # the patience starts again
     assert not end.reached(reporter)
     clock[0] += patience - 1
+    a.control[Control.LEARNER_WAITS] += 3  # waits that end with nothing are no progress
     assert not end.reached(reporter)
-    a.control[Control.LEARNER_WAITS] += 1  # it began a wait (a slot still in a pipe)
-    assert not end.reached(reporter)
-    clock[0] += patience + 1
+    clock[0] += 2
     assert end.reached(reporter)
-    assert notices.lines == [f"[fastrl] the learner neither trained nor took slots for {patience:.0f} s after the "
-                             f"step budget was spent: stopping without its last batches"]
+    parked = int(a.worker_parked.sum())
+    assert notices.lines == [f"[fastrl] {patience:.0f} s after the step budget was spent, {parked} of 1 workers had "
+                             f"stopped and the learner had taken no slot and made no update meanwhile: stopping "
+                             f"without the batches it had not trained on"]
