@@ -13,7 +13,7 @@ from ..config import Config
 from ..distributed import process_group as distributed
 from ..distributed.process_group import PEER_FAILURE
 from ..files.checkpoint import CheckpointError
-from ..ipc.arena import Arena, Control, set_error
+from ..ipc.arena import Arena, Control, budget_spent, set_error
 from ..ipc.child import ProcessExit, ReadablePipes, configure_child, runner_alive
 from ..ipc.slots import PolicyQueues, slot_bytes, slot_ids_from
 from ..multiagent.policy_map import PolicyMap, policy_map
@@ -120,6 +120,17 @@ class FullSlots:
             ready = self.pipes.ready()
 
 
+def train_held_batch_past_budget(runtime: PolicyRuntimes, arena: Arena) -> bool:
+    """The device path holds the batch it gathered last until the next one comes. Past the step
+    budget none will: train on it now, as the runner waits for that (fastrl.run.parallel). Before
+    the budget the held batch waits for the next, as it always has (its effect on a GPU's timing
+    mid-run is not measured). One node only: ranks train only on the batches they agreed on."""
+    if not budget_spent(arena):
+        return False
+    runtime.flush(runtime.progress())
+    return True
+
+
 def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device: str, channels,
                     run_dir, resume_state: dict | None, dist_info=None, run_dir_lock=None,
                     policies: PolicyMap | None = None) -> None:
@@ -168,10 +179,7 @@ def learner_process(cfg: Config, layout, arena_name: str, spaces, model, device:
                 runtime.consume(policy, slot_ids, slots.release, progress)
                 stopping.after_batch(learners[policy])
             elif holding and not parallel:
-                # The device path holds the batch it gathered last until the next one comes: with
-                # none coming it trains on it now (the end of a step budget waits for that). Ranks
-                # train only on the batches they agreed on.
-                runtime.flush(runtime.progress())
+                train_held_batch_past_budget(runtime, arena)
             if runtime.checkpoint_due():
                 runtime.checkpoint()
     except ProcessExit:

@@ -182,6 +182,17 @@ def test_the_learner_is_caught_up_only_while_it_waits_holding_every_emitted_slot
     assert arena.control[Control.LEARNER_SLOTS_IN] == 2 and arena.control[Control.LEARNER_WAITS] == 4
 
 
+def wait_for(condition, stop_control, seconds: float = 10.0) -> None:
+    """Poll ``condition`` from a helper thread; past ``seconds`` stop the worker (so that the test
+    fails on its asserts instead of hanging)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            stop_control[Control.STOP] = 1
+            return
+        time.sleep(0.01)
+
+
 def test_a_worker_waiting_for_a_free_slot_past_the_budget_parks_and_takes_releases_until_the_stop():
     """Its slots may all sit in the learner's unfinished batch: no release would ever come."""
     arena, learner, worker, _pipes = learner_and_worker(1)
@@ -191,12 +202,10 @@ def test_a_worker_waiting_for_a_free_slot_past_the_budget_parks_and_takes_releas
     arena.env_steps[0] = 100
 
     def release_then_stop():
-        while not arena.worker_parked[1]:
-            time.sleep(0.01)
+        wait_for(lambda: arena.worker_parked[1], arena.control)
         learner.receive()
         learner.release(np.array([6], np.int64))  # a release while parked is taken in, not left in the pipe
-        while 6 not in worker.spare:
-            time.sleep(0.01)
+        wait_for(lambda: 6 in worker.spare, arena.control)
         arena.control[Control.STOP] = 1
 
     stopper = threading.Thread(target=release_then_stop)
@@ -208,3 +217,28 @@ def test_a_worker_waiting_for_a_free_slot_past_the_budget_parks_and_takes_releas
     restarted = Pipe(duplex=False)
     worker_slots(slots_config(), arena, 1, WorkerChannels(None, None, None, restarted[0]))
     assert arena.worker_parked[1] == 0  # a restarted worker steps again until it sees the budget itself
+
+
+def test_a_worker_waiting_for_a_free_slot_before_the_budget_keeps_waiting():
+    arena, learner, worker, _pipes = learner_and_worker(1)
+    arena.control[Control.BUDGET_ENV_STEPS] = 100
+    arena.env_steps[0] = 99
+    worker.take(PER_WORKER)
+    worker.emit(np.array([6], np.int32))
+
+    took = threading.Event()
+
+    def release_after_a_timed_out_wait():
+        time.sleep(0.8)  # past one of the worker's 0.5 s waits
+        learner.receive()
+        learner.release(np.array([6], np.int64))
+        wait_for(took.is_set, arena.control)  # a parked worker would wait for the stop
+
+    releaser = threading.Thread(target=release_after_a_timed_out_wait)
+    releaser.start()
+    try:
+        assert worker.take(1).tolist() == [6]
+    finally:
+        took.set()
+        releaser.join()
+    assert not arena.worker_parked.any()

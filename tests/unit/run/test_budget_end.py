@@ -1,9 +1,11 @@
 """The end of a step budget (fastrl.run.parallel._BudgetEnd): the run waits for the learner to train
-on the budget's full slots, and not for ever on a learner that does nothing."""
+on the budget's full slots, and not for ever on a learner that does nothing; the learner trains on
+the batch its device path holds once the budget is spent (fastrl.learner.process)."""
 import numpy as np
 import pytest
 
 from fastrl.ipc.arena import Arena, Control, trajectory_layout
+from fastrl.learner.process import train_held_batch_past_budget
 from fastrl.reporting.metrics import STAT
 from fastrl.run import parallel
 
@@ -97,3 +99,25 @@ def test_nothing_moving_past_the_budget_is_waited_for_a_while_then_named(monkeyp
     assert notices.lines == [f"[fastrl] {patience:.0f} s after the step budget was spent, {parked} of 1 workers had "
                              f"stopped and the learner had taken no slot and made no update meanwhile: stopping "
                              f"without the batches it had not trained on"]
+
+
+class HeldBatch:
+    def __init__(self):
+        self.flushed = []
+
+    def progress(self):
+        return 0.25
+
+    def flush(self, progress):
+        self.flushed.append(progress)
+
+
+def test_the_device_paths_held_batch_is_trained_once_the_budget_is_spent_not_before():
+    a, runtime = arena(), HeldBatch()
+    a.control[Control.BUDGET_ENV_STEPS] = 100
+    a.env_steps[0] = 99
+    assert not train_held_batch_past_budget(runtime, a) and runtime.flushed == []
+    a.env_steps[0] = 100
+    assert train_held_batch_past_budget(runtime, a) and runtime.flushed == [0.25]
+    a.control[Control.BUDGET_ENV_STEPS] = 0  # no step budget (a time budget, several ranks)
+    assert not train_held_batch_past_budget(runtime, a) and runtime.flushed == [0.25]
