@@ -43,7 +43,9 @@ over the reports in that range: a level to compare code or settings by, steadier
 
 Run directories are kept (``OUT_DIR/PROFILE/seed<k>``: metrics.jsonl, config.toml) for
 ``fastrl-plot`` or ``--no-train``; the curves (mean over seeds, min-max band, the threshold and
-the budget as lines) go to ``OUT_DIR/PROFILE.png``.
+the budget as lines) go to ``OUT_DIR/PROFILE.png``. Ctrl-C stops the bench with the running
+seed's final checkpoint written; the same command with ``--resume`` continues it (and runs the
+seeds after it), leaving runs that reached their budget as they are.
 """
 from __future__ import annotations
 
@@ -191,6 +193,18 @@ def run_overrides(promise: Promise, seed: int, settings: dict) -> dict:
     return overrides
 
 
+def run_finished(run_dir: Path, cfg) -> bool:
+    """Whether the run in ``run_dir`` reached one of ``cfg``'s limits (its last report says so):
+    --resume leaves it as it is."""
+    last = None
+    for last in metrics_rows(run_dir):
+        pass
+    if last is None:
+        return False
+    return bool(cfg.train_for_env_steps and (last.get("env_steps") or 0) >= cfg.train_for_env_steps) or \
+        bool(cfg.train_for_seconds and (last.get("trained_seconds") or 0) >= cfg.train_for_seconds)
+
+
 def describe_outcome(profile: str, seed: int, outcome: dict, promise: Promise) -> str:
     mean = outcome["final_mean"]
     if mean is None:
@@ -224,9 +238,9 @@ def plan(args, settings: dict) -> list[dict]:
         for run_dir in run_dirs:
             if args.no_train and not (run_dir / "metrics.jsonl").is_file():
                 raise PromiseError(f"--no-train: '{run_dir}' holds no metrics.jsonl; run without --no-train first")
-            if not args.no_train and not args.overwrite and holds_run(run_dir):
-                raise PromiseError(f"'{run_dir}' already holds a run: pass --overwrite to replace it, --no-train "
-                                   f"to judge it again, or another --out-dir")
+            if not args.no_train and not args.overwrite and not args.resume and holds_run(run_dir):
+                raise PromiseError(f"'{run_dir}' already holds a run: pass --resume to continue it, --overwrite to "
+                                   f"replace it, --no-train to judge it again, or another --out-dir")
         plot = args.plot or args.out_dir / f"{name}.png"
         plans.append({"profile": name, "promise": promise, "seeds": seeds, "configs": configs,
                       "run_dirs": run_dirs, "plot": None if args.no_plot else plot})
@@ -242,6 +256,9 @@ def run(args) -> dict:
     if args.plot and len(args.profiles) > 1:
         raise PromiseError("--plot names one figure: pass one --profile, or leave --plot out for "
                            "OUT_DIR/PROFILE.png each")
+    if args.resume and (args.overwrite or args.no_train):
+        raise PromiseError(f"--resume continues the runs in --out-dir: it goes with neither "
+                           f"{'--overwrite' if args.overwrite else '--no-train'}")
     if not args.no_plot:
         pyplot("--plot")  # a missing matplotlib fails now, not after the training
     plans = plan(args, settings)
@@ -249,11 +266,13 @@ def run(args) -> dict:
     for p in plans:
         outcomes = []
         for seed, cfg, run_dir in zip(p["seeds"], p["configs"], p["run_dirs"]):
-            if not args.no_train:
-                stopped_by = train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite).stopped_by
+            resume = args.resume and holds_run(run_dir)
+            if not args.no_train and not (resume and run_finished(run_dir, cfg)):
+                stopped_by = train(cfg, run_dir=run_dir, quiet=True, overwrite=args.overwrite, resume=resume).stopped_by
                 if stopped_by:  # the run stopped itself at the signal: so does the bench, not only this seed
                     raise BenchStopped(f"{stopped_by} stopped {p['profile']} seed {seed} (its run directory keeps "
-                                       f"what it trained); the seeds before it are in {args.out_dir}")
+                                       f"what it trained; --resume continues it); the seeds before it are in "
+                                       f"{args.out_dir}")
             rows = list(metrics_rows(run_dir))
             outcome = {"seed": seed, "run_dir": str(run_dir), **run_outcome(rows, p["promise"])}
             if args.window:
@@ -350,6 +369,9 @@ def add_arguments(p) -> None:
     p.add_argument("--out-dir", type=Path, default=Path("runs/bench_learning"),
                    help="run directories go to OUT_DIR/PROFILE/seed<k> (default runs/bench_learning)")
     p.add_argument("--overwrite", action="store_true", help="replace runs already in those directories")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the runs already in those directories to the budget (one a signal stopped, or "
+                        "to a larger --budget-steps), start the seeds that have none, then judge them all")
     p.add_argument("--no-train", action="store_true",
                    help="judge and plot the runs already in OUT_DIR again (e.g. with another --target)")
     p.add_argument("--plot", type=Path, metavar="PATH.png", help="the figure (default OUT_DIR/PROFILE.png)")

@@ -232,7 +232,7 @@ def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
     assert seeds == [1, 2]
     args = SimpleNamespace(profiles=["cartpole-appo"], first_seed=3, seeds=2, metric=None, target=None,
                            budget_steps=None, budget_seconds=None, out_dir=tmp_path, no_train=False, overwrite=False,
-                           plot=None, no_plot=True)
+                           resume=False, plot=None, no_plot=True)
     planned = bench.plan(args, {})[0]
     assert [cfg.seed for cfg in planned["configs"]] == [3, 4]
     assert [d.name for d in planned["run_dirs"]] == ["seed3", "seed4"]
@@ -244,6 +244,8 @@ def test_first_seed_judges_later_seeds_beside_earlier_ones(tmp_path, capsys):
     (["--metric", "eval_return_mean"], "needs evaluation during training: --set eval.every_s=SECONDS"),
     (["--profile", "mujoco-appo", "--plot", "x.png"], "--plot names one figure"),
     (["--no-train"], "holds no metrics.jsonl; run without --no-train first"),
+    (["--resume", "--overwrite"], "--resume continues the runs in --out-dir: it goes with neither --overwrite"),
+    (["--resume", "--no-train"], "--resume continues the runs in --out-dir: it goes with neither --no-train"),
 ])
 def test_bad_requests_are_one_line_before_any_training(tmp_path, capsys, argv, message):
     assert entry.main(["learning", "--profile", "cartpole-appo", "--out-dir", str(tmp_path), "--no-plot", *argv]) == 2
@@ -267,7 +269,8 @@ def test_an_existing_run_is_not_overwritten_unless_asked(tmp_path, capsys):
     assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "2", "--out-dir", str(tmp_path),
                        "--no-plot"]) == 2
     err = capsys.readouterr().err
-    assert "seed1' already holds a run: pass --overwrite" in err and len(err.strip().splitlines()) == 1
+    assert "seed1' already holds a run: pass --resume to continue it, --overwrite" in err
+    assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cartpole-appo" / "seed0").exists()  # refused before the first seed trained
 
 
@@ -298,4 +301,43 @@ def test_a_seed_stopped_by_a_signal_stops_the_bench_in_one_line(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and trained == [0]  # not the next seed, as if nothing had happened
     assert err == [f"bench.py learning: error: SIGTERM stopped cartpole-appo seed 0 (its run directory keeps what "
-                   f"it trained); the seeds before it are in {tmp_path}"]
+                   f"it trained; --resume continues it); the seeds before it are in {tmp_path}"]
+
+
+def test_resume_continues_a_stopped_seed_starts_a_missing_one_and_leaves_a_finished_one(tmp_path, capsys,
+                                                                                    monkeypatch):
+    budget = 4000
+    for seed, steps in ((0, budget), (1, budget // 2)):  # seed 0 reached the budget, seed 1 was stopped
+        run_dir = tmp_path / "cartpole-appo" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.toml").write_text(to_toml(build_config("cartpole-appo", {"seed": seed})))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
+                                                      reports([100.0] * (steps // 1000))))
+    trained = []
+
+    def fake_train(cfg, run_dir, resume=False, overwrite=False, **_):
+        trained.append((cfg.seed, resume, cfg.train_for_env_steps))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports([500.0] * 4)))
+        return RunResult(run_dir, [])
+
+    monkeypatch.setattr(bench, "train", fake_train)
+    assert entry.main(["learning", "--profile", "cartpole-appo", "--seeds", "3", "--budget-steps", str(budget),
+                       "--resume", "--no-plot", "--out-dir", str(tmp_path)]) == 0
+    assert trained == [(1, True, budget), (2, False, budget)]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines[:3]] == [f"cartpole-appo seed {k}" for k in range(3)]
+    assert "< 475" in lines[0] and ">= 475" in lines[1] and ">= 475" in lines[2]
+
+
+def test_a_run_is_finished_at_either_of_its_limits(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert not bench.run_finished(run_dir, build_config("cartpole-appo", {"train_for_env_steps": 10}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"env_steps": 3000, "trained_seconds": 20.0}) + "\n")
+    by_steps = {"train_for_env_steps": 3000, "train_for_seconds": 0.0}
+    assert bench.run_finished(run_dir, build_config("cartpole-appo", by_steps))
+    assert not bench.run_finished(run_dir, build_config("cartpole-appo", {**by_steps, "train_for_env_steps": 3001}))
+    by_time = {"train_for_env_steps": 0, "train_for_seconds": 20.0}
+    assert bench.run_finished(run_dir, build_config("cartpole-appo", by_time))
+    assert not bench.run_finished(run_dir, build_config("cartpole-appo", {**by_time, "train_for_seconds": 21.0}))
