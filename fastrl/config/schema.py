@@ -279,6 +279,11 @@ class LearnerConfig:
                                   "(N - 1))")
     epsilon_alpha: float = declare(7.0, allowed=NON_NEGATIVE, algos=Q_LEARNERS, unread=FINITE,
                                    help="how fast the exploration rate falls over the envs")
+    # DQN's schedule (Mnih et al. 2015; CleanRL, Tianshou): explore fully at first, while the
+    # Q-values mean nothing, then settle. With epsilon_alpha = 0 every env shares one epsilon.
+    epsilon_decay_steps: int = declare(0, allowed=Range(0, 10**12), algos=Q_LEARNERS,
+                                       help="0 = off; else every env's exploration rate starts at 1 and falls "
+                                            "linearly to its Ape-X rate over the run's first this many env steps")
     target_update_every: int = declare(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
                                        help="gradient steps between target-network copies")
     double_q: bool = declare(True, algos=Q_LEARNERS,

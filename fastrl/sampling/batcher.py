@@ -4,10 +4,12 @@ A request ``(worker, request_id)`` names a batch of envs whose observations sit 
 their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into one batch, runs
 the policy on the device, and writes action, behaviour log-prob and policy version back into the
 same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, with one epsilon
-per env (Ape-X). For sac it is the squashed Gaussian scaled to the env's bounds, and uniformly
-random actions until ``replay.min_fill`` env steps were taken (CleanRL's ``learning_starts``), so that
-the first updates see the whole action range. SAC acts through torch: the numpy path
-(fastrl.sampling.numpy_mlp) reproduces discrete heads only, and a continuous policy's batches are small.
+per env (Ape-X), which may start at 1 and fall to that rate over the run's first env steps
+(``learner.epsilon_decay_steps``, DQN's schedule). For sac it is the squashed Gaussian scaled to
+the env's bounds, and uniformly random actions until ``replay.min_fill`` env steps were taken
+(CleanRL's ``learning_starts``), so that the first updates see the whole action range. SAC acts
+through torch: the numpy path (fastrl.sampling.numpy_mlp) reproduces discrete heads only, and a
+continuous policy's batches are small.
 
 With a recurrent core the batcher also reads each env's state from the arena in the same gather
 (zeroed where the env's worker flagged an episode start), records it as the slot's initial state
@@ -78,7 +80,8 @@ class WeightSetPolicy:
 class InferenceBatcher:
     """``epsilons`` ``[W, E]`` (dqn): each env's exploration rate; None samples the policy head, the
 head of ``action_space`` for ``algo`` (fastrl.models.heads.action_head). ``random_until``: act uniformly
-at random until the run's workers took this many env steps (sac).
+at random until the run's workers took this many env steps (sac). ``epsilon_decay``: the env steps of
+this rank over which each epsilon falls linearly from 1 to its ``epsilons`` value (0: none).
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
@@ -92,8 +95,9 @@ at random until the run's workers took this many env steps (sac).
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
                  transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None,
-                 algo: str = "appo", random_until: int = 0):
+                 algo: str = "appo", random_until: int = 0, epsilon_decay: int = 0):
         self.arena = arena
+        self.epsilon_decay = epsilon_decay
         self.device = device
         self.head = action_head(action_space, algo)
         self.random_until = random_until
@@ -208,8 +212,18 @@ at random until the run's workers took this many env steps (sac).
         outputs = self.transfer.to_host(self.forward(weight_set, self.transfer.to_device(inputs)))
         if self.epsilons is None:
             return outputs, outputs[0][:n], outputs[1][:n]
-        actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), self.epsilons[env_rows])
+        actions, behaviour_logp = epsilon_greedy(torch.from_numpy(outputs[0][:n]), self.current_epsilons(env_rows))
         return outputs, actions.numpy(), behaviour_logp.numpy()
+
+    def current_epsilons(self, env_rows: np.ndarray) -> torch.Tensor:
+        """The exploration rates of the envs ``env_rows`` now: their Ape-X rates, moved towards 1 by
+        the share of the epsilon decay still ahead."""
+        epsilons = self.epsilons[env_rows]
+        if self.epsilon_decay:
+            ahead = max(0.0, 1.0 - total_env_steps(self.arena) / self.epsilon_decay)
+            if ahead:
+                epsilons = epsilons + (1.0 - epsilons) * ahead
+        return epsilons
 
     def input_specs(self, rows: int) -> list[tuple[tuple, np.dtype]]:
         """Shapes and dtypes of a batch's inputs: observations, then the recurrent states."""
@@ -325,6 +339,14 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
+def batcher_epsilon_decay(cfg) -> int:
+    """This rank's share of ``learner.epsilon_decay_steps`` for dqn and r2d2 (the batcher counts its
+    own rank's env steps), else 0."""
+    if cfg.learner.algo not in Q_LEARNERS or not cfg.learner.epsilon_decay_steps:
+        return 0
+    return max(1, cfg.learner.epsilon_decay_steps // DistInfo.from_env().world_size)
+
+
 def random_action_steps(cfg) -> int:
     """Env steps the batcher acts uniformly at random for: sac's ``replay.min_fill``, else 0."""
     return cfg.replay.min_fill if cfg.learner.algo == "sac" else 0
@@ -342,7 +364,8 @@ def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndar
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
     return InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
                             cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings,
-                            algo=cfg.learner.algo, random_until=random_action_steps(cfg))
+                            algo=cfg.learner.algo, random_until=random_action_steps(cfg),
+                            epsilon_decay=batcher_epsilon_decay(cfg))
 
 
 def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,

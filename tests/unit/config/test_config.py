@@ -244,6 +244,7 @@ BAD_INTS = {
     "eval.episodes": [0, 10**6 + 1],
     "eval.num_envs": [0, 2**16 + 1],
     "pbt.objective_episodes": [0, 10**6 + 1],
+    "learner.epsilon_decay_steps": [-1, 10**12 + 1],
 }
 DQN_KEYS = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
 RANGES_OF = {"learner.epsilon": "in [0, 1]", "learner.epsilon_alpha": ">= 0", "learner.target_update_every": ">= 1"}

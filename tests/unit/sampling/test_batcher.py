@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastrl.config import build_config
 from fastrl.envs import probe_env
-from fastrl.ipc.arena import Arena
+from fastrl.ipc.arena import Arena, Control
 from fastrl.ipc.device_io import BatchTransfer
 from fastrl.ipc.weights import WeightBuffer
 from fastrl.learner import LearnerRuntime, VTraceLearner
@@ -22,6 +22,7 @@ from fastrl.sampling.batcher import (
     InferenceBatcher,
     apex_epsilons,
     batch_buckets,
+    batcher_epsilon_decay,
     batcher_epsilons,
     epsilon_greedy,
     padded_size,
@@ -234,6 +235,44 @@ def test_batcher_epsilons_number_envs_across_ranks(monkeypatch):
     assert eps.shape == (2, 4)
     np.testing.assert_array_equal(eps.reshape(-1), apex_epsilons(16, 0.4, 7.0)[8:])
     assert batcher_epsilons(build_config("cartpole-appo")) is None
+
+
+def test_decaying_epsilons_fall_linearly_from_one_to_the_apex_rates():
+    """learner.epsilon_decay_steps: each env's epsilon is 1 at the run's start, its Ape-X rate from
+    the decay's end on, and linear between, counting the steps before a resume."""
+    cfg, spec, model, arena = small_run(**{"learner.algo": "dqn"})
+    final = apex_epsilons(16, 0.4, 7.0).reshape(2, 8)
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), final,
+                               epsilon_decay=1000)
+    rows = np.arange(16)
+    for steps_done, offset in [(0, 0), (250, 0), (400, 200), (999, 0), (1000, 0), (700, 5000)]:
+        arena.env_steps[:] = 0
+        arena.env_steps[0] = steps_done
+        arena.control[Control.ENV_STEPS_OFFSET] = offset
+        ahead = max(0.0, 1.0 - (steps_done + offset) / 1000)
+        brute = [f + (1 - f) * ahead for f in final.reshape(-1)]
+        np.testing.assert_allclose(batcher.current_epsilons(rows).numpy(), brute, rtol=1e-6)
+    # At the start every action is uniform: its behaviour probability is 1 / A whatever Q says.
+    arena.env_steps[:] = 0
+    arena.control[Control.ENV_STEPS_OFFSET] = 0
+    actions, logp, _ = act(arena, batcher, [0, 1], [0, 1])
+    envs = arena.request_envs[[0, 1], [0, 1]]
+    workers = np.array([0, 1])[:, None]
+    acted = logp[arena.env_slot[workers, envs], arena.env_t[workers, envs]]
+    np.testing.assert_allclose(acted, np.log(1 / spec.action_space.n), rtol=1e-6)
+    without = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), final)
+    np.testing.assert_array_equal(without.current_epsilons(rows).numpy(), final.reshape(-1))
+
+
+def test_the_epsilon_decay_is_shared_over_ranks_and_read_by_q_learners_only(monkeypatch):
+    overrides = {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2, "learner.batch_size": 64,
+                 "replay.capacity": 1000, "replay.min_fill": 10, "learner.epsilon_decay_steps": 10_000}
+    assert batcher_epsilon_decay(build_config("cartpole-dqn", overrides)) == 10_000
+    assert batcher_epsilon_decay(build_config("cartpole-dqn", {**overrides, "learner.epsilon_decay_steps": 0})) == 0
+    assert batcher_epsilon_decay(build_config("cartpole-appo", {"learner.epsilon_decay_steps": 10_000})) == 0
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert batcher_epsilon_decay(build_config("cartpole-dqn", overrides)) == 2_500
 
 
 def test_epsilon_greedy_with_no_exploration_is_greedy_and_certain():
