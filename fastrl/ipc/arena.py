@@ -163,13 +163,24 @@ class Control:
 
 def total_env_steps(arena) -> int:
     """Env steps of this rank's workers, with the steps done before a resume."""
-    return int(arena.env_steps.sum() + arena.control[Control.ENV_STEPS_OFFSET])
+    return steps_taken(arena.control, arena.env_steps)
+
+
+def steps_taken(control: np.ndarray, env_steps: np.ndarray) -> int:
+    """:func:`total_env_steps` from the arena's ``control`` and ``env_steps`` arrays, for callers
+    that hold them (an Arena attribute is a dictionary lookup through ``__getattr__``)."""
+    return int(env_steps.sum() + control[Control.ENV_STEPS_OFFSET])
 
 
 def budget_spent(arena) -> bool:
     """Whether the run's env steps reached the step budget the runner set (Control.BUDGET_ENV_STEPS)."""
-    budget = arena.control[Control.BUDGET_ENV_STEPS]
-    return bool(budget) and total_env_steps(arena) >= budget
+    return steps_past_budget(arena.control, arena.env_steps)
+
+
+def steps_past_budget(control: np.ndarray, env_steps: np.ndarray) -> bool:
+    """:func:`budget_spent` from the arena's ``control`` and ``env_steps`` arrays."""
+    budget = control[Control.BUDGET_ENV_STEPS]
+    return bool(budget) and steps_taken(control, env_steps) >= budget
 
 
 def learner_caught_up(arena) -> bool:

@@ -28,7 +28,7 @@ import torch
 
 from ..config import Q_LEARNERS
 from ..distributed.process_group import DistInfo
-from ..ipc.arena import Arena, set_error, total_env_steps
+from ..ipc.arena import Arena, set_error, steps_taken
 from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
@@ -120,6 +120,7 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         # lookup through __getattr__, and infer() runs ~2,000 times a second on CartPole).
         self.cursor_arrays = (arena.request_envs, arena.env_slot, arena.env_t, arena.obs.shape[1])
         self.slot_outputs = (self.slot_actions, arena.behaviour_logp, arena.version)
+        self.step_arrays = (arena.control, arena.env_steps)
         W, E = arena.env_start.shape
         self.envs_per_worker = E
         self.env_actor = arena.env_actor.reshape(W * E)  # [W * E] views
@@ -206,7 +207,7 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         if self.masks:
             final = self.env_final[env_rows]
             weight_set.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-        if self.random_until and total_env_steps(self.arena) < self.random_until:
+        if self.random_until and steps_taken(*self.step_arrays) < self.random_until:
             actions, behaviour_logp = self.head.sample_uniform(n)
             return [], actions.numpy(), behaviour_logp.numpy()
         outputs = self.transfer.to_host(self.forward(weight_set, self.transfer.to_device(inputs)))
@@ -220,7 +221,7 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         the share of the epsilon decay still ahead."""
         epsilons = self.epsilons[env_rows]
         if self.epsilon_decay:
-            ahead = max(0.0, 1.0 - total_env_steps(self.arena) / self.epsilon_decay)
+            ahead = max(0.0, 1.0 - steps_taken(*self.step_arrays) / self.epsilon_decay)
             if ahead:
                 epsilons = epsilons + (1.0 - epsilons) * ahead
         return epsilons

@@ -17,7 +17,7 @@ import numpy as np
 from ..config import Config
 from ..envs import ImageOptions, make_vec_env
 from ..envs.spaces import ObsLayout
-from ..ipc.arena import Arena, budget_spent, set_error
+from ..ipc.arena import Arena, budget_spent, set_error, steps_past_budget
 from ..ipc.child import ProcessExit, ReadablePipes, WorkerChannels, check_alive, configure_child
 from ..ipc.slots import RequestCodec, WorkerSlots, slot_bytes, slot_ids_from, worker_slot_ids
 from ..multiagent.league import SelfPlaySeats
@@ -46,6 +46,7 @@ class RolloutWorker:
         self.env = env
         self.arena = arena
         self.park = park
+        self.budget_arrays = (arena.control, arena.env_steps)  # read after every batch
         self.rollout = cfg.learner.rollout
         E = cfg.env.envs_per_worker
         self.take_free_slots = take_free_slots
@@ -113,7 +114,7 @@ class RolloutWorker:
         # learner's backpressure.
         slot_wait = timings[WorkerTiming.WAIT_SLOTS] - slot_wait_before
         timings[WorkerTiming.OBS_COPY] += time.perf_counter() - stepped - slot_wait
-        if self.park is not None and budget_spent(self.arena):
+        if self.park is not None and steps_past_budget(*self.budget_arrays):
             # The run's steps are spent and this worker's full slots sent: it steps no more and
             # waits for the stop, which the runner gives once the learner has trained on them.
             self.park()
