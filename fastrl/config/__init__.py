@@ -34,6 +34,7 @@ from .schema import (
     ANY_ACTION,
     AT_LEAST_1,
     BATCH,
+    BF16_LEARNERS,
     DEFAULT_PROFILE,
     ENV_COUNT,
     EPISODES,
@@ -84,9 +85,9 @@ from .schema import (
 )
 
 __all__ = [
-    "ALGOS", "ANY_ACTION", "AT_LEAST_1", "BATCH", "Choices", "Config", "ConfigError", "DEFAULT_PROFILE",
-    "DeviceNames", "ENV_COUNT", "EPISODES", "EnvConfig", "EvalConfig", "ExpectConfig", "FINITE", "FRAMES",
-    "GAME_RETURN_KEY",
+    "ALGOS", "ANY_ACTION", "AT_LEAST_1", "BATCH", "BF16_LEARNERS", "Choices", "Config", "ConfigError",
+    "DEFAULT_PROFILE", "DeviceNames", "ENV_COUNT", "EPISODES", "EnvConfig", "EvalConfig", "ExpectConfig",
+    "FINITE", "FRAMES", "GAME_RETURN_KEY",
     "IMAGE_SIDE", "INFO_KEY", "INFO_PREFIX", "INIT_ONLY_KEYS", "InferenceConfig", "KEYS", "Key",
     "LAYER_WIDTH", "LearnerConfig", "LoggingConfig", "ModelConfig", "OPPONENT_ACTIONS", "PBTConfig",
     "PBT_MEMBER_KEYS", "PBT_MUTABLE", "PBT_OBJECTIVES", "PBT_START", "PBT_START_TABLE", "POLICY_NAME",

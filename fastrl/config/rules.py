@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from .schema import (
+    BF16_LEARNERS,
     INFO_KEY,
     KEYS,
     MAX_EVAL_OPPONENTS,
@@ -74,9 +75,9 @@ def validate(cfg: Config) -> None:
     _validate_replay(cfg)
     _validate_core(cfg)
     _validate_expect(cfg.expect)
-    if cfg.learner.precision == "bfloat16" and cfg.learner.algo in REPLAY_LEARNERS:
-        raise ConfigError(f"learner.precision={cfg.learner.precision} is for appo/impala; {cfg.learner.algo} trains "
-                          f"in float32: set learner.precision=float32 (or auto)")
+    if cfg.learner.precision == "bfloat16" and cfg.learner.algo not in BF16_LEARNERS:
+        raise ConfigError(f"learner.precision={cfg.learner.precision} is for {'/'.join(BF16_LEARNERS)}; "
+                          f"{cfg.learner.algo} trains in float32: set learner.precision=float32 (or auto)")
     if cfg.learner.normalize_returns and cfg.learner.algo in REPLAY_LEARNERS:
         raise ConfigError(f"learner.normalize_returns is for appo/impala; {cfg.learner.algo} keeps rewards in its "
                           f"replay as they arrived: set learner.normalize_returns=false (learner.reward_scale scales "

@@ -20,6 +20,7 @@ ALGOS = ("appo", "impala", "dqn", "r2d2", "sac")
 VTRACE = ("appo", "impala")  # actor-critics learning from fresh trajectories through V-trace
 Q_LEARNERS = ("dqn", "r2d2")  # value-based: epsilon-greedy actors, a replay every batch goes through
 REPLAY_LEARNERS = (*Q_LEARNERS, "sac")  # every batch goes through the in-learner replay
+BF16_LEARNERS = (*VTRACE, "dqn")  # may run their encoder under bf16 autocast (learner.precision)
 
 
 class ConfigError(ValueError):
@@ -265,8 +266,8 @@ class LearnerConfig:
     torch_threads: int = declare(1, allowed=THREADS, help="torch's intra-op threads in the learner")
     # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
     precision: str = declare("float32", allowed=Choices(("float32", "bfloat16", "auto")),
-                             help="bfloat16: appo/impala run the encoder under bf16 autocast (heads, log-probs, "
-                                  "V-trace and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
+                             help="bfloat16: appo/impala/dqn run the encoder under bf16 autocast (heads, log-probs, "
+                                  "targets and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
     # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/sampling/numpy_mlp.py
     # NumpyMLPActorCritic; docs/results.md has the measured gain).
     numpy_mlp: bool = declare(True, algos=VTRACE,

@@ -99,8 +99,9 @@ class DQNLearner(ReplayQLearner):
         truncated step and at the trajectory's end, where the target bootstraps from ``obs[T]``."""
         T, B = rewards.shape
         flat = self.upload(batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:]))  # once, for both networks
-        online = self.q_values(self.model, flat).reshape(T + 1, B, -1)
-        target = self.q_values(self.target, flat).reshape(T + 1, B, -1)
+        with self.autocast():
+            online = self.q_values(self.model, flat).reshape(T + 1, B, -1)
+            target = self.q_values(self.target, flat).reshape(T + 1, B, -1)
         best = (online if self.lcfg.double_q else target).argmax(-1, keepdim=True)
         bootstrap = target.gather(-1, best).squeeze(-1)  # [T + 1, B]
         terminated, truncated = batch.terminated.cpu().numpy(), batch.truncated.cpu().numpy()
@@ -125,7 +126,10 @@ class DQNLearner(ReplayQLearner):
             self.frames_copied.record()
         actions, returns, discounts, weights = (self.upload(values) for values in (
             sample.actions, sample.returns, sample.discounts, sample.weights))
-        targets = returns + discounts * self.bootstrap_values(sample.next_obs_of(frames))
-        taken = self.q_values(self.model, sample.obs_of(frames)).gather(-1, actions[:, None]).squeeze(-1)
+        # learner.precision=bfloat16 runs the encoders in bf16; the Q heads, targets and loss stay
+        # float32 (models.float32_heads).
+        with self.autocast():
+            targets = returns + discounts * self.bootstrap_values(sample.next_obs_of(frames))
+            taken = self.q_values(self.model, sample.obs_of(frames)).gather(-1, actions[:, None]).squeeze(-1)
         loss, stats = td_loss(taken, targets, weights)
         return loss, {**stats, "value_loss": stats["loss"]}, stats["td"].abs()

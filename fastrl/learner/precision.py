@@ -1,9 +1,9 @@
 """The learner's arithmetic: ``learner.precision`` = float32 | bfloat16 | auto.
 
-``auto`` is bfloat16 for the V-trace learners on a CPU that computes in bf16 natively (x86's
-AVX512_BF16 or AMX-BF16: oneDNN's bf16 convolutions and matmuls run at up to twice the float32
-rate there) and float32 everywhere else: on GPUs, which a user tunes knowingly, on CPUs that
-would emulate bf16 (slower than float32), and for dqn/r2d2, which train in float32. Only x86
+``auto`` is bfloat16 for the V-trace learners and DQN on a CPU that computes in bf16 natively
+(x86's AVX512_BF16 or AMX-BF16: oneDNN's bf16 convolutions and matmuls run at up to twice the
+float32 rate there) and float32 everywhere else: on GPUs, which a user tunes knowingly, on CPUs
+that would emulate bf16 (slower than float32), and for r2d2 and sac, which train in float32. Only x86
 Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
 set bfloat16 there by hand. On a CPU with AVX512_BF16 a Pong learner's ``train()`` takes 0.6 of
 its float32 time (see docs/results.md#bf16-or-float32-on-a-cpu).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import REPLAY_LEARNERS
+from ..config import BF16_LEARNERS
 
 # x86 flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -35,7 +35,7 @@ def learner_precision(setting: str, algo: str, device: torch.device, flags: set[
     "float32" or "bfloat16"; ``flags`` the CPU's (default: read from the running CPU)."""
     if setting != "auto":
         return setting
-    if algo in REPLAY_LEARNERS or device.type != "cpu":
+    if algo not in BF16_LEARNERS or device.type != "cpu":
         return "float32"
     flags = cpu_flags() if flags is None else flags
     # Without oneDNN torch would emulate bf16 even on such a CPU.

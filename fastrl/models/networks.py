@@ -297,9 +297,10 @@ class DuelingQNetwork(ActorCritic):
         # policy -> advantage stream, value -> state-value stream.
 
     def heads(self, features: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        advantages = self.policy(features)
-        q = self.masked(self.value(features) + advantages - advantages.mean(-1, keepdim=True), obs)
-        return q, q.max(-1).values
+        with float32_heads(features) as (features,):
+            advantages = self.policy(features)
+            q = self.masked(self.value(features) + advantages - advantages.mean(-1, keepdim=True), obs)
+            return q, q.max(-1).values
 
 
 def map_leaves(obs, fn):

@@ -131,11 +131,12 @@ def test_precision_is_float32_bfloat16_or_auto(value):
 
 
 def test_bfloat16_is_refused_where_it_would_be_ignored():
-    with pytest.raises(ConfigError, match=r"learner.precision=bfloat16 is for appo/impala; dqn trains in float32: "
-                                          r"set learner.precision=float32 \(or auto\)$"):
-        build_config("cartpole-dqn", {"learner.precision": "bfloat16"})
-    # auto is accepted; the learner resolves it to float32 for dqn (tests/unit/learner/test_vtrace_learner.py)
-    assert build_config("cartpole-dqn", {"learner.precision": "auto"}).learner.precision == "auto"
+    with pytest.raises(ConfigError, match=r"learner.precision=bfloat16 is for appo/impala/dqn; r2d2 trains in "
+                                          r"float32: set learner.precision=float32 \(or auto\)$"):
+        build_config("cartpole-r2d2", {"learner.precision": "bfloat16"})
+    assert build_config("cartpole-dqn", {"learner.precision": "bfloat16"}).learner.precision == "bfloat16"
+    # auto is accepted; the learner resolves it to float32 for r2d2 (tests/unit/learner/test_vtrace_learner.py)
+    assert build_config("cartpole-r2d2", {"learner.precision": "auto"}).learner.precision == "auto"
 
 
 @pytest.mark.parametrize("profile", ["cartpole-dqn", "cartpole-r2d2"])

@@ -92,6 +92,34 @@ def test_arrival_priorities_are_n_step_double_q_td_errors():
                                    atol=1e-6)
 
 
+def test_bfloat16_runs_the_encoder_in_bf16_and_the_q_heads_targets_and_loss_in_float32():
+    full, half = make_dqn(), make_dqn(**{"learner.precision": "bfloat16"})
+    perturb(full.target)
+    half.model.load_state_dict(full.model.state_dict())
+    half.target.load_state_dict(full.target.state_dict())
+    (batch, env_ids), = stream_batches(1, seed=3, p_terminate=0.15)
+    obs = batch.obs.reshape(-1, 4)
+    with half.autocast():
+        features = half.model.encode(obs)
+        q, best = half.model(obs)
+    assert features.dtype == torch.bfloat16 and q.dtype == best.dtype == torch.float32
+    rewards = full.transformed_rewards(batch.rewards)
+    exact, rounded = full.arrival_priorities(batch, rewards), half.arrival_priorities(batch, rewards)
+    assert rounded.dtype == np.float64 and not np.array_equal(exact, rounded)  # the encoder did run in bf16
+    np.testing.assert_allclose(rounded, exact, rtol=0.05, atol=0.02)
+    for learner in (full, half):  # the same records: both replays (seeded alike) draw the same sample
+        for batch, env_ids in stream_batches(3, p_terminate=0.3):
+            learner.replay.add(np.repeat(env_ids, T), batch.obs[:T].transpose(0, 1).reshape(-1, 4).numpy(),
+                               batch.actions.T.reshape(-1).numpy(), batch.rewards.T.reshape(-1).numpy(),
+                               batch.terminated.T.reshape(-1).numpy(), batch.truncated.T.reshape(-1).numpy())
+    (exact_loss, _, exact_td), (rounded_loss, _, rounded_td) = full.loss(full.sample()), half.loss(half.sample())
+    assert rounded_loss.dtype == rounded_td.dtype == torch.float32
+    assert rounded_loss.item() == pytest.approx(exact_loss.item(), rel=0.05)
+    torch.testing.assert_close(rounded_td, exact_td, rtol=0.05, atol=0.02)
+    rounded_loss.backward()
+    assert all(p.grad.dtype == torch.float32 for p in half.model.parameters())
+
+
 def test_train_needs_env_ids_of_the_right_shape():
     learner = make_dqn()
     (batch, env_ids), = stream_batches(1)

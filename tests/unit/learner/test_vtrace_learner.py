@@ -228,15 +228,17 @@ def test_bfloat16_autocast_trains_close_to_float32():
         assert (a - b).abs().max() <= 2.01 * lr
 
 
-def test_auto_precision_is_bfloat16_only_for_a_v_trace_learner_on_a_cpu_with_native_bf16():
+def test_auto_precision_is_bfloat16_only_for_v_trace_and_dqn_learners_on_a_cpu_with_native_bf16():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     native = {"fpu", "avx2", "avx512f", "avx512_bf16"}
     assert learner_precision("auto", "appo", cpu, native) == "bfloat16"
     assert learner_precision("auto", "impala", cpu, {"sse2", "amx_bf16"}) == "bfloat16"
     assert learner_precision("auto", "appo", cpu, {"avx2", "avx512f"}) == "float32"  # bf16 would be emulated
     assert learner_precision("auto", "appo", gpu, native) == "float32"
-    assert learner_precision("auto", "dqn", cpu, native) == "float32"
+    assert learner_precision("auto", "dqn", cpu, native) == "bfloat16"
+    assert learner_precision("auto", "dqn", cpu, {"avx2"}) == "float32"
     assert learner_precision("auto", "r2d2", cpu, native) == "float32"
+    assert learner_precision("auto", "sac", cpu, native) == "float32"
     for setting in ("float32", "bfloat16"):
         assert learner_precision(setting, "appo", cpu, set()) == setting
 
