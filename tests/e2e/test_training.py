@@ -1,5 +1,6 @@
 """The tests of tests/unit/run/test_training.py's subject that start fastrl's commands or processes."""
 import json
+import shutil
 
 import pytest
 
@@ -8,8 +9,9 @@ from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
 from tests.support.training import assert_all_exited, read_metrics
 
 
-def test_resume_continues_counters_and_weights(cartpole_run):
-    run_dir, _ = cartpole_run
+def test_resume_continues_counters_and_weights(cartpole_run, tmp_path):
+    run_dir = tmp_path / "run"  # a copy: other tests read the shared run while this one resumes
+    shutil.copytree(cartpole_run[0], run_dir)
     before = load_checkpoint(list_checkpoints(run_dir)[-1])
     steps_before = before["counters"]["env_steps"]
     assert train_main(["--resume", "--run-dir", str(run_dir), "--quiet",

@@ -1,10 +1,18 @@
 """Runs the tests share, trained once a session (registered for every test by tests/conftest.py):
 each costs seconds to minutes, and several test modules read the same one."""
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from fastrl.config import build_config
 from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.run.plan import RunResult
 from fastrl.run.training import train
+from tests.support.training import read_metrics
 
 PAINTED = "fastrl.envs.toy:make_painted_countdown"
 LENGTH = 7  # steps per episode: L + 1 frames (the first observation, then one per step)
@@ -26,13 +34,37 @@ def toy_config(env_id=PAINTED, env_kwargs=None, **overrides):
     return build_config("cartpole-appo", {**settings, **overrides})
 
 
-@pytest.fixture(scope="session")
-def cartpole_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("cartpole")
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """``make(path)``'s directory, made once for the whole session: pytest-xdist's workers each
+    hold their own session fixtures, so without this every worker that runs one of its tests
+    would train the run again. The workers' temp folders share a parent; a lock there lets the
+    first make it while the others wait on the lock (blocked, not polling). Tests read it and
+    copy it before they change it: another worker may be reading it at the same time."""
+    base = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = base.parent
+    path, made = base / name, base / f"{name}.made"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            shutil.rmtree(path, ignore_errors=True)  # what a worker that failed half-way left
+            make(path)
+            made.touch()
+    return path
+
+
+def train_cartpole(run_dir: Path) -> None:
     # 2.4M env steps: at 1.6M one fresh-clone CI run peaked at 169 (others well above 200).
     cfg = build_config("cartpole-appo", {"train_for_env_steps": 2_400_000, "device": "cpu", "report_every_s": 1.0})
-    result = train(cfg, run_dir=run_dir, quiet=True)
-    return run_dir, result
+    train(cfg, run_dir=run_dir, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def cartpole_run(tmp_path_factory):
+    """A CartPole run that learned (2.4M env steps, ~20 s), shared by every xdist worker: copy it
+    before changing it. Its RunResult is rebuilt from metrics.jsonl, the reports train() returns."""
+    run_dir = made_once(tmp_path_factory, "cartpole", train_cartpole)
+    return run_dir, RunResult(run_dir, read_metrics(run_dir))
 
 
 @pytest.fixture(scope="session")
