@@ -82,8 +82,10 @@ class RecurrentCore(nn.Module):
         keep = (~episode_start.bool()).to(x.dtype)  # [T, B]
         layer_states = state.view(B, self.layers, self.parts, self.size).unbind(1)
         # One step (the batcher's) runs ~10% faster in torch ops: the kernel's gain is over many
-        # steps, its fixed cost is per call.
-        if self.use_kernel and x.shape[0] > 1 and x.device.type == "cpu" and x.dtype == torch.float32:
+        # steps, its fixed cost is per call. A trace (fastrl-export) takes torch's ops: it cannot
+        # record numba, and reading T as a bool there would print a TracerWarning to the user.
+        if (self.use_kernel and not torch.jit.is_tracing() and x.shape[0] > 1 and x.device.type == "cpu"
+                and x.dtype == torch.float32):
             unroll = _lstm_unroll_kernel
         else:
             unroll = _lstm_unroll if self.kind == "lstm" else _gru_unroll
