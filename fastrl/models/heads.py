@@ -173,6 +173,22 @@ def squashed_gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, pre_ta
     return gaussian - correction
 
 
+def check_squashable(action_space: gymnasium.spaces.Box) -> None:
+    """ValueError (one line) for a Box that :class:`SquashedGaussianHead` cannot map ``[-1, 1]`` onto:
+    an infinite bound (no affine map), or a dimension with ``low >= high`` (its half-width 0 would
+    turn every stored action into NaN on the way back)."""
+    low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ValueError(f"learner.algo=sac scales actions to the Box's bounds, and {action_space} has infinite "
+                         f"ones: wrap the env so that its action space has finite bounds")
+    flat = np.flatnonzero((high <= low).reshape(-1))
+    if flat.size:
+        where = [tuple(int(i) for i in np.unravel_index(k, low.shape)) if low.ndim > 1 else int(k) for k in flat[:4]]
+        raise ValueError(f"learner.algo=sac scales actions to the Box's bounds, and {action_space} has no room "
+                         f"between low and high at {', '.join(map(str, where))}: wrap the env to drop that "
+                         f"dimension or give it a range")
+
+
 class SquashedGaussianHead(ActionHead):
     """SAC's Box actions: ``a = tanh(u)``, ``u ~ N(mean, std^2)`` per dimension, then the affine
     map of ``[-1, 1]^d`` onto the Box's bounds ``[low, high]`` (finite bounds only): actions are
@@ -183,10 +199,8 @@ class SquashedGaussianHead(ActionHead):
     ``-sum log((high - low) / 2)``, left out, as the target entropy is stated in that space."""
 
     def __init__(self, action_space: gymnasium.spaces.Box):
+        check_squashable(action_space)
         low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
-        if not (np.isfinite(low).all() and np.isfinite(high).all()):
-            raise ValueError(f"learner.algo=sac scales actions to the Box's bounds, and {action_space} has infinite "
-                             f"ones: wrap the env so that its action space has finite bounds")
         self.dims = int(low.size)
         self.shape = tuple(action_space.shape)
         self.center = torch.as_tensor((high + low) / 2, dtype=torch.float32).reshape(-1)

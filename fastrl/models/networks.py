@@ -51,6 +51,7 @@ from .heads import (  # noqa: F401
     GaussianHead,
     action_head,
     bounded_log_std,
+    check_squashable,
     raw_log_std,
 )
 from .recurrent import RecurrentCore
@@ -326,6 +327,7 @@ class SquashedGaussianActor(ActorCritic):
         if not isinstance(action_space, gymnasium.spaces.Box) or action_space.dtype.kind != "f":
             raise ValueError(f"learner.algo=sac needs a continuous Box action space, got {action_space}; use "
                              f"learner.algo=dqn or appo for discrete actions")
+        check_squashable(action_space)  # here, so that the run is refused before its directory is made
         if not isinstance(observation_space, gymnasium.spaces.Box) or is_image(observation_space):
             raise ValueError(f"learner.algo=sac reads vector observations (a Box that is not an image), got "
                              f"{observation_space}; use learner.algo=appo for images and Dict observations")

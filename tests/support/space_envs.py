@@ -91,3 +91,23 @@ class StrictSpaceEnv(gymnasium.Env):
 
 def make_strict_space_env(kind: str = "discrete", length: int = 8) -> StrictSpaceEnv:
     return StrictSpaceEnv(kind, length)
+
+
+class BoundedTargetEnv(gymnasium.Env):
+    """A one-step target game whose action Box has the bounds given (inf, or low == high, for the
+    refusals of tests/unit/learner/test_sac.py)."""
+
+    def __init__(self, low: list, high: list) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, (len(low),), np.float32)
+        self.action_space = spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.float32), 0.0, True, False, {}
+
+
+def make_bounded_target(low: list, high: list) -> BoundedTargetEnv:
+    return BoundedTargetEnv(low, high)

@@ -176,4 +176,19 @@ def test_nonsensical_combinations_are_refused_in_one_line(overrides, message):
     assert "\n" not in str(caught.value)
 
 
-# ---------------------------------------------------------------- end to end
+@pytest.mark.parametrize("low, high, message", [
+    ([-1.0, -math.inf], [1.0, 1.0], "has infinite ones: wrap the env"),
+    ([-1.0, 0.5, 0.0], [1.0, 0.5, 0.0], r"no room between low and high at 1, 2: wrap the env to drop"),
+])
+def test_a_box_the_squash_cannot_map_is_refused_before_the_run_dir_is_made(tmp_path, low, high, message):
+    """An infinite bound has no affine map from [-1, 1]; a dimension with low >= high has none back
+    (its half-width 0 made every stored action NaN, and the run trained on nothing)."""
+    from fastrl.run.training import train
+
+    cfg = sac_config(**{"env.id": "tests.support.space_envs:make_bounded_target",
+                        "env.kwargs": {"low": low, "high": high}, "device": "cpu"})
+    with pytest.raises(ValueError, match=message) as caught:
+        train(cfg, run_dir=tmp_path / "run", quiet=True)
+    assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match=message):
+        SquashedGaussianHead(gymnasium.spaces.Box(np.array(low, np.float32), np.array(high, np.float32)))
