@@ -349,8 +349,10 @@ def batcher_epsilon_decay(cfg) -> int:
 
 
 def random_action_steps(cfg) -> int:
-    """Env steps the batcher acts uniformly at random for: sac's ``replay.min_fill``, else 0."""
-    return cfg.replay.min_fill if cfg.learner.algo == "sac" else 0
+    """Env steps the batcher acts uniformly at random for: sac's ``replay.min_fill`` for each
+    member's replay (with PBT the members take the games of every worker in turn, so their replays
+    fill side by side), else 0."""
+    return cfg.replay.min_fill * max(1, cfg.pbt.population) if cfg.learner.algo == "sac" else 0
 
 
 def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndarray | None = None) -> InferenceBatcher:

@@ -26,6 +26,7 @@ from fastrl.sampling.batcher import (
     batcher_epsilons,
     epsilon_greedy,
     padded_size,
+    random_action_steps,
 )
 
 aten = torch.ops.aten
@@ -308,3 +309,31 @@ def test_epsilon_greedy_log_probs_mix_uniform_and_greedy():
     torch.testing.assert_close(logp.double(), expected, rtol=1e-6, atol=1e-6)
     # The greedy action is taken with probability 1 - eps + eps / n.
     assert abs(float(is_greedy.mean()) - float((1 - eps + eps / n).mean())) < 0.015
+
+
+def test_sac_acts_uniformly_until_every_replay_can_hold_min_fill_then_samples_its_policy():
+    """sac's first ``replay.min_fill`` env steps (per member in a population) are uniform over the
+    Box, behaviour log-prob -d log 2 in the squashed space; from then on the policy's own draws."""
+    low, high = [-2.0, 0.0], [2.0, 1.0]
+    cfg, spec, model, arena = small_run(**{
+        "learner.algo": "sac", "env.id": "tests.support.space_envs:make_bounded_target",
+        "env.kwargs": {"low": low, "high": high}, "replay.min_fill": 100, "replay.n_step": 1})
+    assert random_action_steps(cfg) == 100
+    assert random_action_steps(build_config("mujoco-sac", {"pbt.population": 4})) == 4 * 5_000
+    assert random_action_steps(build_config("cartpole-dqn")) == 0
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
+                               algo="sac", random_until=random_action_steps(cfg))
+    envs = arena.request_envs[[0, 1], [0, 1]]
+    workers = np.array([0, 1])[:, None]
+    rows = arena.env_slot[workers, envs], arena.env_t[workers, envs]
+    for steps_done, uniform in [(0, True), (99, True), (100, False)]:
+        arena.env_steps[:] = 0
+        arena.env_steps[0] = steps_done
+        actions, logp, _ = act(arena, batcher, [0, 1], [0, 1], seed=steps_done)
+        acted, acted_logp = actions[rows].reshape(-1, 2), logp[rows].ravel()
+        assert ((acted >= low) & (acted <= high)).all()
+        if uniform:
+            np.testing.assert_allclose(acted_logp, -2 * math.log(2), rtol=1e-6)
+        else:  # the squashed Gaussian's density: one value per draw, none of them the uniform one
+            assert len(set(acted_logp.tolist())) == acted_logp.size
+            assert not np.isclose(acted_logp, -2 * math.log(2)).any()
