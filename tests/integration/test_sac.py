@@ -84,6 +84,36 @@ def test_a_resumed_learner_continues_the_temperature_optimizers_and_counters():
     loss_second = second.loss(sample)[0]
     assert loss_first.item() == loss_second.item()
 
+def test_n_step_prioritized_sac_stores_its_td_as_priorities_and_weights_its_samples():
+    """replay.n_step = 3 and replay.alpha = 0.6, which the profile leaves at 1 and 0: the sample's
+    discounts are gamma^3 mid-episode, an update writes |td| + eps of its own batch as priorities,
+    and the next samples carry importance weights below 1."""
+    from fastrl.learner.qlearning import PRIORITY_EPS
+
+    torch.manual_seed(0)
+    cfg = sac_config(**{"replay.n_step": 3, "replay.alpha": 0.6, "replay.beta": 0.4})
+    learner = make_learner(cfg, OBS_SPACE, ACTION_SPACE)
+    assert learner.prioritized
+    for batch, env_ids in continuous_batches(3):
+        learner.train(batch, env_ids=env_ids)
+    sample = learner.replay.sample(16, rng=1)
+    assert np.isclose(sample.discounts, cfg.learner.gamma ** 3).any()
+    torch.manual_seed(7)
+    expected = learner.loss(sample)[2].double().numpy() + PRIORITY_EPS
+    written = []
+    update_priorities = learner.replay.update_priorities
+    learner.replay.update_priorities = lambda *args: written.append(args) or update_priorities(*args)
+    learner.sample = lambda: sample
+    torch.manual_seed(7)
+    assert learner.update() is not None
+    [(indices, generations, priorities)] = written
+    assert np.array_equal(indices, sample.indices) and np.array_equal(generations, sample.generations)
+    np.testing.assert_allclose(priorities, expected, rtol=1e-5)
+    assert len(np.unique(priorities)) > 1
+    weights = learner.replay.sample(64, rng=2).weights
+    assert weights.max() <= 1.0 + 1e-6 and weights.min() < 0.99
+
+
 def pendulum_config(**overrides):
     """Small networks and batches: Pendulum is solved in about 10K env steps at one update each."""
     return build_config(PROFILE, {
@@ -114,6 +144,14 @@ def test_the_replay_ratio_holds_whichever_side_is_faster(tmp_path, step_s, repla
     # The learner is behind the actors by at most the slots' 4 envs x 2 slots x 4 steps = 32 env steps:
     # 1.8-2.7% of the 1,200-1,800 env steps past min_fill (at 800 a loaded machine missed 5% by 0.6%).
     assert last["learner/replay_ratio_achieved"] == pytest.approx(replay_ratio, rel=0.05)
+    # And at every report on the way, not only at the end (where the learner trains what the budget
+    # left): the env steps its updates stand for trail the actors' by at most what the slots hold
+    # plus the batch in training (32 + 16; 48 at most in a trial run of each case). One rollout more
+    # for the two counters being read a moment apart.
+    for r in records:
+        if r["env_steps"] > cfg.replay.min_fill:
+            behind = r["env_steps"] - cfg.replay.min_fill - r["learner_updates"] * replay_batch / replay_ratio
+            assert -16 <= behind <= 48 + 16, (r["env_steps"], r["learner_updates"])
     # The faster side waits, and more than the slower one. With envs at 5 ms a step and an update
     # per env step, CI runs on a slow host saw the learner wait 14% of the time, and 2.5 s against
     # the actors' 1.5 s; half an update per env step gives the learner twice that slack.

@@ -6,7 +6,7 @@ from tests.support.training import assert_all_exited
 
 
 def test_sac_learns_pendulum_and_a_resumed_run_carries_on(tmp_path):
-    # Seed 0 on a loaded 2-core CPU: -193 at 12K env steps in 52 s (docs/results.md#sac).
+    # Seed 0 on a loaded 2-core CPU: -193 at 12K env steps in 52 s (docs/results.md#mujoco-sac).
     budget = 30_000
     result = train(pendulum_config(train_for_env_steps=budget), run_dir=tmp_path, quiet=True,
                    stop_when=lambda r: (r["episode_return_mean"] or -2000) > -250)
