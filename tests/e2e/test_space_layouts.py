@@ -12,6 +12,7 @@ from fastrl.envs.spaces import ObsLayout
 from fastrl.evaluation.episodes import load_run_model
 from fastrl.files.checkpoint import list_checkpoints
 from fastrl.run.training import train
+from tests.support.repo import REPO
 from tests.support.space_envs import ACTION_SPACES, BOX_HIGH, BOX_LOW
 from tests.support.training import assert_all_exited
 from tests.unit.envs.test_spaces import one_torch_thread  # noqa: F401  (autouse: the serial runs train on one thread here)
@@ -39,6 +40,11 @@ def run_config(kind: str, algo: str, mode: str):
     if algo == "appo":
         settings.update({"learner.batch_size": 64, "train_for_env_steps": 1_500})
         return build_config("cartpole-appo", settings)
+    if algo == "sac":  # a quarter of an update per env step; observations normalized on the way in
+        settings.update({"replay.capacity": 2_000, "replay.min_fill": 300, "train_for_env_steps": 1_200,
+                         "learner.batch_size": 64, "replay.batch_size": 32, "replay.replay_ratio": 8.0,
+                         "learner.torch_threads": 1, "model.normalize_obs": True, "eval.every_s": 0.0})
+        return build_config(str(REPO / "profiles" / "mujoco-sac.toml"), settings)
     settings.update({"replay.capacity": 2_000, "replay.min_fill": 300, "learner.target_update_every": 20,
                      "train_for_env_steps": 1_200})
     if algo == "dqn":
@@ -82,3 +88,17 @@ def test_appo_acts_trains_and_evaluates_in_the_declared_spaces(tmp_path, capsys,
                                         ("r2d2", "in-workers")])
 def test_q_learners_act_in_a_discrete_space_with_a_start(tmp_path, capsys, algo, mode):
     train_and_evaluate(tmp_path, "discrete", algo, mode, capsys)
+
+
+@pytest.mark.parametrize("mode", ["serial", "batcher"])
+def test_sac_acts_trains_and_evaluates_in_a_2d_box_with_offsets(tmp_path, capsys, mode):
+    """A [2, 3] Box whose dimensions have their own bounds, none centred on 0, which the env checks
+    exactly (shape, dtype, bounds) at every step, in training and in fastrl-eval's mean actions;
+    the [2, 3] observations through the actor's and the critics' normalizer."""
+    evaluation = train_and_evaluate(tmp_path, "box-2d", "sac", mode, capsys)
+    assert evaluation["episode_return_mean"] < 0  # minus a squared distance: never exactly on target
+    _, model, _ = load_run_model(tmp_path)
+    # The normalizer saw the env's targets, uniform in the Box: its mean is the Box's centre.
+    assert model.normalizer is not None and model.normalizer.count.item() > 500
+    np.testing.assert_allclose(model.normalizer.mean.numpy(), (BOX_LOW + BOX_HIGH) / 2,
+                               atol=0.1 * (BOX_HIGH - BOX_LOW).max())

@@ -59,6 +59,29 @@ def test_two_trials_end_to_end_table_and_a_best_profile_fastrl_train_runs(tmp_pa
     assert f"lr = {best.params['learner.lr']!r}" in trained
     assert f"entropy_coef = {best.params['learner.entropy_coef']!r}" in trained
 
+def test_a_sac_sweep_runs_its_trials_and_every_number_they_report_is_an_objective(tmp_path, capsys):
+    """fastrl-sweep over mujoco-sac (Pendulum, serial, small networks): SAC's own keys are searched,
+    and SAC's metrics (critic loss, temperature, achieved replay ratio) can be objectives."""
+    sets = ["device=cpu", "serial=true", "env.id=Pendulum-v1", "env.num_workers=1", "env.envs_per_worker=2",
+            "env.num_splits=1", "learner.rollout=8", "learner.batch_size=16", "learner.torch_threads=1",
+            "report_every_s=0.5", "eval.every_s=0", "model.hidden_sizes=[16,16]", "replay.min_fill=200",
+            "replay.batch_size=16", "replay.replay_ratio=4", "replay.checkpoint=false"]
+    args = ["--profile", str(REPO / "profiles" / "mujoco-sac.toml"), "--trials", "2", "--budget-env-steps", "900",
+            "--seed", "2", "--param", "learner.tau=uniform:0.001:0.02",
+            "--param", "learner.temperature=loguniform:0.01:1"]
+    assert sweep_main(sweep_args(tmp_path, *args, sets=sets)) == 0, capsys.readouterr().err
+    trials = study_trials(tmp_path)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for t in trials:
+        config = (tmp_path / "sweep" / f"trial-{t.number:04d}" / "config.toml").read_text()
+        assert 'algo = "sac"' in config and f"tau = {t.params['learner.tau']!r}" in config
+    reported = {k for line in (tmp_path / "sweep/trial-0000/metrics.jsonl").read_text().splitlines()
+                for k, v in json.loads(line).items() if isinstance(v, (int, float))}
+    cfg = build_config(str(REPO / "profiles" / "mujoco-sac.toml"))
+    assert {"learner/critic_loss", "learner/temperature", "learner/replay_ratio_achieved"} <= reported
+    assert reported <= objective_keys(cfg), reported - objective_keys(cfg)
+
+
 def test_a_sweep_killed_mid_trial_resumes_to_exactly_n_trials_retrying_the_cut_off_one(tmp_path, capsys):
     args = sweep_args(tmp_path, "--trials", "2", "--budget-env-steps", "60000", "--seed", "3",
                       "--param", "learner.lr=loguniform:1e-4:1e-2", "--prune-after-trials", "5")

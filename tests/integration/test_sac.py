@@ -123,6 +123,36 @@ def pendulum_config(**overrides):
         "replay.replay_ratio": 64.0, **overrides})
 
 
+def test_a_sac_run_evaluates_its_mean_action_films_it_and_fastrl_eval_plays_best_pt(tmp_path, capsys):
+    """Evaluation during training (deterministic: the mean action), clips of it, best.pt from its
+    best evaluation, and fastrl-eval --best --video on that file: the paths every learner shares,
+    with SAC's actor behind them (Pendulum renders through pygame)."""
+    pytest.importorskip("imageio_ffmpeg")
+    import json
+
+    from fastrl.cli import eval_main
+    from fastrl.files.checkpoint import best_checkpoint_path, load_checkpoint
+
+    cfg = pendulum_config(**{"serial": True, "train_for_env_steps": 0, "train_for_seconds": 6.0,
+                             "replay.min_fill": 200, "report_every_s": 0.5, "eval.every_s": 0.5,
+                             "eval.episodes": 1, "eval.deterministic": True, "eval.video_every_s": 1.5})
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir=run_dir, quiet=True)
+    rows = read_metrics(run_dir)
+    evaluated = [r for r in rows if "eval_return_mean" in r]
+    assert evaluated and rows[-1]["learner_updates"] > 0
+    assert all(-2_000 < r["eval_return_mean"] <= 0 for r in evaluated)  # Pendulum's 200 steps, each in [-16.3, 0]
+    clips = [run_dir / r["eval_video"] for r in rows if "eval_video" in r]
+    assert clips and all(clip.read_bytes()[4:8] == b"ftyp" for clip in clips)
+    best = load_checkpoint(best_checkpoint_path(run_dir))
+    assert best["eval"]["eval_return_mean"] == pytest.approx(max(r["eval_return_mean"] for r in evaluated))
+    capsys.readouterr()
+    assert eval_main([str(run_dir), "--best", "--episodes", "1", "--deterministic",
+                      "--video", str(tmp_path / "best.mp4")]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["episodes"] == 1 and result["video_frames"] == 201 and (tmp_path / "best.mp4").stat().st_size > 0
+
+
 # Half an update per env step where the envs are slow, one where they are fast: a few seconds of
 # updates at ~3 ms each for the 1,200-1,800 env steps past min_fill.
 @pytest.mark.parametrize("step_s, replay_ratio, replay_batch, budget, who_waits", [

@@ -176,6 +176,28 @@ def test_nonsensical_combinations_are_refused_in_one_line(overrides, message):
     assert "\n" not in str(caught.value)
 
 
+def test_images_are_refused_by_the_actor_in_one_line():
+    from fastrl.models.networks import SquashedGaussianActor
+
+    image = gymnasium.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+    with pytest.raises(ValueError, match="reads vector observations") as caught:
+        SquashedGaussianActor(image, ACTION_SPACE, sac_config().model)
+    assert "\n" not in str(caught.value) and "learner.algo=appo" in str(caught.value)
+
+
+def test_a_torchrun_launch_is_refused_in_one_line(tmp_path, monkeypatch):
+    from fastrl.run.plan import RunError
+    from fastrl.run.preflight import check_request
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RunError) as caught:
+        check_request(sac_config(**{"replay.checkpoint": False}), tmp_path / "run", resume=False)
+    assert str(caught.value) == ("learner.algo=sac trains one learner on one replay; a torchrun launch is not "
+                                 "supported with it: run it without torchrun")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("low, high, message", [
     ([-1.0, -math.inf], [1.0, 1.0], "has infinite ones: wrap the env"),
     ([-1.0, 0.5, 0.0], [1.0, 0.5, 0.0], r"no room between low and high at 1, 2: wrap the env to drop"),
