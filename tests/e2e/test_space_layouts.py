@@ -12,10 +12,10 @@ from fastrl.envs.spaces import ObsLayout
 from fastrl.evaluation.episodes import load_run_model
 from fastrl.files.checkpoint import list_checkpoints
 from fastrl.run.training import train
-from tests.support.repo import REPO
 from tests.support.space_envs import ACTION_SPACES, BOX_HIGH, BOX_LOW
 from tests.support.training import assert_all_exited
 from tests.unit.envs.test_spaces import one_torch_thread  # noqa: F401  (autouse: the serial runs train on one thread here)
+from tests.unit.learner.test_sac import PROFILE
 
 FACTORY = "tests.support.space_envs:make_strict_space_env"
 
@@ -44,7 +44,7 @@ def run_config(kind: str, algo: str, mode: str):
         settings.update({"replay.capacity": 2_000, "replay.min_fill": 300, "train_for_env_steps": 1_200,
                          "learner.batch_size": 64, "replay.batch_size": 32, "replay.replay_ratio": 8.0,
                          "learner.torch_threads": 1, "model.normalize_obs": True, "eval.every_s": 0.0})
-        return build_config(str(REPO / "profiles" / "mujoco-sac.toml"), settings)
+        return build_config(PROFILE, settings)
     settings.update({"replay.capacity": 2_000, "replay.min_fill": 300, "learner.target_update_every": 20,
                      "train_for_env_steps": 1_200})
     if algo == "dqn":

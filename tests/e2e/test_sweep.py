@@ -14,6 +14,7 @@ from fastrl.tuning.search_space import objective_keys
 from fastrl.tuning.sweep import BEST_PROFILE, PRUNE_RUNGS, open_study
 from fastrl.tuning.trial import Rungs, group_members
 from tests.support.processes import segments_of, wait_for
+from tests.unit.learner.test_sac import PROFILE
 from tests.unit.tuning.test_sweep import REPO, TINY, completed, spec_of, study_trials, sweep_args
 
 SWEEP = [sys.executable, "-c", "import sys; from fastrl.cli import sweep_main; sys.exit(sweep_main())"]
@@ -66,7 +67,7 @@ def test_a_sac_sweep_runs_its_trials_and_every_number_they_report_is_an_objectiv
             "env.num_splits=1", "learner.rollout=8", "learner.batch_size=16", "learner.torch_threads=1",
             "report_every_s=0.5", "eval.every_s=0", "model.hidden_sizes=[16,16]", "replay.min_fill=200",
             "replay.batch_size=16", "replay.replay_ratio=4", "replay.checkpoint=false"]
-    args = ["--profile", str(REPO / "profiles" / "mujoco-sac.toml"), "--trials", "2", "--budget-env-steps", "900",
+    args = ["--profile", PROFILE, "--trials", "2", "--budget-env-steps", "900",
             "--seed", "2", "--param", "learner.tau=uniform:0.001:0.02",
             "--param", "learner.temperature=loguniform:0.01:1"]
     assert sweep_main(sweep_args(tmp_path, *args, sets=sets)) == 0, capsys.readouterr().err
@@ -77,7 +78,7 @@ def test_a_sac_sweep_runs_its_trials_and_every_number_they_report_is_an_objectiv
         assert 'algo = "sac"' in config and f"tau = {t.params['learner.tau']!r}" in config
     reported = {k for line in (tmp_path / "sweep/trial-0000/metrics.jsonl").read_text().splitlines()
                 for k, v in json.loads(line).items() if isinstance(v, (int, float))}
-    cfg = build_config(str(REPO / "profiles" / "mujoco-sac.toml"))
+    cfg = build_config(PROFILE)
     assert {"learner/critic_loss", "learner/temperature", "learner/replay_ratio_achieved"} <= reported
     assert reported <= objective_keys(cfg), reported - objective_keys(cfg)
 
