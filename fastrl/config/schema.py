@@ -382,9 +382,9 @@ class InferenceConfig:
     device: str = declare("", allowed=DeviceNames(("", "cpu"), "'' (the run's device), cpu or cuda:N"),
                           help="where the batcher runs the policy; cuda:N (one process, not under torchrun) keeps its "
                                "small batches off the learner's GPU")
-    numpy_mlp: bool = declare(True, algos=VTRACE,
-                              help="on a CPU, a plain MLP policy over discrete actions acts through numpy and numba "
-                                   "instead of torch ops")
+    numpy_mlp: bool = declare(True, algos=(*VTRACE, "sac"),
+                              help="on a CPU, a plain MLP policy (discrete actions, or sac's squashed Gaussian) acts "
+                                   "through numpy and numba instead of torch ops")
     # For small networks whose batches are already large (CartPole's 512 envs a request), where
     # the round trip and the batcher's loop cost more than the forward pass.
     in_workers: bool = declare(False, help="each rollout worker runs the policy on its own CPU and no batcher process "

@@ -7,9 +7,9 @@ same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, 
 per env (Ape-X), which may start at 1 and fall to that rate over the run's first env steps
 (``learner.epsilon_decay_steps``, DQN's schedule). For sac it is the squashed Gaussian scaled to
 the env's bounds, and uniformly random actions until ``replay.min_fill`` env steps were taken
-(CleanRL's ``learning_starts``), so that the first updates see the whole action range. SAC acts
-through torch: the numpy path (fastrl.sampling.numpy_mlp) reproduces discrete heads only, and a
-continuous policy's batches are small.
+(CleanRL's ``learning_starts``), so that the first updates see the whole action range. A plain MLP
+policy (categorical, or SAC's squashed Gaussian) on the CPU acts through numpy and numba
+(fastrl.sampling.numpy_mlp) instead of torch ops.
 
 With a recurrent core the batcher also reads each env's state from the arena in the same gather
 (zeroed where the env's worker flagged an episode start), records it as the slot's initial state
@@ -190,7 +190,9 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         np.take(self.obs_rows, pad_rows(obs_index, rows), axis=0, out=inputs[0], mode="clip")
         if self.recurrent:
             self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
-        if weight_set.numpy_mlp is not None:
+        if self.random_until and steps_taken(*self.step_arrays) < self.random_until:
+            actions, behaviour_logp = (x.numpy() for x in self.head.sample_uniform(n))
+        elif weight_set.numpy_mlp is not None:
             actions, behaviour_logp = weight_set.numpy_mlp.act(inputs[0][:n])  # no torch autograd to turn off
         else:
             with torch.inference_mode():
@@ -207,9 +209,6 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         if self.masks:
             final = self.env_final[env_rows]
             weight_set.model.check_mask(torch.from_numpy(inputs[0][:n]), torch.from_numpy(final != 0))
-        if self.random_until and steps_taken(*self.step_arrays) < self.random_until:
-            actions, behaviour_logp = self.head.sample_uniform(n)
-            return [], actions.numpy(), behaviour_logp.numpy()
         outputs = self.transfer.to_host(self.forward(weight_set, self.transfer.to_device(inputs)))
         if self.epsilons is None:
             return outputs, outputs[0][:n], outputs[1][:n]

@@ -1,9 +1,9 @@
-"""The CPU path of a plain MLP actor-critic over discrete actions: hidden layers through numpy's
-BLAS, bias and activation in one compiled pass each, the output layers in numba (fastrl.kernels),
-with the torch model's own weights. The inference batcher acts through it
-(:class:`NumpyMLPPolicy`: the categorical draw too); the learner runs its forward and backward
-passes through it (:class:`NumpyMLPActorCritic`, an autograd function with a hand-written
-backward).
+"""The CPU path of a plain MLP policy: hidden layers through numpy's BLAS, bias and activation in
+one compiled pass each, the output layers in numba (fastrl.kernels), with the torch model's own
+weights. The inference batcher acts through it (:class:`NumpyMLPPolicy`: the categorical draw, or
+SAC's squashed Gaussian draw, too); the learner of a discrete actor-critic runs its forward and
+backward passes through it (:class:`NumpyMLPActorCritic`, an autograd function with a
+hand-written backward).
 
 Why: on batches this small the torch forward pass is mostly per-op dispatch (~5 us an op,
 a dozen ops), not arithmetic. One thread of numpy's OpenBLAS and one of torch's MKL multiply the
@@ -14,11 +14,12 @@ in the batcher, so each child caps its BLAS at one thread.
 
 One source of truth: this path reads the model's parameters in place (numpy views of the
 tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
-maths it reproduces takes it: an :class:`~fastrl.models.networks.ActorCritic` whose encoder is an
-:class:`~fastrl.models.encoders.MLPEncoder`, float32 observations (no scaling, no normalizer, no
-mask), no recurrent core and a Discrete action space (the learner's path also needs the
-critic to share the encoder). Everything else runs in torch. The batcher does not compute the
-value head: acting does not use it.
+maths it reproduces takes it: an :class:`~fastrl.models.networks.ActorCritic` over a Discrete
+action space, or SAC's :class:`~fastrl.models.networks.SquashedGaussianActor` over a Box, whose
+encoder is an :class:`~fastrl.models.encoders.MLPEncoder`, float32 observations (no scaling, no
+normalizer, no mask) and no recurrent core (the learner's path takes the discrete actor-critic
+only, and needs its critic to share the encoder). Everything else runs in torch. The batcher
+does not compute the value head: acting does not use it.
 """
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ from torch.autograd.function import once_differentiable
 
 from ..kernels.categorical import sample_rows
 from ..kernels.mlp import IDENTITY, RELU, TANH, activation_grad, bias_activation, narrow_dense, stack_output_grads
+from ..kernels.squashed_gaussian import squashed_gaussian_rows
 from ..models.encoders import MLPEncoder
-from ..models.networks import ActorCritic
+from ..models.heads import LOG_STD_RANGE, SquashedGaussianHead
+from ..models.networks import ActorCritic, SquashedGaussianActor
 
 ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}
 
@@ -39,11 +42,13 @@ ACTIVATIONS = {nn.ReLU: RELU, nn.Tanh: TANH}
 def _layers(model: nn.Module) -> tuple[list[nn.Linear], int] | None:
     """The encoder's linear layers and its activation's code, or None when the model is not one
     this path reproduces (module docstring)."""
-    if type(model) is not ActorCritic or model.core is not None or model.normalizer is not None:
+    discrete = type(model) is ActorCritic and isinstance(model.action_space, gymnasium.spaces.Discrete)
+    squashed = type(model) is SquashedGaussianActor and isinstance(model.action_space, gymnasium.spaces.Box)
+    if not (discrete or squashed) or model.core is not None or model.normalizer is not None:
         return None
     if model.obs_layout.packed or model.obs_scale != 1.0 or model.log_std is not None:
         return None
-    if not isinstance(model.encoder, MLPEncoder) or not isinstance(model.action_space, gymnasium.spaces.Discrete):
+    if not isinstance(model.encoder, MLPEncoder):
         return None
     # Exactly what MLPEncoder builds: Flatten, then (Linear, activation) pairs of one activation.
     # Anything else (a subclass's extra module, a linear without its activation) runs in torch.
@@ -71,6 +76,10 @@ class NumpyMLPPolicy:
         self.hidden = [(layer.weight.detach().numpy(), layer.bias.detach().numpy()) for layer in linears]
         self.output = (model.policy.weight.detach().numpy(), model.policy.bias.detach().numpy())
         self.buffers: list[np.ndarray] = []  # one per hidden layer, then the logits; grown on demand
+        self.squash = None  # SAC: the bounds' (center, half-width) [d]
+        if isinstance(model, SquashedGaussianActor):
+            head = SquashedGaussianHead(model.action_space)
+            self.squash = (head.center.numpy(), head.half_width.numpy())
 
     def _buffers(self, rows: int) -> list[np.ndarray]:
         if not self.buffers or self.buffers[0].shape[0] < rows:
@@ -79,8 +88,9 @@ class NumpyMLPPolicy:
         return [buffer[:rows] for buffer in self.buffers]
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``obs`` ``[n, *obs_shape]`` float32 -> (actions ``[n]`` int64, log-probs ``[n]`` float32);
-        the uniforms come from torch's generator, as the torch path's draw."""
+        """``obs`` ``[n, *obs_shape]`` float32 -> (actions, log-probs ``[n]`` float32): actions ``[n]``
+        int64, or ``[n, d]`` float32 in the Box's bounds for SAC. The uniforms (normals for SAC) come
+        from torch's generator, as the torch path's draw."""
         n = obs.shape[0]
         *hidden_out, logits = self._buffers(n)
         h = obs.reshape(n, -1)
@@ -89,7 +99,13 @@ class NumpyMLPPolicy:
             bias_activation(out, bias, self.activation)
             h = out
         narrow_dense(h, *self.output, logits)
-        return sample_rows(logits, torch.rand(n).numpy())  # the shapes are right by construction
+        if self.squash is None:
+            return sample_rows(logits, torch.rand(n).numpy())  # the shapes are right by construction
+        center, half_width = self.squash
+        actions, logp = np.empty((n, len(center)), np.float32), np.empty(n, np.float32)
+        squashed_gaussian_rows(logits, torch.randn(n, len(center)).numpy(), center, half_width, *LOG_STD_RANGE,
+                               actions, logp)
+        return actions, logp
 
 
 class NumpyMLPActorCritic:
@@ -104,7 +120,8 @@ class NumpyMLPActorCritic:
 
     @staticmethod
     def supports(model: nn.Module, observation_dtype) -> bool:
-        return NumpyMLPPolicy.supports(model, observation_dtype) and model.value_encoder is None
+        return (type(model) is ActorCritic and NumpyMLPPolicy.supports(model, observation_dtype)
+                and model.value_encoder is None)
 
     def __init__(self, model: ActorCritic):
         linears, self.activation = _layers(model)

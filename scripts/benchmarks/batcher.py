@@ -1,14 +1,16 @@
 """The inference batcher's ``infer()`` alone: microseconds per batch in a profile's layout.
 
-    python scripts/bench.py batcher [--profile cartpole-appo] [--rounds 3]
+    python scripts/bench.py batcher [--profile cartpole-appo] [--rounds 3] [--set KEY=VALUE]
     git worktree add ../fastrl-base 0f2cfb3 && python scripts/bench.py batcher --base-code ../fastrl-base
+    python scripts/bench.py batcher --profile mujoco-sac --variant inference.numpy_mlp=false
 
 One process, one thread (as the batcher process runs), the profile's arena with random
 observations and every env's cursor at a random slot, so that the gather and the write-back miss
 the cache as they do in a run. Batches of one request and of one request per worker. Each
 measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR`` measures that
-checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round), the two
-alternating ``--rounds`` times. Prints one line per measurement.
+checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round); ``--variant``
+measures this tree again with more overrides; the sides alternate ``--rounds`` times. Prints one
+line per measurement.
 
 Nothing of fastrl is imported before ``measure`` runs: under ``--base-code`` this module runs
 again in an interpreter that imports the other checkout's fastrl, whose names may differ.
@@ -24,17 +26,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .options import add_rounds
+from .options import add_rounds, add_set, overrides
 
 BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
-def measure(profile: str, calls: int) -> dict[str, float]:
-    """Best microseconds per ``infer()`` for one request and for one request per worker."""
+def measure(profile: str, calls: int, settings: list[str]) -> dict[str, float]:
+    """Best microseconds per ``infer()`` for one request and for one request per worker, with the
+    ``settings`` ("KEY=VALUE") over the profile."""
     import torch
     from threadpoolctl import threadpool_limits
 
-    from fastrl.config import build_config
+    from fastrl.config import build_config, parse_override
     from fastrl.envs import probe_env
     from fastrl.ipc.arena import Arena
     from fastrl.ipc.weights import WeightBuffer
@@ -44,7 +47,7 @@ def measure(profile: str, calls: int) -> dict[str, float]:
 
     torch.set_num_threads(1)
     threadpool_limits(1)
-    cfg = build_config(profile, {"device": "cpu"})
+    cfg = build_config(profile, {"device": "cpu", **dict(parse_override(text) for text in settings)})
     spec = probe_env(cfg)
     torch.manual_seed(0)
     model = build_model(spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
@@ -59,7 +62,7 @@ def measure(profile: str, calls: int) -> dict[str, float]:
     arena.request_envs[:] = np.arange(E).reshape(1, S, E // S)
     WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
-                               numpy_mlp=cfg.inference.numpy_mlp)
+                               numpy_mlp=cfg.inference.numpy_mlp, algo=cfg.learner.algo)
     batcher.refresh_weights()
     results = {}
     for name, workers in ((f"1 request of {E // S}", [0]), (f"{W} requests of {E // S}", list(range(W)))):
@@ -76,13 +79,14 @@ def measure(profile: str, calls: int) -> dict[str, float]:
     return results
 
 
-def measure_with(code: Path | None, profile: str, calls: int) -> dict[str, float]:
+def measure_with(code: Path | None, profile: str, calls: int, settings: list[str]) -> dict[str, float]:
     """:func:`measure` in a fresh interpreter, with the fastrl checkout in ``code`` when given."""
     env = dict(os.environ)
     if code is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
+    sets = [part for text in settings for part in ("--set", text)]
     out = subprocess.run([sys.executable, str(BENCH), "batcher", "--profile", profile, "--calls", str(calls),
-                          "--once"], env=env, check=True, capture_output=True, text=True).stdout
+                          *sets, "--once"], env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -91,6 +95,9 @@ def add_arguments(p) -> None:
     p.add_argument("--calls", type=int, default=2000)
     add_rounds(p, 3, "measurements of each side, alternating")
     p.add_argument("--base-code", type=Path, metavar="DIR")
+    add_set(p, "override of every side (repeat for several)")
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                   help="also measure this tree with these overrides on top of --set (repeat for several)")
     p.add_argument("--once", action="store_true", help=argparse.SUPPRESS)  # one measurement, JSON only
 
 
@@ -99,17 +106,21 @@ ERRORS = (ValueError,)
 
 def run(args) -> dict:
     if args.once:
-        return measure(args.profile, args.calls)
+        return measure(args.profile, args.calls, args.set)
     if args.base_code is not None and not (args.base_code / "fastrl" / "__init__.py").is_file():
         raise ValueError(f"--base-code {args.base_code} holds no fastrl package "
                          f"(expected {args.base_code}/fastrl/__init__.py)")
-    sides = {"this tree": None}
+    from fastrl.config import build_config
+    build_config(args.profile, overrides(args.set + args.variant))  # a bad key: one line here, not a child's traceback
+    sides = {"this tree": (None, args.set)}
     if args.base_code is not None:
-        sides = {"base": args.base_code.resolve(), "this tree": BENCH.parents[1]}
+        sides = {"base": (args.base_code.resolve(), args.set), "this tree": (BENCH.parents[1], args.set)}
+    if args.variant:
+        sides["variant"] = (BENCH.parents[1], args.set + args.variant)
     rounds = {name: [] for name in sides}
     for _ in range(args.rounds):
-        for name, code in sides.items():
-            result = measure_with(code, args.profile, args.calls)
+        for name, (code, settings) in sides.items():
+            result = measure_with(code, args.profile, args.calls, settings)
             rounds[name].append(result)
             print(f"{name:10s} " + "  ".join(f"{k}: {v:.1f} us" for k, v in result.items()), flush=True)
     return {"profile": args.profile, "us_per_infer": rounds}

@@ -1,5 +1,5 @@
-"""scripts/bench.py batcher: it times the batcher's infer() in a profile's layout, and refuses a
---base-code that holds no fastrl in one line."""
+"""scripts/bench.py batcher: it times the batcher's infer() in a profile's layout, beside a variant
+of the settings, and refuses a --base-code that holds no fastrl, or a bad setting, in one line."""
 import subprocess
 import sys
 
@@ -22,3 +22,20 @@ def test_a_base_code_without_fastrl_is_refused_in_one_line(tmp_path):
                          text=True)
     assert run.returncode == 2
     assert "holds no fastrl package" in run.stderr.strip().splitlines()[-1]
+
+
+def test_a_variant_is_measured_beside_this_tree_in_sacs_layout():
+    """mujoco-sac's squashed Gaussian through numpy, and through torch as the variant."""
+    out = subprocess.run([sys.executable, str(BENCH), "batcher", "--profile", "mujoco-sac", "--calls", "20",
+                          "--rounds", "1", "--variant", "inference.numpy_mlp=false"],
+                         check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("this tree") and lines[1].startswith("variant")
+    assert all("1 request of 4" in line and "1 requests of 4" in line for line in lines[:2])
+
+
+def test_a_bad_setting_is_refused_in_one_line():
+    run = subprocess.run([sys.executable, str(BENCH), "batcher", "--variant", "inference.numpy_mlp=maybe"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "inference.numpy_mlp" in run.stderr.strip().splitlines()[-1]

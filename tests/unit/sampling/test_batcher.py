@@ -311,18 +311,53 @@ def test_epsilon_greedy_log_probs_mix_uniform_and_greedy():
     assert abs(float(is_greedy.mean()) - float((1 - eps + eps / n).mean())) < 0.015
 
 
-def test_sac_acts_uniformly_until_every_replay_can_hold_min_fill_then_samples_its_policy():
+def sac_run(low, high, **overrides):
+    """small_run's arena with sac's actor over a Box with bounds ``low``, ``high``."""
+    return small_run(**{"learner.algo": "sac", "env.id": "tests.support.space_envs:make_bounded_target",
+                        "env.kwargs": {"low": low, "high": high}, "replay.n_step": 1, **overrides})
+
+
+@pytest.mark.parametrize("hidden", [[16, 8], []])
+def test_the_numpy_mlp_path_acts_as_torch_for_sac_and_follows_refreshed_weights(hidden):
+    """sac's squashed Gaussian through numpy and numba: the same normals drawn, so the same actions
+    (inside the bounds) and log-probabilities as the torch path, before and after a weight refresh."""
+    low, high = [-2.0, 0.0], [2.0, 1.0]
+    cfg, spec, model, arena = sac_run(low, high, **{"model.hidden_sizes": hidden})
+    torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), algo="sac")
+    numpy_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), algo="sac",
+                                  numpy_mlp=True)
+    assert torch_path.weight_sets[0].numpy_mlp is None and numpy_path.weight_sets[0].numpy_mlp is not None
+    envs = arena.request_envs[[0, 1, 1], [1, 0, 1]]  # [3 requests, 4 envs]
+    workers = np.array([0, 1, 1])[:, None]
+    rows = arena.env_slot[workers, envs], arena.env_t[workers, envs]
+    for version in (0, 1):
+        if version:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.1 * torch.randn_like(p))  # not so far that the draws saturate
+            WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 1)
+        actions, logp, _ = act(arena, torch_path, [0, 1, 1], [1, 0, 1], seed=version)
+        numpy_actions, numpy_logp, _ = act(arena, numpy_path, [0, 1, 1], [1, 0, 1], seed=version)
+        np.testing.assert_allclose(numpy_actions, actions, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(numpy_logp, logp, rtol=1e-5, atol=1e-4)
+        assert numpy_path.version == version
+        acted = numpy_actions[rows].reshape(-1, 2)
+        assert ((acted >= low) & (acted <= high)).all() and len(np.unique(acted[:, 0])) == len(acted)
+    assert not np.allclose(numpy_logp[rows], -2 * math.log(2))
+
+
+@pytest.mark.parametrize("numpy_mlp", [False, True], ids=["torch", "numpy_mlp"])
+def test_sac_acts_uniformly_until_every_replay_can_hold_min_fill_then_samples_its_policy(numpy_mlp):
     """sac's first ``replay.min_fill`` env steps (per member in a population) are uniform over the
     Box, behaviour log-prob -d log 2 in the squashed space; from then on the policy's own draws."""
     low, high = [-2.0, 0.0], [2.0, 1.0]
-    cfg, spec, model, arena = small_run(**{
-        "learner.algo": "sac", "env.id": "tests.support.space_envs:make_bounded_target",
-        "env.kwargs": {"low": low, "high": high}, "replay.min_fill": 100, "replay.n_step": 1})
+    cfg, spec, model, arena = sac_run(low, high, **{"replay.min_fill": 100})
     assert random_action_steps(cfg) == 100
     assert random_action_steps(build_config("mujoco-sac", {"pbt.population": 4})) == 4 * 5_000
     assert random_action_steps(build_config("cartpole-dqn")) == 0
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
-                               algo="sac", random_until=random_action_steps(cfg))
+                               algo="sac", random_until=random_action_steps(cfg), numpy_mlp=numpy_mlp)
+    assert (batcher.weight_sets[0].numpy_mlp is not None) == numpy_mlp
     envs = arena.request_envs[[0, 1], [0, 1]]
     workers = np.array([0, 1])[:, None]
     rows = arena.env_slot[workers, envs], arena.env_t[workers, envs]
