@@ -190,6 +190,7 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
         np.take(self.obs_rows, pad_rows(obs_index, rows), axis=0, out=inputs[0], mode="clip")
         if self.recurrent:
             self.gather_state(pad_rows(env_rows, rows), slots, steps, inputs[1])
+        outputs = []  # what a recurrent or torch forward pass brings back beside the actions
         if self.random_until and steps_taken(*self.step_arrays) < self.random_until:
             actions, behaviour_logp = (x.numpy() for x in self.head.sample_uniform(n))
         elif weight_set.numpy_mlp is not None:

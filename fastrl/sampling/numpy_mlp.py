@@ -16,8 +16,9 @@ One source of truth: this path reads the model's parameters in place (numpy view
 tensors the batcher refreshes, so a weight refresh is seen at once), and only a model whose
 maths it reproduces takes it: an :class:`~fastrl.models.networks.ActorCritic` over a Discrete
 action space, or SAC's :class:`~fastrl.models.networks.SquashedGaussianActor` over a Box, whose
-encoder is an :class:`~fastrl.models.encoders.MLPEncoder`, float32 observations (no scaling, no
-normalizer, no mask) and no recurrent core (the learner's path takes the discrete actor-critic
+encoder is an :class:`~fastrl.models.encoders.MLPEncoder`, float32 observations (the batcher also
+takes float64 ones, MuJoCo's, cast to float32 as the torch model's first step casts them; no
+scaling, no normalizer, no mask) and no recurrent core (the learner's path takes the discrete actor-critic
 only, and needs its critic to share the encoder). Everything else runs in torch. The batcher
 does not compute the value head: acting does not use it.
 """
@@ -68,7 +69,7 @@ class NumpyMLPPolicy:
 
     @staticmethod
     def supports(model: nn.Module, observation_dtype) -> bool:
-        return np.dtype(observation_dtype) == np.float32 and _layers(model) is not None
+        return np.dtype(observation_dtype) in (np.float32, np.float64) and _layers(model) is not None
 
     def __init__(self, model: ActorCritic):
         linears, self.activation = _layers(model)
@@ -93,7 +94,7 @@ class NumpyMLPPolicy:
         from torch's generator, as the torch path's draw."""
         n = obs.shape[0]
         *hidden_out, logits = self._buffers(n)
-        h = obs.reshape(n, -1)
+        h = obs.reshape(n, -1).astype(np.float32, copy=False)  # the torch model's first step (scale_obs)
         for (weight, bias), out in zip(self.hidden, hidden_out):
             np.matmul(h, weight.T, out=out)
             bias_activation(out, bias, self.activation)
@@ -120,8 +121,8 @@ class NumpyMLPActorCritic:
 
     @staticmethod
     def supports(model: nn.Module, observation_dtype) -> bool:
-        return (type(model) is ActorCritic and NumpyMLPPolicy.supports(model, observation_dtype)
-                and model.value_encoder is None)
+        return (type(model) is ActorCritic and np.dtype(observation_dtype) == np.float32
+                and NumpyMLPPolicy.supports(model, observation_dtype) and model.value_encoder is None)
 
     def __init__(self, model: ActorCritic):
         linears, self.activation = _layers(model)

@@ -1,7 +1,7 @@
 """The inference batcher's ``infer()`` alone: microseconds per batch in a profile's layout.
 
     python scripts/bench.py batcher [--profile cartpole-appo] [--rounds 3] [--set KEY=VALUE]
-    git worktree add ../fastrl-base 0f2cfb3 && python scripts/bench.py batcher --base-code ../fastrl-base
+    git worktree add ../fastrl-base 730e5cc && python scripts/bench.py batcher --base-code ../fastrl-base
     python scripts/bench.py batcher --profile mujoco-sac --variant inference.numpy_mlp=false
 
 One process, one thread (as the batcher process runs), the profile's arena with random
@@ -10,7 +10,7 @@ the cache as they do in a run. Batches of one request and of one request per wor
 measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR`` measures that
 checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round); ``--variant``
 measures this tree again with more overrides; the sides alternate ``--rounds`` times. Prints one
-line per measurement.
+line per measurement, naming the path that acted (numpy or torch, fastrl.sampling.numpy_mlp).
 
 Nothing of fastrl is imported before ``measure`` runs: under ``--base-code`` this module runs
 again in an interpreter that imports the other checkout's fastrl, whose names may differ.
@@ -31,9 +31,9 @@ from .options import add_rounds, add_set, overrides
 BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
-def measure(profile: str, calls: int, settings: list[str]) -> dict[str, float]:
+def measure(profile: str, calls: int, settings: list[str]) -> dict:
     """Best microseconds per ``infer()`` for one request and for one request per worker, with the
-    ``settings`` ("KEY=VALUE") over the profile."""
+    ``settings`` ("KEY=VALUE") over the profile, and the path that acted (``"path"``)."""
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -61,10 +61,12 @@ def measure(profile: str, calls: int, settings: list[str]) -> dict[str, float]:
     S = cfg.env.num_splits
     arena.request_envs[:] = np.arange(E).reshape(1, S, E // S)
     WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 0)
+    # `algo` only where it matters, so that a --base-code checkout older than the argument runs.
+    algo = {} if cfg.learner.algo == "appo" else {"algo": cfg.learner.algo}
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
-                               numpy_mlp=cfg.inference.numpy_mlp, algo=cfg.learner.algo)
+                               numpy_mlp=cfg.inference.numpy_mlp, **algo)
     batcher.refresh_weights()
-    results = {}
+    results = {"path": "torch" if getattr(batcher.weight_sets[0], "numpy_mlp", None) is None else "numpy"}
     for name, workers in ((f"1 request of {E // S}", [0]), (f"{W} requests of {E // S}", list(range(W)))):
         workers, requests = np.array(workers), np.zeros(len(workers), np.int64)
         for _ in range(calls // 10):
@@ -79,7 +81,7 @@ def measure(profile: str, calls: int, settings: list[str]) -> dict[str, float]:
     return results
 
 
-def measure_with(code: Path | None, profile: str, calls: int, settings: list[str]) -> dict[str, float]:
+def measure_with(code: Path | None, profile: str, calls: int, settings: list[str]) -> dict:
     """:func:`measure` in a fresh interpreter, with the fastrl checkout in ``code`` when given."""
     env = dict(os.environ)
     if code is not None:
@@ -122,5 +124,6 @@ def run(args) -> dict:
         for name, (code, settings) in sides.items():
             result = measure_with(code, args.profile, args.calls, settings)
             rounds[name].append(result)
-            print(f"{name:10s} " + "  ".join(f"{k}: {v:.1f} us" for k, v in result.items()), flush=True)
+            times = "  ".join(f"{k}: {v:.1f} us" for k, v in result.items() if k != "path")
+            print(f"{name:10s} {result.get('path', '?'):5s}  {times}", flush=True)
     return {"profile": args.profile, "us_per_infer": rounds}

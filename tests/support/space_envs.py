@@ -95,19 +95,19 @@ def make_strict_space_env(kind: str = "discrete", length: int = 8) -> StrictSpac
 
 class BoundedTargetEnv(gymnasium.Env):
     """A one-step target game whose action Box has the bounds given (inf, or low == high, for the
-    refusals of tests/unit/learner/test_sac.py)."""
+    refusals of tests/unit/learner/test_sac.py); observations of ``obs_dtype``, as MuJoCo's float64."""
 
-    def __init__(self, low: list, high: list) -> None:
-        self.observation_space = spaces.Box(-1.0, 1.0, (len(low),), np.float32)
+    def __init__(self, low: list, high: list, obs_dtype: str = "float32") -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, (len(low),), np.dtype(obs_dtype))
         self.action_space = spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return np.zeros(self.observation_space.shape, np.float32), {}
+        return np.zeros(self.observation_space.shape, self.observation_space.dtype), {}
 
     def step(self, action):
-        return np.zeros(self.observation_space.shape, np.float32), 0.0, True, False, {}
+        return np.zeros(self.observation_space.shape, self.observation_space.dtype), 0.0, True, False, {}
 
 
-def make_bounded_target(low: list, high: list) -> BoundedTargetEnv:
-    return BoundedTargetEnv(low, high)
+def make_bounded_target(low: list, high: list, obs_dtype: str = "float32") -> BoundedTargetEnv:
+    return BoundedTargetEnv(low, high, obs_dtype)

@@ -317,12 +317,15 @@ def sac_run(low, high, **overrides):
                         "env.kwargs": {"low": low, "high": high}, "replay.n_step": 1, **overrides})
 
 
-@pytest.mark.parametrize("hidden", [[16, 8], []])
-def test_the_numpy_mlp_path_acts_as_torch_for_sac_and_follows_refreshed_weights(hidden):
+@pytest.mark.parametrize("hidden,obs_dtype", [([16, 8], "float32"), ([], "float32"), ([16, 8], "float64")])
+def test_the_numpy_mlp_path_acts_as_torch_for_sac_and_follows_refreshed_weights(hidden, obs_dtype):
     """sac's squashed Gaussian through numpy and numba: the same normals drawn, so the same actions
-    (inside the bounds) and log-probabilities as the torch path, before and after a weight refresh."""
+    (inside the bounds) and log-probabilities as the torch path, before and after a weight refresh;
+    float64 observations (MuJoCo's) too, cast to float32 as the torch model casts them."""
     low, high = [-2.0, 0.0], [2.0, 1.0]
-    cfg, spec, model, arena = sac_run(low, high, **{"model.hidden_sizes": hidden})
+    cfg, spec, model, arena = sac_run(low, high, **{"model.hidden_sizes": hidden,
+                                                    "env.kwargs": {"low": low, "high": high, "obs_dtype": obs_dtype}})
+    assert arena.obs.dtype == np.dtype(obs_dtype)
     torch_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), algo="sac")
     numpy_path = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), algo="sac",
                                   numpy_mlp=True)
@@ -337,6 +340,7 @@ def test_the_numpy_mlp_path_acts_as_torch_for_sac_and_follows_refreshed_weights(
                     p.add_(0.1 * torch.randn_like(p))  # not so far that the draws saturate
             WeightBuffer(arena).publish(state_to_flat(model, torch.empty(num_state_values(model))).numpy(), 1)
         actions, logp, _ = act(arena, torch_path, [0, 1, 1], [1, 0, 1], seed=version)
+        arena.actions[:] = arena.behaviour_logp[:] = 0  # so that a path writing nothing fails
         numpy_actions, numpy_logp, _ = act(arena, numpy_path, [0, 1, 1], [1, 0, 1], seed=version)
         np.testing.assert_allclose(numpy_actions, actions, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(numpy_logp, logp, rtol=1e-5, atol=1e-4)
