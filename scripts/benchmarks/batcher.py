@@ -6,11 +6,12 @@
 
 One process, one thread (as the batcher process runs), the profile's arena with random
 observations and every env's cursor at a random slot, so that the gather and the write-back miss
-the cache as they do in a run. Batches of one request and of one request per worker. Each
-measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR`` measures that
-checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round); ``--variant``
-measures this tree again with more overrides; the sides alternate ``--rounds`` times. Prints one
-line per measurement, naming the path that acted (numpy or torch, fastrl.sampling.numpy_mlp).
+the cache as they do in a run. Batches of one request and, with several workers, of one request
+per worker. Each measurement is the best of 5 repeats of ``--calls`` calls. ``--base-code DIR``
+measures that checkout of fastrl too (DIR first on PYTHONPATH, a fresh interpreter each round);
+``--variant`` measures this tree again with more overrides; the sides alternate ``--rounds``
+times. Prints one line per measurement, naming the path that acted (numpy or torch,
+fastrl.sampling.numpy_mlp).
 
 Nothing of fastrl is imported before ``measure`` runs: under ``--base-code`` this module runs
 again in an interpreter that imports the other checkout's fastrl, whose names may differ.
@@ -32,7 +33,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
 def measure(profile: str, calls: int, settings: list[str]) -> dict:
-    """Best microseconds per ``infer()`` for one request and for one request per worker, with the
+    """Best microseconds per ``infer()`` for one request and for one request per worker (if several), with the
     ``settings`` ("KEY=VALUE") over the profile, and the path that acted (``"path"``)."""
     import torch
     from threadpoolctl import threadpool_limits
@@ -66,8 +67,10 @@ def measure(profile: str, calls: int, settings: list[str]) -> dict:
     batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"),
                                numpy_mlp=cfg.inference.numpy_mlp, **algo)
     batcher.refresh_weights()
-    results = {"path": "torch" if getattr(batcher.weight_sets[0], "numpy_mlp", None) is None else "numpy"}
-    for name, workers in ((f"1 request of {E // S}", [0]), (f"{W} requests of {E // S}", list(range(W)))):
+    acting = batcher.weight_sets[0] if hasattr(batcher, "weight_sets") else batcher  # an older --base-code's
+    results = {"path": "torch" if getattr(acting, "numpy_mlp", None) is None else "numpy"}
+    batches = [(f"1 request of {E // S}", [0])] + [(f"{W} requests of {E // S}", list(range(W)))] * (W > 1)
+    for name, workers in batches:
         workers, requests = np.array(workers), np.zeros(len(workers), np.int64)
         for _ in range(calls // 10):
             batcher.infer(workers, requests)
