@@ -33,8 +33,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench.py"
 
 
 def measure(profile: str, calls: int, settings: list[str]) -> dict:
-    """Best microseconds per ``infer()`` for one request and for one request per worker (if several), with the
-    ``settings`` ("KEY=VALUE") over the profile, and the path that acted (``"path"``)."""
+    """Best microseconds per ``infer()`` for one request and (with several workers) for one request
+    per worker, with the ``settings`` ("KEY=VALUE") over the profile, and the path that acted
+    (``"path"``)."""
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -69,7 +70,9 @@ def measure(profile: str, calls: int, settings: list[str]) -> dict:
     batcher.refresh_weights()
     acting = batcher.weight_sets[0] if hasattr(batcher, "weight_sets") else batcher  # an older --base-code's
     results = {"path": "torch" if getattr(acting, "numpy_mlp", None) is None else "numpy"}
-    batches = [(f"1 request of {E // S}", [0])] + [(f"{W} requests of {E // S}", list(range(W)))] * (W > 1)
+    batches = [(f"1 request of {E // S}", [0])]
+    if W > 1:
+        batches.append((f"{W} requests of {E // S}", list(range(W))))
     for name, workers in batches:
         workers, requests = np.array(workers), np.zeros(len(workers), np.int64)
         for _ in range(calls // 10):
