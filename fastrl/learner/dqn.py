@@ -7,7 +7,7 @@ epsilon-greedily on the dueling network's Q-values with one epsilon per env
 as :class:`~fastrl.learner.Trajectories` batches. Every step enters the replay with a priority
 from its n-step TD error under the current networks (Ape-X computes it in the actor; here the
 learner holds the networks and the whole trajectory, so it is computed once, batched, on the
-learner's device). Then the learner takes as many gradient steps as ``replay.replay_ratio``
+learner's device), or with ``replay.arrival_priority = "max"`` the largest priority seen (PER). Then the learner takes as many gradient steps as ``replay.replay_ratio``
 allows, updates the sampled priorities after each step, and copies the online network into the
 target network every ``learner.target_update_every`` steps (its observation statistics included:
 they change only then).
@@ -65,13 +65,14 @@ class DQNLearner(ReplayQLearner):
         self.set_learning_rate(progress)
         with self.timers.time("replay_s"):
             rewards = self.transformed_rewards(batch.rewards)
-            priorities = self.arrival_priorities(batch, rewards)
-            finite = np.isfinite(priorities).all() and bool(torch.isfinite(rewards).all())
+            priorities = self.arrival_priorities(batch, rewards) if self.rcfg.arrival_priority == "td" else None
+            finite = bool(torch.isfinite(rewards).all()) and (priorities is None or np.isfinite(priorities).all())
             if finite:
                 # The target's statistics stay frozen with its weights until the next refresh: the
                 # target network is one fixed function between refreshes.
                 self.update_normalizer(batch)
-                add_trajectories(self.replay, batch, rewards, env_ids, fresh, priorities=priorities)
+                arrival = {} if priorities is None else {"priorities": priorities}
+                add_trajectories(self.replay, batch, rewards, env_ids, fresh, **arrival)
         return self.replay_steps(lag_stats) if finite else self.drop(batch, env_ids)
 
     def sample(self):

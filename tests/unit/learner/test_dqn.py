@@ -92,6 +92,19 @@ def test_arrival_priorities_are_n_step_double_q_td_errors():
                                    atol=1e-6)
 
 
+def test_max_arrival_priority_stores_the_largest_priority_seen_without_a_forward_pass(monkeypatch):
+    learner = make_dqn(**{"replay.arrival_priority": "max"})
+    monkeypatch.setattr(learner, "arrival_priorities", lambda *a: pytest.fail("max needs no TD errors"))
+    learner.replay._max_priority = 3.0  # as if an update had set a priority of 3
+    (batch, env_ids), = stream_batches(1, seed=3, p_terminate=0.15, p_truncate=0.1)
+    learner.train(batch, env_ids=env_ids)
+    alpha, ring, n = learner.cfg.replay.alpha, learner.replay.ring_len, learner.cfg.replay.n_step
+    for col, env in enumerate(env_ids):
+        sampleable = batch.valid[:, col].numpy() & (np.arange(T) <= T - 1 - n)
+        np.testing.assert_allclose(learner.replay.priorities(env * ring + np.arange(T)),
+                                   np.where(sampleable, 3.0 ** alpha, 0.0))
+
+
 def test_bfloat16_runs_the_encoder_in_bf16_and_the_q_heads_targets_and_loss_in_float32():
     full, half = make_dqn(), make_dqn(**{"learner.precision": "bfloat16"})
     perturb(full.target)
