@@ -17,6 +17,10 @@ DEFAULT_BUDGET_S = 300.0
 # A run's time beyond its train_for_seconds (probing the env, spawning, stopping the processes
 # and the final checkpoint): 3-6 s on two cores. Autotune's estimate until it has measured its own.
 OVERHEAD_ESTIMATE_S = 5.0
+# A trial on a loaded machine can stop slower than every trial before it, past the estimate that
+# admitted it: the search keeps this share of the budget (or the spread of the overheads seen,
+# if wider) unspent, so that the last trial it admits still ends within the budget.
+BUDGET_RESERVE = 0.05
 MIN_GAIN = 0.03  # autotune keeps a setting only if it beats the best so far by this (noise)
 
 TUNED_KEYS = ("env.num_workers", "env.envs_per_worker", "env.num_splits", "learner.batch_size",
@@ -110,7 +114,7 @@ class Autotuner:
     """One search over ``tuned_keys(cfg)``. A trial costs at most start-up + ``warmup_s`` +
     ``trial_seconds`` + overhead; start-up and overhead are learned from the trials so far
     (STARTUP_ESTIMATE_S and OVERHEAD_ESTIMATE_S before the first), and a trial starts only if
-    the rest of ``budget_s`` fits it."""
+    the rest of ``budget_s``, less a reserve (``reserve``), fits it."""
 
     def __init__(self, cfg: Config, budget_s: float, trial_seconds: float, warmup_s: float, log):
         self.started = time.time()
@@ -131,8 +135,12 @@ class Autotuner:
         overhead = max(self.overheads) * STARTUP_MARGIN if self.overheads else OVERHEAD_ESTIMATE_S
         return self.allowance() + self.warmup_s + self.trial_seconds + overhead
 
+    def reserve(self) -> float:
+        spread = max(self.overheads) - min(self.overheads) if self.overheads else 0.0
+        return max(BUDGET_RESERVE * self.budget_s, spread)
+
     def fits(self) -> bool:
-        return time.time() - self.started + self.cost() <= self.budget_s
+        return time.time() - self.started + self.cost() + self.reserve() <= self.budget_s
 
     def changed(self, settings: dict) -> dict:
         return {k: v for k, v in settings.items() if v != get_key(self.cfg, k)}
@@ -167,7 +175,7 @@ class Autotuner:
         if not self.fits():
             raise ProfileError(f"--budget-seconds {self.budget_s:g} cannot fit one trial (~{self.cost():.0f} s: "
                                f"start-up, {self.warmup_s:g} s warm-up, {self.trial_seconds:g} s measured, "
-                               f"stopping); raise it or lower --seconds")
+                               f"stopping; and {self.reserve():.1f} s kept in reserve); raise it or lower --seconds")
         fps = self.trial(self.best_settings)
         while fps is None and self.trials[-1].status == "late" and self.fits():
             fps = self.trial(self.best_settings)

@@ -307,6 +307,35 @@ def test_autotune_tries_acting_in_the_workers_and_in_the_batcher():
     assert profiler.candidate_values(build_config("cartpole-appo", {}), "inference.in_workers", 2) == [False]
 
 
+def test_autotune_keeps_a_reserve_for_a_last_trial_that_stops_slower_than_any_before(monkeypatch):
+    """A fake clock: every trial starts in 1 s and trains 2.5 s; it stops in 1 s until the machine gets
+    loaded 23 s in, then in 1.9 s, past the 1.2 s the estimate allows. Without the reserve the
+    trial admitted at 27 s ends at 32.4 s of a 32 s budget; with it, none starts after 22.5 s."""
+    from fastrl.profiler import tuning
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(time=lambda: clock[0]))
+    cfg = build_config("cartpole-appo", SMALL)
+    monkeypatch.setattr(tuning, "tuned_keys", lambda cfg: ("learner.batch_size",))
+    monkeypatch.setattr(tuning, "candidate_values", lambda cfg, key, cores: [1024] * 20)
+
+    def fake_measure_run(cfg, seconds, warmup_s, sample_only, startup_s):
+        stop = 1.9 if clock[0] >= 23.0 else 1.0
+        trained = 1.0 + warmup_s + seconds
+        clock[0] += trained + stop
+        return SimpleNamespace(startup_s=1.0, trained_s=trained, env_steps_per_s=1000.0, frames_per_s=1000.0,
+                               diagnosis=SimpleNamespace(bottleneck="env"))
+
+    monkeypatch.setattr(tuning, "measure_run", fake_measure_run)
+    result = profiler.autotune(cfg, budget_s=32.0, trial_seconds=2.0, warmup_s=0.5, log=lambda message: None)
+    assert not result.complete  # the budget, not the candidates, ended the search
+    assert len(result.trials) == 6 and result.elapsed_s == 27.0 <= 32.0
+    tuner = tuning.Autotuner(cfg, 32.0, 2.0, 0.5, log=None)
+    assert tuner.reserve() == 0.05 * 32.0
+    tuner.overheads = [1.0, 3.0]
+    assert tuner.reserve() == 2.0  # the spread of the stops seen, when wider
+
+
 # --- bad input: exit code 2, one line -------------------------------------------------------
 
 
