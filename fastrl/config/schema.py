@@ -330,8 +330,8 @@ class ReplayConfig:
     replay_ratio: float = declare(1.0, allowed=NON_NEGATIVE, algos=REPLAY_LEARNERS,
                                   help="transitions sampled per env step added (r2d2: trained steps); > 0; gradient "
                                        "steps per env step = replay_ratio / replay.batch_size")
-    # Two forward passes over every arriving step are ~15% of the Atari DQN learner's time
-    # (docs/results.md#atari-dqn-cpu); max spends it on gradient steps instead, as R2D2 and SAC do.
+    # td runs two forward passes over every arriving step; max spends that time on gradient steps,
+    # as R2D2 and SAC do (atari-dqn-cpu: 1.05x the env steps/s, docs/results.md#atari-dqn-cpu).
     arrival_priority: str = declare("td", allowed=Choices(("td", "max")), algos=("dqn",),
                                     help="a new step's priority: td (its n-step TD error under the current networks, "
                                          "as Ape-X's actors compute it) or max (the largest priority seen, as PER)")

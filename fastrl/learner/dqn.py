@@ -7,10 +7,10 @@ epsilon-greedily on the dueling network's Q-values with one epsilon per env
 as :class:`~fastrl.learner.Trajectories` batches. Every step enters the replay with a priority
 from its n-step TD error under the current networks (Ape-X computes it in the actor; here the
 learner holds the networks and the whole trajectory, so it is computed once, batched, on the
-learner's device), or with ``replay.arrival_priority = "max"`` the largest priority seen (PER). Then the learner takes as many gradient steps as ``replay.replay_ratio``
-allows, updates the sampled priorities after each step, and copies the online network into the
-target network every ``learner.target_update_every`` steps (its observation statistics included:
-they change only then).
+learner's device), or with ``replay.arrival_priority = "max"`` the largest priority seen (PER).
+Then the learner takes as many gradient steps as ``replay.replay_ratio`` allows, updates the
+sampled priorities after each step, and copies the online network into the target network every
+``learner.target_update_every`` steps (its observation statistics included: they change only then).
 
 Checkpoints leave the replay out unless ``replay.checkpoint`` (a million Atari frames is
 gigabytes: :mod:`fastrl.replay.snapshot`); without it a resumed run refills the replay to
