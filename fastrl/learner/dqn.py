@@ -65,13 +65,14 @@ class DQNLearner(ReplayQLearner):
         self.set_learning_rate(progress)
         with self.timers.time("replay_s"):
             rewards = self.transformed_rewards(batch.rewards)
-            priorities = self.arrival_priorities(batch, rewards) if self.rcfg.arrival_priority == "td" else None
-            finite = bool(torch.isfinite(rewards).all()) and (priorities is None or np.isfinite(priorities).all())
+            # No priorities: the replay gives the steps its largest priority seen.
+            arrival = ({"priorities": self.arrival_priorities(batch, rewards)}
+                       if self.rcfg.arrival_priority == "td" else {})
+            finite = bool(torch.isfinite(rewards).all()) and all(np.isfinite(p).all() for p in arrival.values())
             if finite:
                 # The target's statistics stay frozen with its weights until the next refresh: the
                 # target network is one fixed function between refreshes.
                 self.update_normalizer(batch)
-                arrival = {} if priorities is None else {"priorities": priorities}
                 add_trajectories(self.replay, batch, rewards, env_ids, fresh, **arrival)
         return self.replay_steps(lag_stats) if finite else self.drop(batch, env_ids)
 

@@ -124,6 +124,9 @@ class Autotuner:
         self.cores = cpu_count()
         self.allowances: list[float] = []  # start-up allowances that fit, one per trial
         self.overheads: list[float] = []  # a trial's time beyond the trained seconds it ran, per trial
+        # Those of the trials that ran to their measurement: a failed trial's (short, often
+        # negative) would widen the spread the reserve follows.
+        self.measured_overheads: list[float] = []
         self.trials: list[Trial] = []
         self.best_settings = {key: get_key(cfg, key) for key in self.keys}
         self.best_fps: float | None = None
@@ -136,7 +139,8 @@ class Autotuner:
         return self.allowance() + self.warmup_s + self.trial_seconds + overhead
 
     def reserve(self) -> float:
-        spread = max(self.overheads) - min(self.overheads) if self.overheads else 0.0
+        stops = self.measured_overheads
+        spread = max(stops) - min(stops) if stops else 0.0
         return max(BUDGET_RESERVE * self.budget_s, spread)
 
     def fits(self) -> bool:
@@ -167,6 +171,8 @@ class Autotuner:
                            train_frames_per_s=measured.frames_per_s, bottleneck=measured.diagnosis.bottleneck,
                            elapsed_s=time.time() - begun)
         self.overheads.append(time.time() - begun - ran)
+        if record.status == "ok":
+            self.measured_overheads.append(self.overheads[-1])
         self.trials.append(record)
         return record.train_fps
 

@@ -332,8 +332,10 @@ def test_autotune_keeps_a_reserve_for_a_last_trial_that_stops_slower_than_any_be
     assert len(result.trials) == 6 and result.elapsed_s == 27.0 <= 32.0
     tuner = tuning.Autotuner(cfg, 32.0, 2.0, 0.5, log=None)
     assert tuner.reserve() == 0.05 * 32.0
-    tuner.overheads = [1.0, 3.0]
-    assert tuner.reserve() == 2.0  # the spread of the stops seen, when wider
+    tuner.measured_overheads = [1.0, 3.0]
+    assert tuner.reserve() == 2.0  # the spread of the measured trials' stops, when wider
+    tuner.overheads = [-3.0, 1.0, 3.0]  # a trial that failed at once: no stop to learn from
+    assert tuner.reserve() == 2.0
 
 
 # --- bad input: exit code 2, one line -------------------------------------------------------
