@@ -11,6 +11,7 @@ from .schema import (
     PBT_MUTABLE,
     PBT_OBJECTIVES,
     POLICY_NAME,
+    Q_LEARNERS,
     REPLAY_LEARNERS,
     RUN_DEVICES,
     SAC_PBT_MEMBER_KEYS,
@@ -88,6 +89,7 @@ def validate(cfg: Config) -> None:
     if cfg.inference.in_workers and (cfg.inference.compile or cfg.inference.device not in ("", "cpu")):
         raise ConfigError("inference.in_workers runs the policy eagerly on each worker's CPU: set "
                           "inference.compile=false and inference.device='' (or in_workers=false for the batcher)")
+    _validate_exploration(cfg)
     if cfg.eval.video_every_s and not cfg.eval.every_s:
         raise ConfigError("eval.video_every_s records clips of evaluations: set eval.every_s > 0 too "
                           "(e.g. --set eval.every_s=60)")
@@ -103,6 +105,13 @@ def validate(cfg: Config) -> None:
             f"learner.batch_size needs {cfg.trajectories_per_batch} trajectories but the envs can queue "
             f"only {queued} (num_workers x envs_per_worker x (slots_per_env - 1)); lower learner.batch_size "
             f"to <= {queued * cfg.learner.rollout} or add envs/slots")
+
+
+def _validate_exploration(cfg: Config) -> None:
+    late_after, decay = cfg.learner.epsilon_late_after_steps, cfg.learner.epsilon_decay_steps
+    if cfg.learner.algo in Q_LEARNERS and late_after and late_after < decay:
+        raise ConfigError(f"learner.epsilon_late_after_steps ({late_after}) must be >= learner.epsilon_decay_steps "
+                          f"({decay}): the late rate follows the decay; raise it or set it to 0 (off)")
 
 
 def _validate_core(cfg: Config) -> None:

@@ -285,6 +285,16 @@ class LearnerConfig:
     epsilon_decay_steps: int = declare(0, allowed=Range(0, 10**12), algos=Q_LEARNERS,
                                        help="0 = off; else every env's exploration rate starts at 1 and falls "
                                             "linearly to its Ape-X rate over the run's first this many env steps")
+    # A second, smaller rate once the policy scores: a rate small enough for the end of a Pong run
+    # (0.002) keeps an unskilled policy in long scoreless rallies for ~1M env steps when set from the
+    # start (docs/results.md#atari-dqn-cpu), while 0.01 throughout caps the training return below 20.
+    epsilon_late: float = declare(0.0, allowed=UNIT, algos=Q_LEARNERS,
+                                  help="the base exploration rate from learner.epsilon_late_after_steps on (env i of "
+                                       "N acts with epsilon_late ** (1 + epsilon_alpha * i / (N - 1)))")
+    epsilon_late_after_steps: int = declare(0, allowed=Range(0, 10**12), algos=Q_LEARNERS,
+                                            help="0 = off; else from the run's this many env steps on (at least "
+                                                 "learner.epsilon_decay_steps), learner.epsilon_late replaces "
+                                                 "learner.epsilon")
     target_update_every: int = declare(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
                                        help="gradient steps between target-network copies")
     double_q: bool = declare(True, algos=Q_LEARNERS,

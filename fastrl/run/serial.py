@@ -14,7 +14,7 @@ from ..ipc.slots import SlotsExhausted, serial_slots
 from ..learner.policy_set import PolicyRuntimes, make_policy_learners, restore_policies
 from ..reporting.console import Console
 from ..reporting.metrics import MetricsWriteError, Reporter, WorkerTiming
-from ..sampling.batcher import InferenceBatcher, batcher_epsilon_decay, batcher_epsilons, random_action_steps
+from ..sampling.batcher import InferenceBatcher, exploration
 from ..sampling.rollout_worker import RolloutWorker, make_worker_env, worker_policies
 from ..tuning.pbt import info_due_env_steps
 from .plan import RunError, RunPlan, RunResult
@@ -46,9 +46,8 @@ def _serial_steps(plan: RunPlan, console: Console) -> RunResult:
         restore_policies(learners, policies.names, plan.resume_state)
     runtime = PolicyRuntimes(cfg, arena, learners, policies, run_dir, resume_state=plan.resume_state)
     batcher = InferenceBatcher(arena, copy.deepcopy(learner.model), spec.action_space,
-                               torch.device(plan.inference_device), batcher_epsilons(cfg),
-                               numpy_mlp=cfg.inference.numpy_mlp, algo=cfg.learner.algo,
-                               random_until=random_action_steps(cfg), epsilon_decay=batcher_epsilon_decay(cfg))
+                               torch.device(plan.inference_device), numpy_mlp=cfg.inference.numpy_mlp,
+                               algo=cfg.learner.algo, **exploration(cfg))
     row_policy = policies.run_row_policies(cfg.env.num_workers, cfg.env.envs_per_worker)
     worker_slots, full = serial_slots(arena, cfg.env.num_workers, cfg.slots_per_worker, cfg.trajectories_per_batch,
                                       lambda w: WorkerTiming.cell(arena, w, WorkerTiming.WAIT_SLOTS), row_policy,

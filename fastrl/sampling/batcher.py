@@ -5,7 +5,8 @@ their cursors ``(env_slot, env_t)``. The batcher gathers all ready requests into
 the policy on the device, and writes action, behaviour log-prob and policy version back into the
 same slot rows. For the dqn learner the policy is epsilon-greedy over Q-values, with one epsilon
 per env (Ape-X), which may start at 1 and fall to that rate over the run's first env steps
-(``learner.epsilon_decay_steps``, DQN's schedule). For sac it is the squashed Gaussian scaled to
+(``learner.epsilon_decay_steps``, DQN's schedule) and give way to a smaller late rate
+(``learner.epsilon_late_after_steps``). For sac it is the squashed Gaussian scaled to
 the env's bounds, and uniformly random actions until ``replay.min_fill`` env steps were taken
 (CleanRL's ``learning_starts``), so that the first updates see the whole action range. A plain MLP
 policy (categorical, or SAC's squashed Gaussian) on the CPU acts through numpy and numba
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 import time
 from multiprocessing.connection import wait
 
@@ -82,6 +84,8 @@ class InferenceBatcher:
 head of ``action_space`` for ``algo`` (fastrl.models.heads.action_head). ``random_until``: act uniformly
 at random until the run's workers took this many env steps (sac). ``epsilon_decay``: the env steps of
 this rank over which each epsilon falls linearly from 1 to its ``epsilons`` value (0: none).
+``late_epsilons`` (like ``epsilons``) replace ``epsilons`` once this rank took ``late_after`` env
+steps (0: never).
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
@@ -95,9 +99,13 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
     def __init__(self, arena: Arena, model: torch.nn.Module, action_space, device: torch.device,
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
                  transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None,
-                 algo: str = "appo", random_until: int = 0, epsilon_decay: int = 0):
+                 algo: str = "appo", random_until: int = 0, epsilon_decay: int = 0,
+                 late_epsilons: np.ndarray | None = None, late_after: int = 0):
         self.arena = arena
         self.epsilon_decay = epsilon_decay
+        self.late_after = late_after if late_epsilons is not None else 0
+        self.late_epsilons = (None if late_epsilons is None
+                              else torch.from_numpy(np.asarray(late_epsilons, np.float32).reshape(-1)))
         self.device = device
         self.head = action_head(action_space, algo)
         self.random_until = random_until
@@ -218,10 +226,15 @@ this rank over which each epsilon falls linearly from 1 to its ``epsilons`` valu
 
     def current_epsilons(self, env_rows: np.ndarray) -> torch.Tensor:
         """The exploration rates of the envs ``env_rows`` now: their Ape-X rates, moved towards 1 by
-        the share of the epsilon decay still ahead."""
+        the share of the epsilon decay still ahead, or their late rates once those are due."""
+        if not (self.epsilon_decay or self.late_after):
+            return self.epsilons[env_rows]
+        steps = steps_taken(*self.step_arrays)
+        if self.late_after and steps >= self.late_after:
+            return self.late_epsilons[env_rows]
         epsilons = self.epsilons[env_rows]
         if self.epsilon_decay:
-            ahead = max(0.0, 1.0 - steps_taken(*self.step_arrays) / self.epsilon_decay)
+            ahead = max(0.0, 1.0 - steps / self.epsilon_decay)
             if ahead:
                 epsilons = epsilons + (1.0 - epsilons) * ahead
         return epsilons
@@ -340,6 +353,22 @@ def batcher_epsilons(cfg) -> np.ndarray | None:
                          total=info.world_size * per_rank).reshape(cfg.env.num_workers, cfg.env.envs_per_worker)
 
 
+def batcher_late_epsilons(cfg) -> tuple[np.ndarray | None, int]:
+    """``[W, E]`` late exploration rates of this rank's envs and this rank's share of
+    ``learner.epsilon_late_after_steps`` for dqn and r2d2 with a late stage, else (None, 0)."""
+    if cfg.learner.algo not in Q_LEARNERS or not cfg.learner.epsilon_late_after_steps:
+        return None, 0
+    late = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, epsilon=cfg.learner.epsilon_late))
+    return batcher_epsilons(late), max(1, cfg.learner.epsilon_late_after_steps // DistInfo.from_env().world_size)
+
+
+def exploration(cfg) -> dict:
+    """The InferenceBatcher keywords that set how the run's actors explore."""
+    late_epsilons, late_after = batcher_late_epsilons(cfg)
+    return {"epsilons": batcher_epsilons(cfg), "epsilon_decay": batcher_epsilon_decay(cfg),
+            "late_epsilons": late_epsilons, "late_after": late_after, "random_until": random_action_steps(cfg)}
+
+
 def batcher_epsilon_decay(cfg) -> int:
     """This rank's share of ``learner.epsilon_decay_steps`` for dqn and r2d2 (the batcher counts its
     own rank's env steps), else 0."""
@@ -365,10 +394,9 @@ def make_batcher(cfg, arena: Arena, spaces, model, device: str, timings: np.ndar
     W, S, b = arena.request_envs.shape
     buckets = batch_buckets(b, W * S) if cfg.inference.compile else ()
     model = build_model(*spaces, cfg.model, model, cfg.learner.algo)
-    return InferenceBatcher(arena, model, spaces[1], torch.device(device), batcher_epsilons(cfg), buckets,
-                            cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings,
-                            algo=cfg.learner.algo, random_until=random_action_steps(cfg),
-                            epsilon_decay=batcher_epsilon_decay(cfg))
+    return InferenceBatcher(arena, model, spaces[1], torch.device(device), buckets=buckets,
+                            compile=cfg.inference.compile, numpy_mlp=cfg.inference.numpy_mlp, timings=timings,
+                            algo=cfg.learner.algo, **exploration(cfg))
 
 
 def inference_process(cfg, layout, arena_name: str, spaces, model, device: str,

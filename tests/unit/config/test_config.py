@@ -205,6 +205,7 @@ BAD_FLOATS = {
     "learner.reward_scale": [0.0, -1.0],
     "learner.epsilon": [-0.1, 1.5],
     "learner.epsilon_alpha": [-1.0],
+    "learner.epsilon_late": [-0.1, 1.5],
     "replay.alpha": [-0.6],
     "replay.beta": [-0.4],
     "replay.replay_ratio": [-1.0],
@@ -246,6 +247,7 @@ BAD_INTS = {
     "eval.num_envs": [0, 2**16 + 1],
     "pbt.objective_episodes": [0, 10**6 + 1],
     "learner.epsilon_decay_steps": [-1, 10**12 + 1],
+    "learner.epsilon_late_after_steps": [-1, 10**12 + 1],
 }
 DQN_KEYS = ("learner.epsilon", "learner.epsilon_alpha", "learner.target_update_every")
 RANGES_OF = {"learner.epsilon": "in [0, 1]", "learner.epsilon_alpha": ">= 0", "learner.target_update_every": ">= 1"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastrl.config import build_config
+from fastrl.config import ConfigError, build_config
 from fastrl.envs import probe_env
 from fastrl.ipc.arena import Arena, Control
 from fastrl.ipc.device_io import BatchTransfer
@@ -24,7 +24,9 @@ from fastrl.sampling.batcher import (
     batch_buckets,
     batcher_epsilon_decay,
     batcher_epsilons,
+    batcher_late_epsilons,
     epsilon_greedy,
+    exploration,
     padded_size,
     random_action_steps,
 )
@@ -274,6 +276,57 @@ def test_the_epsilon_decay_is_shared_over_ranks_and_read_by_q_learners_only(monk
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert batcher_epsilon_decay(build_config("cartpole-dqn", overrides)) == 2_500
+
+
+def test_late_epsilons_replace_the_apex_rates_from_their_step_on():
+    """learner.epsilon_late_after_steps: the decay from 1 runs as before, then each env keeps its
+    Ape-X rate until the run took ``late_after`` env steps (counting those before a resume), and its
+    late rate from there."""
+    cfg, spec, model, arena = small_run(**{"learner.algo": "dqn"})
+    base = apex_epsilons(16, 0.4, 7.0).reshape(2, 8)
+    late = apex_epsilons(16, 0.01, 7.0).reshape(2, 8)
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), base,
+                               epsilon_decay=1000, late_epsilons=late, late_after=3000)
+    rows = np.arange(16)
+    for steps_done, offset, expected in [(0, 0, np.ones(16)), (1000, 0, base), (2999, 0, base), (3000, 0, late),
+                                         (500, 2500, late), (10**6, 0, late)]:
+        arena.env_steps[:] = 0
+        arena.env_steps[1] = steps_done
+        arena.control[Control.ENV_STEPS_OFFSET] = offset
+        np.testing.assert_allclose(batcher.current_epsilons(rows).numpy(), expected.reshape(-1), rtol=1e-6)
+    # Greedy once late at rate 0: every action is the argmax, with behaviour probability 1.
+    greedy = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), base,
+                              late_epsilons=np.zeros((2, 8), np.float32), late_after=10)
+    arena.env_steps[:] = 0
+    arena.env_steps[0] = 10
+    arena.control[Control.ENV_STEPS_OFFSET] = 0
+    _, logp, _ = act(arena, greedy, [0, 1], [0, 1])
+    envs = arena.request_envs[[0, 1], [0, 1]]
+    acted = logp[arena.env_slot[np.array([0, 1])[:, None], envs], arena.env_t[np.array([0, 1])[:, None], envs]]
+    np.testing.assert_array_equal(acted, 0.0)
+
+
+def test_the_late_stage_is_shared_over_ranks_numbered_across_them_and_follows_the_decay(monkeypatch):
+    overrides = {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2, "learner.batch_size": 64,
+                 "replay.capacity": 1000, "replay.min_fill": 10, "learner.epsilon_decay_steps": 10_000,
+                 "learner.epsilon_late": 0.002, "learner.epsilon_late_after_steps": 40_000}
+    cfg = build_config("cartpole-dqn", overrides)
+    late, after = batcher_late_epsilons(cfg)
+    assert after == 40_000
+    np.testing.assert_allclose(late.reshape(-1), apex_epsilons(8, 0.002, cfg.learner.epsilon_alpha), rtol=1e-6)
+    assert exploration(cfg)["late_after"] == 40_000
+    assert batcher_late_epsilons(build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_after_steps": 0})) \
+        == (None, 0)
+    assert batcher_late_epsilons(build_config("cartpole-appo", {"learner.epsilon_late_after_steps": 40_000})) \
+        == (None, 0)
+    with pytest.raises(ConfigError, match="epsilon_late_after_steps .9999. must be >= learner.epsilon_decay_steps"):
+        build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_after_steps": 9_999})
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    late, after = batcher_late_epsilons(build_config("cartpole-dqn", overrides))
+    assert after == 10_000
+    np.testing.assert_allclose(late.reshape(-1), apex_epsilons(8, 0.002, cfg.learner.epsilon_alpha, first=8, total=32),
+                               rtol=1e-6)
 
 
 def test_epsilon_greedy_with_no_exploration_is_greedy_and_certain():
