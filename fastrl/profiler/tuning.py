@@ -114,7 +114,8 @@ class Autotuner:
     """One search over ``tuned_keys(cfg)``. A trial costs at most start-up + ``warmup_s`` +
     ``trial_seconds`` + overhead; start-up and overhead are learned from the trials so far
     (STARTUP_ESTIMATE_S and OVERHEAD_ESTIMATE_S before the first), and a trial starts only if
-    the rest of ``budget_s``, less a reserve (``reserve``), fits it."""
+    the rest of ``budget_s``, less a reserve (``reserve``), fits it. The profile as given, measured
+    first, may start up as slowly as the rest of the budget allows."""
 
     def __init__(self, cfg: Config, budget_s: float, trial_seconds: float, warmup_s: float, log):
         self.started = time.time()
@@ -143,18 +144,23 @@ class Autotuner:
         spread = max(stops) - min(stops) if stops else 0.0
         return max(BUDGET_RESERVE * self.budget_s, spread)
 
-    def fits(self) -> bool:
-        return time.time() - self.started + self.cost() + self.reserve() <= self.budget_s
-
     def changed(self, settings: dict) -> dict:
         return {k: v for k, v in settings.items() if v != get_key(self.cfg, k)}
 
-    def trial(self, settings: dict) -> float | None:
+    def slack(self) -> float:
+        """Seconds of the budget beyond the next trial's cost and the reserve (negative: over)."""
+        return self.budget_s - (time.time() - self.started) - self.cost() - self.reserve()
+
+    def fits(self) -> bool:
+        return self.slack() >= 0
+
+    def trial(self, settings: dict, startup: float | None = None) -> float | None:
         """Measure a valid setting and record it; its training env steps/s, or None if it failed
-        to run or started too late (status "late": the allowance grows for the next trials)."""
+        to run or started too late (status "late": the allowance grows for the next trials).
+        ``startup``: its start-up allowance, the one the trials so far learned by default."""
         changed = self.changed(settings)
         self.log(f"trial {len(self.trials) + 1}: {set_args(changed) or 'the profile as given'}")
-        begun, startup = time.time(), self.allowance()
+        begun, startup = time.time(), self.allowance() if startup is None else startup
         ran = startup + self.warmup_s + self.trial_seconds  # its budget, unless it stopped once measured
         try:
             measured = measure_run(with_settings(self.cfg, settings), self.trial_seconds, self.warmup_s, False,
@@ -182,9 +188,12 @@ class Autotuner:
             raise ProfileError(f"--budget-seconds {self.budget_s:g} cannot fit one trial (~{self.cost():.0f} s: "
                                f"start-up, {self.warmup_s:g} s warm-up, {self.trial_seconds:g} s measured, "
                                f"stopping; and {self.reserve():.1f} s kept in reserve); raise it or lower --seconds")
-        fps = self.trial(self.best_settings)
+        # Nothing is compared without the base, so its start-up may take what the budget leaves: on a
+        # loaded machine a first start past STARTUP_ESTIMATE_S would otherwise leave too little
+        # budget to try again.
+        fps = self.trial(self.best_settings, self.allowance() + self.slack())
         while fps is None and self.trials[-1].status == "late" and self.fits():
-            fps = self.trial(self.best_settings)
+            fps = self.trial(self.best_settings, self.allowance() + self.slack())
         if fps is None:
             raise ProfileError(f"the profile as given could not be measured: {self.trials[-1].error}")
         self.best_fps = fps

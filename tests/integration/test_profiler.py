@@ -15,7 +15,8 @@ def test_autotune_fits_its_budget_and_its_settings_validate_and_run(tmp_path):
     cfg = build_config("cartpole-appo", SMALL)
     # The first trial is estimated at 15.5 s (start-up 8, warm-up 0.5, 2 measured, overhead 5), after
     # the env id is resolved: up to 2 s where this process has not imported envpool yet (the test alone).
-    budget = 18.0
+    # The rest, less the 1.2 s reserve, lets a loaded machine's start-up take up to ~13 s.
+    budget = 24.0
     result = profiler.autotune(cfg, budget_s=budget, trial_seconds=2.0, warmup_s=0.5, log=lambda message: None)
     assert result.elapsed_s <= budget
     # The profile as given is measured first (again, if a busy machine made it start too late).

@@ -338,6 +338,39 @@ def test_autotune_keeps_a_reserve_for_a_last_trial_that_stops_slower_than_any_be
     assert tuner.reserve() == 2.0
 
 
+def test_autotune_lets_a_slow_first_start_take_what_the_budget_leaves(monkeypatch):
+    """A fake clock on a loaded machine: every run flows 10.7 s after its start, past the 8 s
+    STARTUP_ESTIMATE_S. The base trial may take what the 24 s budget leaves beyond its estimated
+    cost (15.5 s) and the reserve (1.2 s), so it is measured at once; with the estimate alone it
+    would start late, and a retry with the 12.8 s it learned would no longer fit."""
+    from fastrl.profiler import tuning
+    from fastrl.profiler.diagnosis import LateStart
+
+    clock = [0.0]
+    allowed = []
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(time=lambda: clock[0]))
+    cfg = build_config("cartpole-appo", SMALL)
+    monkeypatch.setattr(tuning, "tuned_keys", lambda cfg: ("learner.batch_size",))
+    monkeypatch.setattr(tuning, "candidate_values", lambda cfg, key, cores: [1024])
+
+    def fake_measure_run(cfg, seconds, warmup_s, sample_only, startup_s):
+        allowed.append(startup_s)
+        if startup_s < 10.7:
+            clock[0] += startup_s + warmup_s + 0.5
+            raise LateStart(None, startup_s + warmup_s, warmup_s)
+        trained = 10.7 + warmup_s + seconds
+        clock[0] += trained + 0.5
+        return SimpleNamespace(startup_s=10.7, trained_s=trained, env_steps_per_s=1000.0, frames_per_s=1000.0,
+                               diagnosis=SimpleNamespace(bottleneck="env"))
+
+    monkeypatch.setattr(tuning, "measure_run", fake_measure_run)
+    result = profiler.autotune(cfg, budget_s=24.0, trial_seconds=2.0, warmup_s=0.5, log=lambda message: None)
+    assert allowed[0] == pytest.approx(24.0 - 15.5 - 1.2 + 8.0)
+    assert result.trials[0].status == "ok" and result.base_fps == 1000.0
+    assert result.elapsed_s <= 24.0 and len(result.trials) == 1  # a second trial (learned 12.8 s) cannot fit
+    assert not result.complete
+
+
 # --- bad input: exit code 2, one line -------------------------------------------------------
 
 
