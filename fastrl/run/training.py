@@ -18,7 +18,7 @@ import torch
 from ..config import Config
 from ..files.run_dir import first_missing, remove_unused_run_dir
 from ..ipc.start import child_context
-from ..learner.precision import learner_precision
+from ..learner.precision import emulated_bf16_warning, learner_precision
 from ..reporting.console import Console
 from .elastic import ElasticAttempt, current_attempt
 from .parallel import run_parallel
@@ -99,6 +99,9 @@ def _run(plan: RunPlan, quiet: bool) -> RunResult:
         line = f"[fastrl] learner.precision=auto: {chosen} on {plan.device}"
         console.status(line)
         console.record(line)
+    emulated = emulated_bf16_warning(plan.cfg.learner.precision, plan.cfg.learner.algo, torch.device(plan.device))
+    if emulated:
+        console.notice(emulated)
     try:
         return run_serial(plan, console) if plan.cfg.serial else run_parallel(plan, console)
     except RunError as exc:

@@ -9,7 +9,7 @@ from torch import nn
 
 from fastrl.config import build_config
 from fastrl.learner import Trajectories, VTraceLearner, gather_trajectories
-from fastrl.learner.precision import cpu_flags, learner_precision
+from fastrl.learner.precision import cpu_flags, emulated_bf16_warning, learner_precision
 from tests.support.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config
 from tests.unit.sampling.test_rollout_worker import countdown_config, run_worker
 
@@ -246,6 +246,17 @@ def test_auto_precision_is_bfloat16_only_for_v_trace_and_dqn_learners_on_a_cpu_w
 def test_auto_precision_is_float32_on_a_torch_without_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert learner_precision("auto", "appo", torch.device("cpu"), {"avx512_bf16"}) == "float32"
+
+
+def test_bfloat16_set_by_hand_on_a_cpu_that_would_emulate_it_gets_one_line_naming_the_fix():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    line = emulated_bf16_warning("bfloat16", "dqn", cpu, {"avx2", "avx512f"})
+    assert line.startswith("[fastrl] learner.precision=bfloat16 on a CPU without native bf16") and "\n" not in line
+    assert "set learner.precision=auto" in line
+    assert emulated_bf16_warning("bfloat16", "appo", cpu, {"avx2", "avx512_bf16"}) is None
+    assert emulated_bf16_warning("bfloat16", "appo", gpu, {"avx2"}) is None
+    assert emulated_bf16_warning("auto", "appo", cpu, {"avx2"}) is None  # auto picks float32 there
+    assert emulated_bf16_warning("float32", "appo", cpu, {"avx2"}) is None
 
 
 def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
