@@ -112,6 +112,9 @@ def _validate_exploration(cfg: Config) -> None:
     if cfg.learner.algo in Q_LEARNERS and late_after and late_after < decay:
         raise ConfigError(f"learner.epsilon_late_after_steps ({late_after}) must be >= learner.epsilon_decay_steps "
                           f"({decay}): the late rate follows the decay; raise it or set it to 0 (off)")
+    if cfg.learner.algo in Q_LEARNERS and cfg.learner.epsilon_late_return_episodes and not late_after:
+        raise ConfigError("learner.epsilon_late_return_episodes gates the late rate, which is off: set "
+                          "learner.epsilon_late_after_steps (>= learner.epsilon_decay_steps) or set it to 0")
 
 
 def _validate_core(cfg: Config) -> None:

@@ -295,6 +295,16 @@ class LearnerConfig:
                                             help="0 = off; else from the run's this many env steps on (at least "
                                                  "learner.epsilon_decay_steps), learner.epsilon_late replaces "
                                                  "learner.epsilon")
+    # Whether the policy scores is read from its returns, not guessed from a step count: the env step
+    # at which Pong's training return first passes 15 ranged from 0.5M to 1.4M over seeds and hosts.
+    epsilon_late_return_episodes: int = declare(0, allowed=Range(0, 10**6), algos=Q_LEARNERS,
+                                                help="0 = off; else the late rate waits, past "
+                                                     "learner.epsilon_late_after_steps, until the mean return of "
+                                                     "this rank's newest this many episodes reaches "
+                                                     "learner.epsilon_late_min_return (then stays)")
+    epsilon_late_min_return: float = declare(0.0, allowed=FINITE, algos=Q_LEARNERS,
+                                             help="the mean return that starts the late rate, with "
+                                                  "learner.epsilon_late_return_episodes > 0")
     target_update_every: int = declare(2500, allowed=AT_LEAST_1, algos=Q_LEARNERS, unread=FINITE,
                                        help="gradient steps between target-network copies")
     double_q: bool = declare(True, algos=Q_LEARNERS,

@@ -110,7 +110,7 @@ def trajectory_layout(num_slots: int, rollout: int, obs_shape: tuple, obs_dtype,
         ArraySpec("weight_seq", (K, 2), "<i8"),
         ArraySpec("weight_version", (K,), "<i8"),
         ArraySpec("league_weights", (max(num_snapshots, 1),), "<f8"),  # PFSP's draw weights (fastrl.multiagent.league)
-        ArraySpec("control", (12,), "<i8"),  # see Control
+        ArraySpec("control", (13,), "<i8"),  # see Control
         ArraySpec("error_text", (512,), "|u1"),  # why a child stopped the run (utf-8)
         ArraySpec("learner_stats", (num_policies, 48), "<f8"),  # per policy, see fastrl.reporting.metrics.LEARNER_STATS
         ArraySpec("timings", (W + 2, 8), "<f8"),  # seconds per component, see fastrl.reporting.metrics
@@ -159,6 +159,9 @@ class Control:
     LEARNER_WAITS = 9
     LEARNER_IDLE_QUEUED = 10
     LEARNER_SLOTS_IN = 11  # full slot ids the learner has received: its progress past the budget
+    # This rank's env steps when its actors took up learner.epsilon_late (0: not yet), set by the
+    # batcher and reported (epsilon_late_at_env_steps).
+    EPSILON_LATE_AT = 12
 
 
 def total_env_steps(arena) -> int:

@@ -257,6 +257,9 @@ def _metrics() -> tuple[Metric, ...]:
              Metric("restarts", "restarts of this torchrun job so far", "torchrun with --max-restarts"),
              Metric("restart_lost_s", "wall time the job's restarts lost: work done since the checkpoint each "
                     "resumed", "torchrun with --max-restarts"),
+             Metric("epsilon_late_at_env_steps", "this rank's env steps when its actors took up learner.epsilon_late "
+                    "(learner.epsilon_late_after_steps, and learner.epsilon_late_return_episodes' gate)",
+                    "dqn and r2d2, once the late exploration rate is in use"),
              Metric("world_size", "ranks in the run", "a distributed run"),
              Metric("env_steps_per_rank", "each rank's env steps, a list", "a distributed run")]
     return tuple(rows)
@@ -541,6 +544,8 @@ class Reporter:
         record.update(league)
         if self.aggregate is not None:
             record.update(world_size=len(table), env_steps_per_rank=[int(v) for v in table[:, 0]])
+        if self.arena.control[Control.EPSILON_LATE_AT]:
+            record["epsilon_late_at_env_steps"] = int(self.arena.control[Control.EPSILON_LATE_AT])
         record.update(read_timings(self.arena))
         record.update(extra or {})
         self.check_info_reported(steps, record["episodes"])

@@ -30,7 +30,7 @@ import torch
 
 from ..config import Q_LEARNERS
 from ..distributed.process_group import DistInfo
-from ..ipc.arena import Arena, set_error, steps_taken
+from ..ipc.arena import Arena, Control, set_error, steps_taken
 from ..ipc.child import BatcherChannels, ProcessExit, ReadablePipes, check_alive, configure_child
 from ..ipc.device_io import BatchTransfer
 from ..ipc.slots import request_ids
@@ -39,6 +39,7 @@ from ..models.heads import MASKED_LOGIT
 from ..models.networks import ActorCritic, action_head, build_model
 from ..reporting.metrics import BatcherTiming
 from .numpy_mlp import NumpyMLPPolicy
+from .recent_return import RecentReturn
 
 
 def apex_epsilons(num_envs: int, epsilon: float, alpha: float, first: int = 0, total: int | None = None) -> np.ndarray:
@@ -85,7 +86,8 @@ head of ``action_space`` for ``algo`` (fastrl.models.heads.action_head). ``rando
 at random until the run's workers took this many env steps (sac). ``epsilon_decay``: the env steps of
 this rank over which each epsilon falls linearly from 1 to its ``epsilons`` value (0: none).
 ``late_epsilons`` (like ``epsilons``) replace ``epsilons`` once this rank took ``late_after`` env
-steps (0: never).
+steps (0: never) and, with ``late_return = (n, r)`` and n > 0, once the mean return of the rank's
+newest n episodes reached r (fastrl.sampling.recent_return); from then on for good.
 
     ``buckets``: batch sizes (ascending) each batch is padded up to, so that a compiled policy
     (``compile``; CUDA graphs on a GPU) meets a few shapes only. ``transfer`` moves batches between
@@ -100,7 +102,8 @@ steps (0: never).
                  epsilons: np.ndarray | None = None, buckets: tuple[int, ...] = (), compile: bool = False,
                  transfer: BatchTransfer | None = None, numpy_mlp: bool = False, timings: np.ndarray | None = None,
                  algo: str = "appo", random_until: int = 0, epsilon_decay: int = 0,
-                 late_epsilons: np.ndarray | None = None, late_after: int = 0):
+                 late_epsilons: np.ndarray | None = None, late_after: int = 0,
+                 late_return: tuple[int, float] = (0, 0.0)):
         self.arena = arena
         self.epsilon_decay = epsilon_decay
         self.late_after = late_after if late_epsilons is not None else 0
@@ -118,6 +121,9 @@ steps (0: never).
         models = [model] + [copy.deepcopy(model) for _ in range(arena.weight_version.shape[0] - 1)]
         self.weight_sets = [WeightSetPolicy(arena, m, device, k, compile, numpy_mlp) for k, m in enumerate(models)]
         self.num_policies = arena.learner_stats.shape[0]  # weight sets that are policies; then snapshots
+        self.late_gate = (RecentReturn(arena, late_return[0], late_return[1], self.num_policies)
+                          if self.late_after and late_return[0] else None)
+        self.late_begun = bool(arena.control[Control.EPSILON_LATE_AT])  # a restarted batcher keeps the stage
         self.model = self.weight_sets[0].model
         self.weights = self.weight_sets[0].weights
         self.transfer = BatchTransfer(device) if transfer is None else transfer
@@ -229,8 +235,12 @@ steps (0: never).
         the share of the epsilon decay still ahead, or their late rates once those are due."""
         if not (self.epsilon_decay or self.late_after):
             return self.epsilons[env_rows]
+        if self.late_begun:
+            return self.late_epsilons[env_rows]
         steps = steps_taken(*self.step_arrays)
-        if self.late_after and steps >= self.late_after:
+        if self.late_after and steps >= self.late_after and (self.late_gate is None or self.late_gate.reached()):
+            self.late_begun = True
+            self.step_arrays[0][Control.EPSILON_LATE_AT] = max(1, steps)
             return self.late_epsilons[env_rows]
         epsilons = self.epsilons[env_rows]
         if self.epsilon_decay:
@@ -366,7 +376,9 @@ def exploration(cfg) -> dict:
     """The InferenceBatcher keywords that set how the run's actors explore."""
     late_epsilons, late_after = batcher_late_epsilons(cfg)
     return {"epsilons": batcher_epsilons(cfg), "epsilon_decay": batcher_epsilon_decay(cfg),
-            "late_epsilons": late_epsilons, "late_after": late_after, "random_until": random_action_steps(cfg)}
+            "late_epsilons": late_epsilons, "late_after": late_after, "random_until": random_action_steps(cfg),
+            "late_return": (cfg.learner.epsilon_late_return_episodes if late_after else 0,
+                            cfg.learner.epsilon_late_min_return)}
 
 
 def batcher_epsilon_decay(cfg) -> int:

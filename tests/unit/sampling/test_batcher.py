@@ -306,6 +306,71 @@ def test_late_epsilons_replace_the_apex_rates_from_their_step_on():
     np.testing.assert_array_equal(acted, 0.0)
 
 
+def finish_episodes(arena, worker: int, returns, actor: int = 0) -> None:
+    """Write finished episodes into ``worker``'s episode ring as a rollout worker does."""
+    for episode_return in returns:
+        k = int(arena.episode_count[worker]) % arena.episode_return.shape[1]
+        arena.episode_return[worker, k], arena.episode_actor[worker, k] = episode_return, actor
+        arena.episode_count[worker] += 1
+
+
+def test_the_late_stage_waits_for_the_newest_episodes_to_reach_the_return_then_stays():
+    """learner.epsilon_late_return_episodes: past its step, the late rate waits until the mean of the
+    rank's newest n episodes (over every worker, a self-play snapshot's left out) reaches the return;
+    a later fall does not bring the first rate back, and the step it began at is recorded."""
+    cfg, spec, model, arena = small_run(**{"learner.algo": "dqn"})
+    base = apex_epsilons(16, 0.4, 7.0).reshape(2, 8)
+    late = apex_epsilons(16, 0.01, 7.0).reshape(2, 8)
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), base,
+                               late_epsilons=late, late_after=100, late_return=(4, 15.0))
+    rows = np.arange(16)
+
+    def rates(steps: int) -> np.ndarray:
+        arena.env_steps[:] = 0
+        arena.env_steps[0] = steps
+        return batcher.current_epsilons(rows).numpy()
+
+    finish_episodes(arena, 0, [21.0, 21.0, 21.0, 21.0])
+    np.testing.assert_allclose(rates(99), base.reshape(-1), rtol=1e-6)  # scoring, but before the step
+    arena.episode_count[:] = 0  # a fresh rank: the batcher counts the episodes ended after it starts
+    batcher = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), base,
+                               late_epsilons=late, late_after=100, late_return=(4, 15.0))
+    finish_episodes(arena, 0, [20.0, 20.0])
+    finish_episodes(arena, 1, [20.0])
+    np.testing.assert_allclose(rates(500), base.reshape(-1), rtol=1e-6)  # three of the four episodes
+    finish_episodes(arena, 1, [21.0], actor=1)  # a snapshot's win is not the policy's
+    np.testing.assert_allclose(rates(600), base.reshape(-1), rtol=1e-6)
+    finish_episodes(arena, 1, [-20.0])  # 20, 20, 20, -20: mean 10
+    np.testing.assert_allclose(rates(700), base.reshape(-1), rtol=1e-6)
+    assert arena.control[Control.EPSILON_LATE_AT] == 0
+    finish_episodes(arena, 0, [20.0, 20.0])  # the newest four: 20, -20, 20, 20 -> mean 10
+    np.testing.assert_allclose(rates(800), base.reshape(-1), rtol=1e-6)
+    finish_episodes(arena, 0, [21.0])  # -20, 20, 20, 21 -> 10.25
+    np.testing.assert_allclose(rates(850), base.reshape(-1), rtol=1e-6)
+    finish_episodes(arena, 1, [5.0])  # 20, 20, 21, 5 -> 16.5
+    np.testing.assert_allclose(rates(900), late.reshape(-1), rtol=1e-6)
+    assert arena.control[Control.EPSILON_LATE_AT] == 900
+    finish_episodes(arena, 0, [-21.0] * 4)
+    np.testing.assert_allclose(rates(1000), late.reshape(-1), rtol=1e-6)
+    assert arena.control[Control.EPSILON_LATE_AT] == 900
+    # A batcher restarted in the same arena keeps the stage it found.
+    restarted = InferenceBatcher(arena, copy.deepcopy(model), spec.action_space, torch.device("cpu"), base,
+                                 late_epsilons=late, late_after=100, late_return=(4, 15.0))
+    np.testing.assert_allclose(restarted.current_epsilons(rows).numpy(), late.reshape(-1), rtol=1e-6)
+
+
+def test_the_late_return_gate_is_read_from_the_config_and_needs_the_late_stage():
+    overrides = {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2, "learner.batch_size": 64,
+                 "replay.capacity": 1000, "replay.min_fill": 10, "learner.epsilon_late": 0.002,
+                 "learner.epsilon_late_after_steps": 40_000, "learner.epsilon_late_return_episodes": 16,
+                 "learner.epsilon_late_min_return": 15.0}
+    assert exploration(build_config("cartpole-dqn", overrides))["late_return"] == (16, 15.0)
+    with pytest.raises(ConfigError, match="epsilon_late_return_episodes gates the late rate, which is off"):
+        build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_after_steps": 0})
+    with pytest.raises(ConfigError, match="epsilon_late_min_return"):
+        build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_min_return": math.inf})
+
+
 def test_the_late_stage_is_shared_over_ranks_numbered_across_them_and_follows_the_decay(monkeypatch):
     overrides = {"env.num_workers": 2, "env.envs_per_worker": 4, "env.num_splits": 2, "learner.batch_size": 64,
                  "replay.capacity": 1000, "replay.min_fill": 10, "learner.epsilon_decay_steps": 10_000,
