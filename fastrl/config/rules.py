@@ -108,13 +108,19 @@ def validate(cfg: Config) -> None:
 
 
 def _validate_exploration(cfg: Config) -> None:
-    late_after, decay = cfg.learner.epsilon_late_after_steps, cfg.learner.epsilon_decay_steps
-    if cfg.learner.algo in Q_LEARNERS and late_after and late_after < decay:
+    lcfg = cfg.learner
+    if lcfg.algo not in Q_LEARNERS:
+        return
+    late_after, decay, gate = lcfg.epsilon_late_after_steps, lcfg.epsilon_decay_steps, lcfg.epsilon_late_return_episodes
+    if late_after and late_after < decay:
         raise ConfigError(f"learner.epsilon_late_after_steps ({late_after}) must be >= learner.epsilon_decay_steps "
                           f"({decay}): the late rate follows the decay; raise it or set it to 0 (off)")
-    if cfg.learner.algo in Q_LEARNERS and cfg.learner.epsilon_late_return_episodes and not late_after:
+    if gate and not late_after:
         raise ConfigError("learner.epsilon_late_return_episodes gates the late rate, which is off: set "
                           "learner.epsilon_late_after_steps (>= learner.epsilon_decay_steps) or set it to 0")
+    if lcfg.epsilon_late_min_return and not gate:
+        raise ConfigError("learner.epsilon_late_min_return is read with learner.epsilon_late_return_episodes > 0: "
+                          "set that (e.g. 16) or leave the return at 0")
 
 
 def _validate_core(cfg: Config) -> None:

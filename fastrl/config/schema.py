@@ -301,7 +301,9 @@ class LearnerConfig:
                                                 help="0 = off; else the late rate waits, past "
                                                      "learner.epsilon_late_after_steps, until the mean return of "
                                                      "this rank's newest this many episodes reaches "
-                                                     "learner.epsilon_late_min_return (then stays)")
+                                                     "learner.epsilon_late_min_return (the episodes "
+                                                     "episode_return_mean averages); begun, it stays, over "
+                                                     "resumes too")
     epsilon_late_min_return: float = declare(0.0, allowed=FINITE, algos=Q_LEARNERS,
                                              help="the mean return that starts the late rate, with "
                                                   "learner.epsilon_late_return_episodes > 0")

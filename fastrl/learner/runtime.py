@@ -169,7 +169,8 @@ class LearnerRuntime:
         state = {
             "learner": self.learner.state_dict(),
             "counters": {"env_steps": self.env_steps(), "trained_env_steps": self.trained_env_steps,
-                         "wall_time": self.wall_time(), "trained_seconds": self.trained_seconds()},
+                         "wall_time": self.wall_time(), "trained_seconds": self.trained_seconds(),
+                         "epsilon_late_at_env_steps": int(self.arena.control[Control.EPSILON_LATE_AT])},
             "rng": capture_rng(self.learner.device),
             "config": self.cfg.to_dict(),
             **self.extra_state,

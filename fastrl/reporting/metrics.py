@@ -257,8 +257,9 @@ def _metrics() -> tuple[Metric, ...]:
              Metric("restarts", "restarts of this torchrun job so far", "torchrun with --max-restarts"),
              Metric("restart_lost_s", "wall time the job's restarts lost: work done since the checkpoint each "
                     "resumed", "torchrun with --max-restarts"),
-             Metric("epsilon_late_at_env_steps", "this rank's env steps when its actors took up learner.epsilon_late "
-                    "(learner.epsilon_late_after_steps, and learner.epsilon_late_return_episodes' gate)",
+             Metric("epsilon_late_at_env_steps", "env steps of the main rank (of the run, on one node) when its "
+                    "actors took up learner.epsilon_late (learner.epsilon_late_after_steps, and "
+                    "learner.epsilon_late_return_episodes' gate); each rank switches on its own episodes",
                     "dqn and r2d2, once the late exploration rate is in use"),
              Metric("world_size", "ranks in the run", "a distributed run"),
              Metric("env_steps_per_rank", "each rank's env steps, a list", "a distributed run")]

@@ -90,6 +90,8 @@ class RunPlan:
             done, ranks = counters["env_steps"], self.dist_info.world_size
             arena.control[Control.ENV_STEPS_OFFSET] = done // ranks + (done % ranks if self.dist_info.is_main else 0)
             arena.control[Control.RUN_ENV_STEPS] = done
+            if self.cfg.learner.epsilon_late_after_steps:  # a late exploration stage begun stays begun
+                arena.control[Control.EPSILON_LATE_AT] = counters.get("epsilon_late_at_env_steps", 0)
             arena.control[Control.WALL_MS] = int(counters.get("wall_time", 0.0) * 1000)
             arena.control[Control.TRAINED_MS] = int(counters.get("trained_seconds", counters.get("wall_time", 0.0))
                                                     * 1000)

@@ -123,7 +123,8 @@ newest n episodes reached r (fastrl.sampling.recent_return); from then on for go
         self.num_policies = arena.learner_stats.shape[0]  # weight sets that are policies; then snapshots
         self.late_gate = (RecentReturn(arena, late_return[0], late_return[1], self.num_policies)
                           if self.late_after and late_return[0] else None)
-        self.late_begun = bool(arena.control[Control.EPSILON_LATE_AT])  # a restarted batcher keeps the stage
+        # A restarted batcher, or a resumed run, keeps a stage begun before.
+        self.late_begun = bool(self.late_after and arena.control[Control.EPSILON_LATE_AT])
         self.model = self.weight_sets[0].model
         self.weights = self.weight_sets[0].weights
         self.transfer = BatchTransfer(device) if transfer is None else transfer
@@ -238,7 +239,9 @@ newest n episodes reached r (fastrl.sampling.recent_return); from then on for go
         if self.late_begun:
             return self.late_epsilons[env_rows]
         steps = steps_taken(*self.step_arrays)
-        if self.late_after and steps >= self.late_after and (self.late_gate is None or self.late_gate.reached()):
+        if self.late_gate is not None and steps < self.late_after:
+            self.late_gate.read()  # in step with the episodes, so that "newest" holds across workers
+        elif self.late_after and steps >= self.late_after and (self.late_gate is None or self.late_gate.reached()):
             self.late_begun = True
             self.step_arrays[0][Control.EPSILON_LATE_AT] = max(1, steps)
             return self.late_epsilons[env_rows]

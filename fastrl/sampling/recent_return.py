@@ -30,7 +30,7 @@ class RecentReturn:
 
     def mean(self) -> float | None:
         """The mean over the newest episodes, once as many ended as it averages; else None."""
-        self._read()
+        self.read()
         return float(np.mean(self.returns)) if len(self.returns) == self.returns.maxlen else None
 
     def reached(self) -> bool:
@@ -39,7 +39,9 @@ class RecentReturn:
             self.passed = mean is not None and mean >= self.threshold
         return self.passed
 
-    def _read(self) -> None:
+    def read(self) -> None:
+        """Take in the episodes ended since the last read. Each worker's are taken in turn, so the
+        window is newest across workers to within the episodes between two reads."""
         if np.array_equal(self.counts, self.seen):  # the common case, once per batch: nothing ended
             return
         self.seen, indices = new_episodes(self.arena, self.seen)

@@ -81,3 +81,32 @@ def test_target_observation_statistics_change_only_at_a_target_refresh():
             assert not same_weights(online, target), k  # while the online statistics moved on
     assert refreshes == 4 and learner.updates == 12 and learner.skipped_updates == 0
     assert not all(torch.equal(initial[key], value) for key, value in target.state_dict().items())
+
+
+def test_a_begun_late_exploration_stage_is_reported_and_kept_over_a_resume(tmp_path):
+    """learner.epsilon_late_return_episodes on a real run: the stage begins once past its step and
+    its gate, the report and the checkpoint name the step, and a resumed run keeps the stage from
+    its first report (not after n new episodes)."""
+    import json
+
+    from fastrl.config import build_config, load_run_config
+    from fastrl.files.checkpoint import list_checkpoints, load_checkpoint
+    from fastrl.run.training import train
+
+    settings = {"serial": True, "env.num_workers": 1, "env.envs_per_worker": 8, "env.num_splits": 2,
+                "learner.batch_size": 64, "learner.rollout": 8, "replay.min_fill": 200,
+                "train_for_env_steps": 3_000, "report_every_s": 0.5, "learner.epsilon_decay_steps": 500,
+                "learner.epsilon_late": 0.0, "learner.epsilon_late_after_steps": 1_000,
+                "learner.epsilon_late_return_episodes": 4, "learner.epsilon_late_min_return": 1.0}
+    run_dir = tmp_path / "run"
+    train(build_config("cartpole-dqn", settings), run_dir=run_dir, quiet=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    began = records[-1]["epsilon_late_at_env_steps"]  # every CartPole episode returns >= 1
+    assert 1_000 <= began < 3_000
+    assert all(r.get("epsilon_late_at_env_steps", began) == began for r in records)
+    assert load_checkpoint(list_checkpoints(run_dir)[-1])["counters"]["epsilon_late_at_env_steps"] == began
+    cfg = load_run_config(run_dir)
+    cfg.train_for_env_steps = 4_000
+    train(cfg, run_dir=run_dir, resume=True, quiet=True)
+    resumed = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][len(records):]
+    assert resumed and all(r["epsilon_late_at_env_steps"] == began for r in resumed)

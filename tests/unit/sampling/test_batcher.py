@@ -369,6 +369,8 @@ def test_the_late_return_gate_is_read_from_the_config_and_needs_the_late_stage()
         build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_after_steps": 0})
     with pytest.raises(ConfigError, match="epsilon_late_min_return"):
         build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_min_return": math.inf})
+    with pytest.raises(ConfigError, match="epsilon_late_min_return is read with learner.epsilon_late_return_episodes"):
+        build_config("cartpole-dqn", {**overrides, "learner.epsilon_late_return_episodes": 0})
 
 
 def test_the_late_stage_is_shared_over_ranks_numbered_across_them_and_follows_the_decay(monkeypatch):
