@@ -37,9 +37,9 @@ class LateStart(ProfileError):
         super().__init__(f"the run ended at {ended_at:.1f} s with less than {MIN_WINDOW_S} s of steady state (it "
                          f"started flowing {started}, then {warmup_s:g} s warm-up); the machine may be busy: retry")
 
-    def allowance(self) -> float:
-        """A start-up allowance that would have fit this run."""
-        return STARTUP_MARGIN * self.flowed_at if self.flowed_at is not None else 2 * self.ended_at
+    def allowance(self, margin: float = STARTUP_MARGIN) -> float:
+        """A start-up allowance that would have fit this run, ``margin`` times its start-up."""
+        return margin * self.flowed_at if self.flowed_at is not None else 2 * self.ended_at
 
 
 def steady_window(reports: list[dict], warmup_s: float, training: bool) -> tuple[dict, dict]:

@@ -395,3 +395,31 @@ def test_plot_without_matplotlib_fails_before_measuring(monkeypatch, capsys, tmp
     assert profile_main(["--plot", str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err
     assert "pip install 'fastrl[plot]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_late_start_is_tried_once_more_with_twice_its_start_up(monkeypatch):
+    """measure_run_patiently: the retry, the last try, allows twice the start-up the late run showed
+    (or its own allowance if that is longer); a second late start is the error."""
+    from fastrl.profiler import measure
+
+    allowed, logged = [], []
+
+    def late_run(cfg, seconds, warmup_s, sample_only, startup_s):
+        allowed.append(startup_s)
+        raise profiler.LateStart(9.3 if len(allowed) == 1 else None, startup_s + 1.5, warmup_s)
+
+    monkeypatch.setattr(measure, "measure_run", late_run)
+    with pytest.raises(profiler.LateStart, match="never"):
+        measure.measure_run_patiently(None, 1.0, 0.5, True, 8.0, logged.append)
+    assert allowed == [8.0, pytest.approx(18.6)] and "once more with 19 s" in logged[0]
+    allowed.clear()
+
+    def late_then_measured(*args):
+        if not allowed:
+            late_run(*args)
+        allowed.append(args[-1])
+        return "measured"
+
+    monkeypatch.setattr(measure, "measure_run", late_then_measured)
+    assert measure.measure_run_patiently(None, 1.0, 0.5, True, 30.0, logged.append) == "measured"
+    assert allowed == [30.0, 30.0]  # never less than the first try's own allowance
