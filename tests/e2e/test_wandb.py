@@ -84,10 +84,11 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
     # W&B had close_wait_s to finish, said so in train.log's last line, and then neither W&B's own
     # exit hooks (its analytics post to the same server: 12 s) nor its service (which tries the
     # server for ~15 s more when told to stop) held the process for its server. About 1 s is
-    # usual; the bound leaves room for a loaded machine.
+    # usual, 8.07 s was seen on a slow AVX2 host under pytest -n 3; the bound is kept just below
+    # the shortest hold it must catch (the 12 s analytics post).
     log = run_dir / "train.log"
     assert f"Weights & Biases did not finish within {close_wait_s:.0f} s" in log.read_text().splitlines()[-1]
-    assert ended - log.stat().st_mtime < 8
+    assert ended - log.stat().st_mtime < 11
 
 def _kill_wandb_services_of(pid):
     """W&B's service process outlives the trainer until its own timeout: not past the test."""
