@@ -87,4 +87,10 @@ def trained_run(tmp_path_factory):
 
 @pytest.fixture
 def offline(monkeypatch):
+    from fastrl.reporting import wandb_logger
+
     monkeypatch.setenv("WANDB_MODE", "offline")
+    # A deadline, not a wait: W&B's offline writer finishes in about a second, but on a slow AVX2
+    # host under pytest -n 3 it had not written the run's record after the run's 10 s. A test of
+    # the timeout sets its own.
+    monkeypatch.setattr(wandb_logger, "CLOSE_WAIT_S", 60.0)
