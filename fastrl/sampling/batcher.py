@@ -380,8 +380,7 @@ def exploration(cfg) -> dict:
     late_epsilons, late_after = batcher_late_epsilons(cfg)
     return {"epsilons": batcher_epsilons(cfg), "epsilon_decay": batcher_epsilon_decay(cfg),
             "late_epsilons": late_epsilons, "late_after": late_after, "random_until": random_action_steps(cfg),
-            "late_return": (cfg.learner.epsilon_late_return_episodes if late_after else 0,
-                            cfg.learner.epsilon_late_min_return)}
+            "late_return": (cfg.learner.epsilon_late_return_episodes, cfg.learner.epsilon_late_min_return)}
 
 
 def batcher_epsilon_decay(cfg) -> int:

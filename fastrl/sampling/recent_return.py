@@ -15,7 +15,8 @@ from ..ipc.arena import new_episodes
 class RecentReturn:
     """The mean return of the ``episodes`` newest episodes of ``arena`` played by one of its first
     ``num_policies`` weight sets (a self-play snapshot's episodes are the opponent's), counted from
-    construction on; :meth:`reached` once that mean is at least ``threshold``, and from then on."""
+    construction on; :meth:`reached` while that mean is at least ``threshold`` (the batcher keeps
+    the stage it starts)."""
 
     def __init__(self, arena, episodes: int, threshold: float, num_policies: int = 1):
         if episodes < 1:
@@ -26,18 +27,11 @@ class RecentReturn:
         self.returns = deque(maxlen=episodes)
         self.threshold = threshold
         self.num_policies = num_policies
-        self.passed = False
-
-    def mean(self) -> float | None:
-        """The mean over the newest episodes, once as many ended as it averages; else None."""
-        self.read()
-        return float(np.mean(self.returns)) if len(self.returns) == self.returns.maxlen else None
+        self.mean: float | None = None  # once as many episodes ended as it averages
 
     def reached(self) -> bool:
-        if not self.passed:
-            mean = self.mean()
-            self.passed = mean is not None and mean >= self.threshold
-        return self.passed
+        self.read()
+        return self.mean is not None and self.mean >= self.threshold
 
     def read(self) -> None:
         """Take in the episodes ended since the last read. Each worker's are taken in turn, so the
@@ -48,3 +42,5 @@ class RecentReturn:
         for w, index in enumerate(indices):
             ours = self.arena.episode_actor[w, index] < self.num_policies
             self.returns.extend(self.arena.episode_return[w, index[ours]].tolist())
+        if len(self.returns) == self.returns.maxlen:
+            self.mean = float(np.mean(self.returns))
