@@ -21,9 +21,11 @@ import os
 import signal
 from multiprocessing import forkserver
 
-# What the fork server imports; a module that is not installed (envpool) is skipped.
+# What the fork server imports; a module that is not installed (envpool) is skipped. The warm-up
+# goes last: it does what each child would repeat on first use (its docstring has the figures).
 PRELOADED = ("numpy", "torch", "numba", "envpool", "fastrl.sampling.rollout_worker", "fastrl.sampling.batcher",
-             "fastrl.learner.process", "fastrl.evaluation.evaluator", "fastrl.profiler.rawenv")
+             "fastrl.learner.process", "fastrl.evaluation.evaluator", "fastrl.profiler.rawenv",
+             "fastrl.ipc.fork_server_warmup")
 
 
 def child_context():

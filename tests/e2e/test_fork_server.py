@@ -51,3 +51,23 @@ def test_a_refused_fastrl_train_stops_the_fork_server_it_started_before_it_exits
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
     # The last line: the server shares stderr, and may have warned while it imported.
     assert "already holds a run" in done.stderr.strip().splitlines()[-1], done.stderr
+
+
+def test_a_forked_child_starts_with_what_each_child_would_import_on_first_use(tmp_path):
+    # A learner's first optimizer imports torch._dynamo, and a process's first numba kernel loads
+    # numba's registries (numba.cpython.mathimpl among them): the fork server does both once.
+    report = tmp_path / "modules"
+    done = run_python(f"""
+        from fastrl.ipc.start import child_context, stop_fork_server
+
+        code = ("import sys; open({str(report)!r}, 'w').write(' '.join(m for m in "
+                "('torch._dynamo', 'numba.cpython.mathimpl') if m in sys.modules))")
+        child = child_context().Process(target=exec, args=(code,))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0, child.exitcode
+        stop_fork_server()
+        print("ok")
+        """)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+    assert report.read_text() == "torch._dynamo numba.cpython.mathimpl"
