@@ -1,5 +1,6 @@
 """scripts/bench.py batcher: it times the batcher's infer() in a profile's layout, beside a variant
 of the settings, and refuses a --base-code that holds no fastrl, or a bad setting, in one line."""
+import json
 import subprocess
 import sys
 
@@ -11,10 +12,14 @@ BENCH = REPO / "scripts" / "bench.py"
 def test_it_times_one_request_and_one_per_worker(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH), "batcher", "--calls", "20", "--rounds", "1"],
                          check=True, capture_output=True, text=True).stdout
-    line = out.strip().splitlines()[0]
+    line, figures = out.strip().splitlines()[0], json.loads(out.strip().splitlines()[-1])
     assert line.split()[:3] == ["this", "tree", "numpy"] and "1 request of 512" in line and "2 requests of 512" in line
-    times = [float(part.split(": ")[1].split()[0]) for part in line.split("  ")[1:] if ": " in part]
-    assert len(times) == 2 and all(0 < t < 1e5 for t in times) and times[1] > times[0] * 0.9
+    # Figures, not their ratio: 20 calls on a loaded machine order them either way (a benchmark's
+    # rounds judge speed; this test judges that both layouts are timed and reported).
+    [row] = figures["us_per_infer"]["this tree"]
+    times = [row["1 request of 512"], row["2 requests of 512"]]
+    assert row["path"] == "numpy" and all(0 < t < 1e5 for t in times)
+    assert line.endswith(f"1 request of 512: {times[0]:.1f} us  2 requests of 512: {times[1]:.1f} us")
 
 
 def test_a_base_code_without_fastrl_is_refused_in_one_line(tmp_path):
