@@ -12,6 +12,13 @@ Done here once, both are inherited by every fork. The only thread they add is th
 the OpenBLAS that numba's registries load through scipy, as numpy's own OpenBLAS starts one on
 import: OpenBLAS stops its pool before a fork (its fork handler), and no Python thread is started."""
 import torch._dynamo  # noqa: F401  (the import is the work)
-from numba.core.registry import cpu_target
 
-cpu_target.target_context.refresh()  # what numba does on a process's first kernel
+try:
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()  # what numba does on a process's first kernel
+except (ImportError, AttributeError):
+    # numba's internals moved in some release: each child loads its registries on first use, as
+    # before. The fork server ignores only an ImportError of what it preloads; anything else here
+    # would stop it, and every run with it.
+    pass
