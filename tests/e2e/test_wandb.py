@@ -69,32 +69,42 @@ def test_a_wandb_server_that_never_answers_delays_neither_the_budget_nor_the_exi
         f"import fastrl.reporting.wandb_logger\nfastrl.reporting.wandb_logger.CLOSE_WAIT_S = {close_wait_s}\n")
     env = {**os.environ, "WANDB_MODE": "online", "WANDB_BASE_URL": server.url, "WANDB_API_KEY": "0" * 40,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Files, not pipes: the trainer's own exit is what is timed, not that of a wandb-core left
+    # holding the pipes it inherited.
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as errors:
+        proc = subprocess.Popen(command, stdout=out, stderr=errors, text=True, env=env)
     try:
-        out, err = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
         ended = time.time()
+        services_left = _wandb_services_of(proc.pid)
     finally:
         proc.kill()
-        _kill_wandb_services_of(proc.pid)
+        for service in _wandb_services_of(proc.pid):
+            service.kill()  # W&B's service process outlives the trainer until its own timeout: not past the test
         server.close()
+    err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 0, err
     final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     # The budget is checked every 0.25 s and W&B's start (30 s to its timeout) did not hold it up.
     assert final["trained_seconds"] < 2 + 2
-    # W&B had close_wait_s to finish, said so in train.log's last line, and then neither W&B's own
-    # exit hooks (its analytics post to the same server: 12 s) nor its service (which tries the
-    # server for ~15 s more when told to stop) held the process for its server. About 1 s is
-    # usual, 8.07 s was seen on a slow AVX2 host under pytest -n 3; the bound is kept just below
-    # the shortest hold it must catch (the 12 s analytics post).
+    # W&B had close_wait_s to finish and said so in train.log's last line; its service (which tries
+    # the server for ~15 s more when told to stop) was stopped before the trainer exited. W&B's
+    # exit-hook analytics (a 12 s post to the same server) are turned off first: the order is
+    # tests/unit/reporting/test_wandb.py's. The clock is a bound for a hang only: 6 s after the
+    # last line is usual on a slow AVX2 host, 16 s was seen there under pytest -n 3.
     log = run_dir / "train.log"
     assert f"Weights & Biases did not finish within {close_wait_s:.0f} s" in log.read_text().splitlines()[-1]
-    assert ended - log.stat().st_mtime < 11
+    assert services_left == []
+    assert ended - log.stat().st_mtime < 60
 
-def _kill_wandb_services_of(pid):
-    """W&B's service process outlives the trainer until its own timeout: not past the test."""
+def _wandb_services_of(pid) -> list:
+    """The live W&B service processes (wandb-core) that the process ``pid`` started."""
     import psutil
 
-    for process in psutil.process_iter(["cmdline"]):
+    services = []
+    for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
-        if cmdline and cmdline[0].endswith("wandb-core") and str(pid) in cmdline:
-            process.kill()
+        if (cmdline and cmdline[0].endswith("wandb-core") and str(pid) in cmdline
+                and process.info["status"] != psutil.STATUS_ZOMBIE):
+            services.append(process)
+    return services

@@ -191,3 +191,25 @@ def test_reports_wandb_cannot_keep_up_with_are_dropped_and_counted_without_waiti
     assert len(notices) == 3
     assert "not keeping up" in notices[0] and "missed 6 report(s)" in notices[1]
     assert "did not finish within 0 s" in notices[2] and str(run_dir / WANDB_DIR) in notices[2]
+
+
+def test_abandoning_wandb_turns_its_analytics_off_before_its_teardown(monkeypatch):
+    """The 12 s hold at exit: a W&B left behind reports its failed init to the same silent server
+    from an exit hook unless its analytics are off before the teardown starts (tests/e2e/
+    test_wandb.py runs the silent server; this is the order, checked without a clock)."""
+    calls = []
+    monkeypatch.setattr(wandb_logger, "_disable_wandb_analytics", lambda: calls.append("analytics off"))
+    monkeypatch.setattr(wandb_logger, "_teardown_quietly", lambda wandb: calls.append("teardown"))
+    wandb_logger._abandon(object())
+    for thread in threading.enumerate():
+        if thread.name == "fastrl-wandb-teardown":
+            thread.join(10)
+    assert calls == ["analytics off", "teardown"]
+
+
+@needs_wandb
+def test_the_analytics_switch_fastrl_turns_off_is_in_the_installed_wandb():
+    import wandb
+    from packaging.version import Version
+    if Version(wandb.__version__) >= Version("0.25"):  # older releases send no such analytics
+        assert importlib.util.find_spec("wandb.analytics.opentelemetry.opentelemetry_proxy") is not None
