@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULT_PROFILE, ConfigError, available_profiles
+from .ipc.fast_exit import skip_final_collection
 from .reporting.console import write_best_effort
 from .reporting.metrics import finite_or_null
 
@@ -115,6 +116,7 @@ def _stop_fork_server(started_here: bool) -> None:
 
 
 def train_main(argv=None) -> int:
+    skip_final_collection()
     args = train_parser().parse_args(argv)
     if args.list_keys:
         from .config.reference import list_keys
@@ -158,6 +160,7 @@ def train_main(argv=None) -> int:
 
 
 def eval_main(argv=None) -> int:
+    skip_final_collection()
     p = argparse.ArgumentParser(prog="fastrl-eval",
                                 description="Evaluate the latest (or the best) checkpoint of a run, alone or "
                                             "against an opponent; optionally write a video of the episodes.")
@@ -217,6 +220,7 @@ def eval_main(argv=None) -> int:
 
 
 def export_main(argv=None) -> int:
+    skip_final_collection()
     from .evaluation.export import FORMATS
 
     p = argparse.ArgumentParser(
@@ -244,6 +248,7 @@ def export_main(argv=None) -> int:
 
 
 def profile_main(argv=None) -> int:
+    skip_final_collection()
     p = argparse.ArgumentParser(
         prog="fastrl-profile",
         description="Measure raw env, sampling and training throughput on the same cores, with a per-component "
@@ -331,6 +336,7 @@ def sweep_parser() -> argparse.ArgumentParser:
 
 
 def sweep_main(argv=None) -> int:
+    skip_final_collection()
     args = sweep_parser().parse_args(argv)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -358,6 +364,7 @@ def sweep_main(argv=None) -> int:
 
 
 def plot_main(argv=None) -> int:
+    skip_final_collection()
     from .reporting.curves import X_AXES, plot_learning_curves
 
     p = argparse.ArgumentParser(

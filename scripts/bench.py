@@ -15,6 +15,8 @@ fastrl, which the others' imports may not match.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import json
 import sys
@@ -55,6 +57,9 @@ def subcommand_parser(name: str, module) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # The final collection skipped, as fastrl's commands do (fastrl.ipc.fast_exit; not imported
+    # from there: fastrl is not imported before the subcommand's module).
+    atexit.register(gc.freeze)
     argv = sys.argv[1:] if argv is None else list(argv)
     table = "\n".join(f"  {name:<11} {what}" for name, (_, what) in SUBCOMMANDS.items())
     top = argparse.ArgumentParser(prog=BENCH.name, description=f"{__doc__}\nsubcommands:\n{table}",

@@ -60,8 +60,9 @@ def test_a_forked_child_starts_with_what_each_child_would_import_on_first_use(tm
     done = run_python(f"""
         from fastrl.ipc.start import child_context, stop_fork_server
 
-        code = ("import sys; open({str(report)!r}, 'w').write(' '.join(m for m in "
-                "('torch._dynamo', 'numba.cpython.mathimpl') if m in sys.modules))")
+        code = ("import gc, sys; open({str(report)!r}, 'w').write(' '.join(m for m in "
+                "('torch._dynamo', 'numba.cpython.mathimpl') if m in sys.modules) "
+                "+ f' frozen={{gc.get_freeze_count() > 0}}')")
         child = child_context().Process(target=exec, args=(code,))
         child.start()
         child.join(60)
@@ -70,4 +71,5 @@ def test_a_forked_child_starts_with_what_each_child_would_import_on_first_use(tm
         print("ok")
         """)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
-    assert report.read_text() == "torch._dynamo numba.cpython.mathimpl"
+    # It also freezes what it imported (fastrl.ipc.fast_exit), which the child inherits.
+    assert report.read_text() == "torch._dynamo numba.cpython.mathimpl frozen=True"
