@@ -264,10 +264,11 @@ class LearnerConfig:
     burn_in: int = declare(0, allowed=NON_NEGATIVE, algos=VTRACE,
                            help="recurrent cores: the first steps of each trajectory only warm the state (no loss)")
     torch_threads: int = declare(1, allowed=THREADS, help="torch's intra-op threads in the learner")
-    # Faster on GPUs with bf16 tensor cores and on CPUs with native bf16 (fastrl.learner.precision).
+    # Faster on GPUs with bf16 tensor cores and on some CPUs with native bf16: auto times it
+    # (fastrl.learner.precision).
     precision: str = declare("float32", allowed=Choices(("float32", "bfloat16", "auto")),
                              help="bfloat16: appo/impala/dqn run the encoder under bf16 autocast (heads, log-probs, "
-                                  "targets and losses stay float32); auto: bfloat16 on a CPU with native bf16 only")
+                                  "targets and losses stay float32); auto: bfloat16 on a CPU with native bf16 where it times faster than float32")
     # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/sampling/numpy_mlp.py
     # NumpyMLPActorCritic; docs/results.md has the measured gain).
     numpy_mlp: bool = declare(True, algos=VTRACE,

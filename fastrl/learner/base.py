@@ -19,7 +19,7 @@ from torch import nn
 from ..config import Config
 from ..reporting.timers import Timers
 from .batch import Trajectories
-from .precision import learner_precision
+from .precision import bf16_time_ratio, learner_precision, probe_rows
 
 
 def read_stats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -65,14 +65,15 @@ class BaseLearner:
     device, such as V-trace's torch scan) rather than the CPU's choices (numba kernels). None: when
     ``device`` is not the CPU. True on the CPU lets the tests count that path's host
     synchronisations without a GPU. ``precision`` is ``learner.precision`` resolved here:
-    "float32" or "bfloat16"."""
+    "float32" or "bfloat16" (auto: timed on ``observation_space``, by default the model's
+    ``obs_layout.space``; unmeasurable, float32, without either)."""
 
     # Names of ``timers``, read as 0.0 until first timed: cumulative seconds that the host reports
     # among the learner's metrics (fastrl.reporting.metrics.LEARNER_STATS).
     TIMERS = ("forward_backward_s", "vtrace_s", "optimizer_s")
 
     def __init__(self, cfg: Config, model: nn.Module, device: torch.device | str = "cpu",
-                 device_path: bool | None = None):
+                 device_path: bool | None = None, observation_space=None):
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.device = torch.device(device)
@@ -90,7 +91,10 @@ class BaseLearner:
             # train() (Nature CNN, 528 frames, one thread) takes 633 against 733 ms NCHW.
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
-        self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device)
+        space = observation_space or getattr(getattr(self.model, "obs_layout", None), "space", None)
+        self.precision = learner_precision(
+            self.lcfg.precision, self.lcfg.algo, self.device,
+            lambda: float("nan") if space is None else bf16_time_ratio(self.model, space, probe_rows(cfg)))
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0

@@ -37,7 +37,7 @@ class VTraceLearner(BaseLearner):
     def __init__(self, cfg: Config, observation_space, action_space, model: nn.Module | None = None,
                  device: torch.device | str = "cpu", device_path: bool | None = None):
         super().__init__(cfg, build_model(observation_space, action_space, cfg.model, model, cfg.learner.algo), device,
-                         device_path)
+                         device_path, observation_space)
         self.head = action_head(action_space)
         # The head's and APPO loss's compiled kernels (fastrl.kernels.torch_ops) are the CPU's
         # choice, like V-trace's numba kernel; False: torch ops (bench_learner's torch-ops variant).

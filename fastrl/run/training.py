@@ -18,7 +18,8 @@ import torch
 from ..config import Config
 from ..files.run_dir import first_missing, remove_unused_run_dir
 from ..ipc.start import child_context
-from ..learner.precision import emulated_bf16_warning, learner_precision
+from ..learner.precision import auto_precision, bf16_time_ratio, emulated_bf16_warning, probe_rows
+from ..models.networks import build_model
 from ..reporting.console import Console
 from .elastic import ElasticAttempt, current_attempt
 from .parallel import run_parallel
@@ -74,6 +75,23 @@ def train(cfg: Config, run_dir: str | Path | None = None, resume: bool = False, 
             lock.release()  # after the last write: the children have stopped, the console is closed
 
 
+def _settle_auto_precision(plan: RunPlan, console: Console) -> RunPlan:
+    """``learner.precision=auto`` measured once, here, on the run's network (fastrl.learner.precision),
+    and said, in train.log too: the same profile trains in bf16 on one CPU and float32 on another.
+    The plan returned names the choice, so the learners do not measure it again."""
+    cfg, spec = plan.cfg, plan.spec
+
+    def time_ratio() -> float:
+        model = build_model(spec.observation_space, spec.action_space, cfg.model, plan.model, cfg.learner.algo)
+        return bf16_time_ratio(model, spec.observation_space, probe_rows(cfg), threads=cfg.learner.torch_threads)
+
+    chosen, why = auto_precision(cfg.learner.algo, torch.device(plan.device), time_ratio)
+    line = f"[fastrl] learner.precision=auto: {chosen} on {plan.device} ({why})"
+    console.status(line)  # to train.log as well, quiet or not
+    learner = dataclasses.replace(cfg.learner, precision=chosen)
+    return dataclasses.replace(plan, cfg=dataclasses.replace(cfg, learner=learner))
+
+
 def _claim(attempt: ElasticAttempt, plan: RunPlan) -> dict:
     """The run directory recorded as the elastic job's (fastrl.run.elastic); its restart metrics."""
     try:
@@ -94,11 +112,7 @@ def _run(plan: RunPlan, quiet: bool) -> RunResult:
         console.notice(f"[fastrl] restart {plan.restart_metrics['restarts']} of this torchrun job: the run {how}; "
                        f"wall time lost to restarts: {plan.restart_metrics['restart_lost_s']:.1f} s")
     if plan.cfg.learner.precision == "auto":
-        # The same profile trains in bf16 on one CPU and float32 on another: say which, in train.log too.
-        chosen = learner_precision("auto", plan.cfg.learner.algo, torch.device(plan.device))
-        line = f"[fastrl] learner.precision=auto: {chosen} on {plan.device}"
-        console.status(line)
-        console.record(line)
+        plan = _settle_auto_precision(plan, console)
     emulated = emulated_bf16_warning(plan.cfg.learner.precision, plan.cfg.learner.algo, torch.device(plan.device))
     if emulated:
         console.notice(emulated)

@@ -9,7 +9,16 @@ from torch import nn
 
 from fastrl.config import build_config
 from fastrl.learner import Trajectories, VTraceLearner, gather_trajectories
-from fastrl.learner.precision import cpu_flags, emulated_bf16_warning, learner_precision
+from fastrl.learner.precision import (
+    BF16_MAX_TIME_RATIO,
+    PROBE_MAX_ROWS,
+    auto_precision,
+    bf16_time_ratio,
+    cpu_flags,
+    emulated_bf16_warning,
+    learner_precision,
+    probe_rows,
+)
 from tests.support.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config
 from tests.unit.sampling.test_rollout_worker import countdown_config, run_worker
 
@@ -228,24 +237,76 @@ def test_bfloat16_autocast_trains_close_to_float32():
         assert (a - b).abs().max() <= 2.01 * lr
 
 
-def test_auto_precision_is_bfloat16_only_for_v_trace_and_dqn_learners_on_a_cpu_with_native_bf16():
+def _never_timed() -> float:
+    raise AssertionError("auto timed bf16 where the flags already settle it")
+
+
+def test_auto_precision_times_bf16_only_for_v_trace_and_dqn_learners_on_a_cpu_with_native_bf16():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     native = {"fpu", "avx2", "avx512f", "avx512_bf16"}
-    assert learner_precision("auto", "appo", cpu, native) == "bfloat16"
-    assert learner_precision("auto", "impala", cpu, {"sse2", "amx_bf16"}) == "bfloat16"
-    assert learner_precision("auto", "appo", cpu, {"avx2", "avx512f"}) == "float32"  # bf16 would be emulated
-    assert learner_precision("auto", "appo", gpu, native) == "float32"
-    assert learner_precision("auto", "dqn", cpu, native) == "bfloat16"
-    assert learner_precision("auto", "dqn", cpu, {"avx2"}) == "float32"
-    assert learner_precision("auto", "r2d2", cpu, native) == "float32"
-    assert learner_precision("auto", "sac", cpu, native) == "float32"
+    faster, slower = (lambda: 0.6), (lambda: 1.3)
+    assert learner_precision("auto", "appo", cpu, faster, native) == "bfloat16"
+    assert learner_precision("auto", "appo", cpu, slower, native) == "float32"  # native, yet slower here
+    assert learner_precision("auto", "impala", cpu, faster, {"sse2", "amx_bf16"}) == "bfloat16"
+    assert learner_precision("auto", "appo", cpu, _never_timed, {"avx2", "avx512f"}) == "float32"  # emulated
+    assert learner_precision("auto", "appo", gpu, _never_timed, native) == "float32"
+    assert learner_precision("auto", "dqn", cpu, faster, native) == "bfloat16"
+    assert learner_precision("auto", "dqn", cpu, _never_timed, {"avx2"}) == "float32"
+    assert learner_precision("auto", "r2d2", cpu, _never_timed, native) == "float32"
+    assert learner_precision("auto", "sac", cpu, _never_timed, native) == "float32"
     for setting in ("float32", "bfloat16"):
-        assert learner_precision(setting, "appo", cpu, set()) == setting
+        assert learner_precision(setting, "appo", cpu, _never_timed, set()) == setting
+
+
+def test_auto_precision_wants_a_tenth_of_float32s_time_saved_and_says_what_it_measured():
+    cpu, native = torch.device("cpu"), {"avx512_bf16"}
+    assert auto_precision("appo", cpu, lambda: BF16_MAX_TIME_RATIO, native)[0] == "bfloat16"
+    choice, why = auto_precision("appo", cpu, lambda: 0.95, native)
+    assert choice == "float32" and why == "bf16 took 0.95x float32's time for the learner's network on this CPU"
+    choice, why = auto_precision("dqn", cpu, lambda: float("nan"), native)
+    assert choice == "float32" and "set learner.precision=bfloat16 by hand" in why
+    assert auto_precision("appo", cpu, _never_timed, {"avx2"}) == ("float32", "this CPU has no native bf16")
 
 
 def test_auto_precision_is_float32_on_a_torch_without_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert learner_precision("auto", "appo", torch.device("cpu"), {"avx512_bf16"}) == "float32"
+    assert learner_precision("auto", "appo", torch.device("cpu"), _never_timed, {"avx512_bf16"}) == "float32"
+
+
+def test_bf16_time_ratio_times_a_copy_and_leaves_the_model_threads_and_random_state_as_they_were():
+    import gymnasium
+
+    space = gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    cfg = build_config("cartpole-appo", {"model.kind": "mnih2013_cnn"})
+    model = VTraceLearner(cfg, space, gymnasium.spaces.Discrete(6)).model
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    threads = torch.get_num_threads()
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    ratio = bf16_time_ratio(model, space, rows=8, repeats=1, threads=1)
+    assert 0.05 < ratio < 20
+    assert torch.equal(torch.rand(2), expected)  # the probe drew nothing from torch's generator
+    assert torch.get_num_threads() == threads
+    for name, p in model.named_parameters():
+        assert p.grad is None and torch.equal(p, weights[name]), name
+
+
+def test_bf16_time_ratio_is_nan_for_a_model_that_cannot_be_copied():
+    import gymnasium
+
+    class Uncopyable(torch.nn.Linear):
+        def __deepcopy__(self, memo):
+            raise TypeError("holds a handle")
+
+    assert math.isnan(bf16_time_ratio(Uncopyable(4, 2), gymnasium.spaces.Box(-1, 1, (4,), np.float32), rows=4))
+
+
+def test_probe_rows_are_one_gradient_steps_observations_at_most_64():
+    assert probe_rows(build_config("atari-dqn-cpu")) == 32  # replay.batch_size
+    cfg = build_config("cartpole-appo", {"learner.batch_size": 256, "learner.num_minibatches": 8})
+    assert probe_rows(cfg) == 32
+    assert probe_rows(build_config("cartpole-appo", {"learner.batch_size": 4096})) == PROBE_MAX_ROWS == 64
 
 
 def test_bfloat16_set_by_hand_on_a_cpu_that_would_emulate_it_gets_one_line_naming_the_fix():
@@ -266,17 +327,27 @@ def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
     assert cpu_flags(str(tmp_path / "missing")) == set()
 
 
-def test_a_learner_set_to_auto_runs_in_the_precision_this_cpu_calls_for():
+@pytest.mark.parametrize("ratio, precision", [(0.6, "bfloat16"), (1.3, "float32")])
+def test_a_learner_set_to_auto_runs_in_the_precision_timed_on_its_own_network(monkeypatch, ratio, precision):
     import gymnasium
 
-    cfg = build_config("cartpole-appo", {"learner.precision": "auto"})
-    learner = VTraceLearner(cfg, gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2))
-    assert learner.precision == learner_precision("auto", "appo", torch.device("cpu"), cpu_flags())
+    from fastrl.learner import base
+    from fastrl.learner import precision as precision_module
+
+    timed = []
+    monkeypatch.setattr(precision_module, "native_bf16", lambda flags=None: True)
+    monkeypatch.setattr(base, "bf16_time_ratio", lambda model, space, rows: timed.append((model, space, rows)) or ratio)
+    cfg = build_config("cartpole-appo", {"learner.precision": "auto", "learner.batch_size": 512,
+                                         "learner.num_minibatches": 16})
+    space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    learner = VTraceLearner(cfg, space, gymnasium.spaces.Discrete(2))
+    assert learner.precision == precision
+    assert timed == [(learner.model, space, 32)]  # one gradient step's rows: 512 / 16
     batch = random_batch(T=16)
     with learner.autocast():
         features = learner.model.encode(batch.obs.reshape(-1, 4))
         params, _ = learner.model(batch.obs.reshape(-1, 4))
-    assert features.dtype == (torch.bfloat16 if learner.precision == "bfloat16" else torch.float32)
+    assert features.dtype == (torch.bfloat16 if precision == "bfloat16" else torch.float32)
     assert params.dtype == torch.float32  # the heads run float32 either way (models.float32_heads)
 
 
