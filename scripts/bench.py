@@ -57,9 +57,6 @@ def subcommand_parser(name: str, module) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    # The final collection skipped, as fastrl's commands do (fastrl.ipc.fast_exit; not imported
-    # from there: fastrl is not imported before the subcommand's module).
-    atexit.register(gc.freeze)
     argv = sys.argv[1:] if argv is None else list(argv)
     table = "\n".join(f"  {name:<11} {what}" for name, (_, what) in SUBCOMMANDS.items())
     top = argparse.ArgumentParser(prog=BENCH.name, description=f"{__doc__}\nsubcommands:\n{table}",
@@ -84,4 +81,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # The final collection skipped, as fastrl's commands do (fastrl.ipc.fast_exit; not imported
+    # from there: fastrl is not imported before the subcommand's module). Here, not in main(): a
+    # process that calls main() many times (the tests) registers nothing.
+    atexit.register(gc.freeze)
     sys.exit(main())
