@@ -268,7 +268,8 @@ class LearnerConfig:
     # (fastrl.learner.precision).
     precision: str = declare("float32", allowed=Choices(("float32", "bfloat16", "auto")),
                              help="bfloat16: appo/impala/dqn run the encoder under bf16 autocast (heads, log-probs, "
-                                  "targets and losses stay float32); auto: bfloat16 on a CPU with native bf16 where it times faster than float32")
+                                  "targets and losses stay float32); auto: bfloat16 on a CPU with native bf16 where "
+                                  "it times faster than float32")
     # Forward and backward through numpy's BLAS and numba instead of torch ops (fastrl/sampling/numpy_mlp.py
     # NumpyMLPActorCritic; docs/results.md has the measured gain).
     numpy_mlp: bool = declare(True, algos=VTRACE,

@@ -19,7 +19,7 @@ from torch import nn
 from ..config import Config
 from ..reporting.timers import Timers
 from .batch import Trajectories
-from .precision import bf16_time_ratio, learner_precision, probe_rows
+from .precision import learner_precision, measured_precision
 
 
 def read_stats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -91,10 +91,10 @@ class BaseLearner:
             # train() (Nature CNN, 528 frames, one thread) takes 633 against 733 ms NCHW.
             self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
-        space = observation_space or getattr(getattr(self.model, "obs_layout", None), "space", None)
-        self.precision = learner_precision(
-            self.lcfg.precision, self.lcfg.algo, self.device,
-            lambda: float("nan") if space is None else bf16_time_ratio(self.model, space, probe_rows(cfg)))
+        if observation_space is None:
+            observation_space = getattr(getattr(self.model, "obs_layout", None), "space", None)
+        self.precision = learner_precision(self.lcfg.precision, self.lcfg.algo, self.device,
+                                           lambda: measured_precision(cfg, self.model, observation_space))
         self.version = 0
         self.updates = 0
         self.skipped_updates = 0

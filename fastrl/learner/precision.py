@@ -2,14 +2,17 @@
 
 ``auto`` is float32 on GPUs (which a user tunes knowingly), for r2d2 and sac (which train in
 float32) and on CPUs that would emulate bf16 (no AVX512_BF16 or AMX-BF16 flag: 0.27x float32's
-speed). On a CPU with native bf16 it is *measured*: one forward and backward pass of the learner's
-own network on a gradient step's rows, timed in float32 and under bf16 autocast, alternately
-(:func:`bf16_time_ratio`), and bfloat16 only where it takes at most ``BF16_MAX_TIME_RATIO`` of
-float32's time. The flags do not say enough: a Pong DQN learner's updates ran 1.19x faster in
-bf16 on an AMD EPYC with avx512_bf16 and 0.91x as fast on an Intel Xeon with avx512_bf16 but no
-AMX, where the whole run went 0.81x as fast (docs/results.md#bf16-or-float32-on-a-cpu). Only x86
-Linux flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32;
-set bfloat16 there by hand.
+speed). On a CPU with native bf16 it is *measured*: one forward and backward pass of the
+learner's network (its encoder, for fastrl's networks) on a gradient step's rows, timed in
+float32 and under bf16 autocast, alternately (:func:`bf16_time_ratio`), and bfloat16 only where
+it takes at most ``BF16_MAX_TIME_RATIO`` of float32's time. The flags do not say enough: a Pong
+DQN learner's updates ran 1.19x faster in bf16 on an AMD EPYC with avx512_bf16 and 0.91x as
+fast on an Intel Xeon with avx512_bf16 but no AMX, where the whole run went 0.81x as fast
+(docs/results.md#bf16-or-float32-on-a-cpu). An MLP that the V-trace learner trains through numpy
+(float32 only, faster than torch) stays float32 untimed. A run times it once, before its
+processes start (fastrl.run.training); a learner built alone times it itself. Only x86 Linux
+flags are read: on ARM (whose ``Features`` list ``bf16``) and on macOS ``auto`` is float32; set
+bfloat16 there by hand.
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..config import BF16_LEARNERS, Config
+from ..config import BF16_LEARNERS, VTRACE, Config
 from ..envs.spaces import ObsLayout
+from ..models.networks import ActorCritic
+from ..sampling.numpy_mlp import NumpyMLPActorCritic
 
 # x86 flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -52,25 +57,40 @@ def native_bf16(flags: set[str] | None = None) -> bool:
     return any(flag in flags for flag in NATIVE_BF16_FLAGS) and torch.backends.mkldnn.is_available()
 
 
-def learner_precision(setting: str, algo: str, device: torch.device, time_ratio: Callable[[], float],
+def learner_precision(setting: str, algo: str, device: torch.device, measure: Callable[[], tuple[str, str]],
                       flags: set[str] | None = None) -> str:
     """``setting`` (``learner.precision``) resolved for a learner of ``algo`` on ``device``:
-    "float32" or "bfloat16". ``time_ratio``: bf16's time over float32's on this CPU (called only for
-    auto where the CPU computes in bf16 natively); ``flags`` the CPU's (default: the running CPU's)."""
-    return setting if setting != "auto" else auto_precision(algo, device, time_ratio, flags)[0]
+    "float32" or "bfloat16" (see :func:`auto_precision` for ``measure`` and ``flags``)."""
+    return setting if setting != "auto" else auto_precision(algo, device, measure, flags)[0]
 
 
-def auto_precision(algo: str, device: torch.device, time_ratio: Callable[[], float],
+def auto_precision(algo: str, device: torch.device, measure: Callable[[], tuple[str, str]],
                    flags: set[str] | None = None) -> tuple[str, str]:
-    """What ``auto`` picks ("float32" or "bfloat16") and why, in words for the run's log."""
+    """What ``auto`` picks ("float32" or "bfloat16") and why, in words for the run's log.
+    ``measure``: the choice on this CPU and why (:func:`measured_precision`), called only where the
+    CPU computes in bf16 natively; ``flags`` the CPU's (default: the running CPU's)."""
     if algo not in BF16_LEARNERS:
         return "float32", f"{algo} trains in float32"
     if device.type != "cpu":
         return "float32", "bf16 on a GPU is set by hand"
     if not native_bf16(flags):
         return "float32", "this CPU has no native bf16"
-    ratio = time_ratio()
-    if ratio != ratio:  # nan: not measurable (a model of the user's that cannot be copied)
+    return measure()
+
+
+def measured_precision(cfg: Config, model: nn.Module, observation_space) -> tuple[str, str]:
+    """On a CPU with native bf16: bfloat16 where ``cfg``'s learner of ``model`` on
+    ``observation_space`` (None: unknown) takes at most BF16_MAX_TIME_RATIO of float32's time
+    (:func:`bf16_time_ratio` on ``learner.torch_threads``), and why. float32 without timing where
+    the V-trace learner would train this MLP through numpy (fastrl.sampling.numpy_mlp), which
+    runs in float32 only and is faster than torch's float32."""
+    if observation_space is None:
+        return "float32", "bf16 not measurable without the observation space: set learner.precision by hand"
+    if (cfg.learner.algo in VTRACE and cfg.learner.numpy_mlp
+            and NumpyMLPActorCritic.supports(model, ObsLayout(observation_space).storage_dtype)):
+        return "float32", "this MLP trains through numpy (learner.numpy_mlp), in float32"
+    ratio = bf16_time_ratio(model, observation_space, probe_rows(cfg), threads=cfg.learner.torch_threads)
+    if ratio != ratio:  # nan
         return "float32", "bf16 not measurable on this network: set learner.precision=bfloat16 by hand"
     choice = "bfloat16" if ratio <= BF16_MAX_TIME_RATIO else "float32"
     return choice, f"bf16 took {ratio:.2f}x float32's time for the learner's network on this CPU"
@@ -89,12 +109,13 @@ def probe_rows(cfg: Config) -> int:
 def bf16_time_ratio(model: nn.Module, observation_space, rows: int, repeats: int = 3,
                     threads: int | None = None) -> float:
     """bf16 autocast's time over float32's for one forward and backward pass of ``model`` (its
-    encoder where it has one: what autocast changes) on ``rows`` random observations, on the
+    encoder, for fastrl's networks: what autocast changes) on ``rows`` random observations, on the
     model's device and ``threads`` torch threads (None: the current number): medians of
     ``repeats`` alternating timings after two warm-ups each (oneDNN builds its bf16 kernels on
     first use). A copy of ``model`` runs, in the learner's channels-last layout where it has
     convolutions, so its weights, gradients and statistics are untouched, and torch's random state
-    is restored: seeded runs draw what they drew before. nan where the model cannot be copied."""
+    is restored (a user's dropout draws from it): seeded runs draw what they drew before. nan
+    where the model cannot be copied or its pass fails."""
     try:
         probe = copy.deepcopy(model)
     except Exception:  # noqa: BLE001 - a user's module may hold what deepcopy refuses
@@ -105,6 +126,8 @@ def bf16_time_ratio(model: nn.Module, observation_space, rows: int, repeats: int
     torch.set_num_threads(threads or before)
     try:
         return _timed_ratio(probe, observation_space, rows, repeats)
+    except Exception:  # noqa: BLE001 - a user's network that trains but not this way (frozen, odd outputs)
+        return float("nan")
     finally:
         torch.set_num_threads(before)
 
@@ -112,7 +135,9 @@ def bf16_time_ratio(model: nn.Module, observation_space, rows: int, repeats: int
 def _timed_ratio(probe: nn.Module, observation_space, rows: int, repeats: int) -> float:
     device = next(probe.parameters()).device
     obs = torch.as_tensor(ObsLayout(observation_space).sample(rows)).to(device)
-    forward = probe.encode if hasattr(probe, "encode") else probe
+    # A built-in network's encoder is what autocast changes (its heads stay float32); a user's
+    # network is called as the learner calls it, obs -> (params, value).
+    forward = probe.encode if isinstance(probe, ActorCritic) else probe
 
     def step(bf16: bool) -> float:
         start = time.perf_counter()
@@ -139,4 +164,4 @@ def emulated_bf16_warning(setting: str, algo: str, device: torch.device, flags: 
         return None
     return ("[fastrl] learner.precision=bfloat16 on a CPU without native bf16 (avx512_bf16 or amx_bf16): torch "
             "emulates it, 0.27x float32's env steps/s for atari-dqn-cpu on an AVX2 host; set "
-            "learner.precision=auto (bf16 where native) or float32")
+            "learner.precision=auto (bf16 where it times faster) or float32")

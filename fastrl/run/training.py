@@ -18,7 +18,7 @@ import torch
 from ..config import Config
 from ..files.run_dir import first_missing, remove_unused_run_dir
 from ..ipc.start import child_context
-from ..learner.precision import auto_precision, bf16_time_ratio, emulated_bf16_warning, probe_rows
+from ..learner.precision import auto_precision, emulated_bf16_warning, measured_precision
 from ..models.networks import build_model
 from ..reporting.console import Console
 from .elastic import ElasticAttempt, current_attempt
@@ -81,11 +81,13 @@ def _settle_auto_precision(plan: RunPlan, console: Console) -> RunPlan:
     The plan returned names the choice, so the learners do not measure it again."""
     cfg, spec = plan.cfg, plan.spec
 
-    def time_ratio() -> float:
-        model = build_model(spec.observation_space, spec.action_space, cfg.model, plan.model, cfg.learner.algo)
-        return bf16_time_ratio(model, spec.observation_space, probe_rows(cfg), threads=cfg.learner.torch_threads)
+    def measure() -> tuple[str, str]:
+        # A user's network as given (preflight checked it; the timing runs a copy), else the built-in one.
+        model = plan.model if plan.model is not None else build_model(
+            spec.observation_space, spec.action_space, cfg.model, None, cfg.learner.algo)
+        return measured_precision(cfg, model, spec.observation_space)
 
-    chosen, why = auto_precision(cfg.learner.algo, torch.device(plan.device), time_ratio)
+    chosen, why = auto_precision(cfg.learner.algo, torch.device(plan.device), measure)
     line = f"[fastrl] learner.precision=auto: {chosen} on {plan.device} ({why})"
     console.status(line)  # to train.log as well, quiet or not
     learner = dataclasses.replace(cfg.learner, precision=chosen)

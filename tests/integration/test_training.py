@@ -177,27 +177,31 @@ def test_breakout_with_episodic_life_reports_whole_games_beside_its_lives(tmp_pa
     assert games and max(games) >= 1.0, [r["info/game_return"] for r in records]
     assert records[-1]["episode_length_mean"] < 60  # lives of about 30 agent steps, not games
 
+
 def test_auto_precision_is_timed_once_before_the_run_and_said_in_train_log(tmp_path, monkeypatch):
-    from fastrl.learner import base, precision
+    from fastrl.learner import precision
     from fastrl.run import training
 
-    timed = []
+    measured = []
     monkeypatch.setattr(precision, "native_bf16", lambda flags=None: True)
-    monkeypatch.setattr(training, "bf16_time_ratio",
-                        lambda model, space, rows, threads: timed.append((rows, threads)) or 0.62)
 
-    def timed_again(*args):
-        raise AssertionError("the learner timed bf16 again")
+    def measure_once(cfg, model, space):
+        if measured:
+            raise AssertionError("bf16 was timed again")
+        measured.append(cfg.learner.torch_threads)
+        return "bfloat16", "bf16 took 0.62x float32's time for the learner's network on this CPU"
 
-    monkeypatch.setattr(base, "bf16_time_ratio", timed_again)
+    monkeypatch.setattr(training, "measured_precision", measure_once)
+    monkeypatch.setattr(precision, "measured_precision", measure_once)
     cfg = build_config("cartpole-appo", {"env.id": "fastrl.envs.toy:make_countdown", "serial": True, "device": "cpu",
                                          "env.num_workers": 1, "env.envs_per_worker": 8, "learner.batch_size": 64,
                                          "learner.precision": "auto", "learner.torch_threads": 1,
                                          "train_for_env_steps": 2_000})
     train(cfg, run_dir=tmp_path, quiet=True)
-    assert timed == [(64, 1)]
+    assert measured == [1]
     line = ("[fastrl] learner.precision=auto: bfloat16 on cpu (bf16 took 0.62x float32's time for the learner's "
             "network on this CPU)")
     assert (tmp_path / "train.log").read_text().splitlines().count(line) == 1
     assert 'precision = "auto"' in (tmp_path / "config.toml").read_text()  # a resume times it again
+    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["config"]["learner"]["precision"] == "bfloat16"
     assert cfg.learner.precision == "auto"  # the caller's config is not changed

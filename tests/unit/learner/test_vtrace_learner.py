@@ -9,6 +9,7 @@ from torch import nn
 
 from fastrl.config import build_config
 from fastrl.learner import Trajectories, VTraceLearner, gather_trajectories
+from fastrl.learner import precision as precision_module
 from fastrl.learner.precision import (
     BF16_MAX_TIME_RATIO,
     PROBE_MAX_ROWS,
@@ -17,6 +18,7 @@ from fastrl.learner.precision import (
     cpu_flags,
     emulated_bf16_warning,
     learner_precision,
+    measured_precision,
     probe_rows,
 )
 from tests.support.small_learners import ACTION_SPACE, OBS_SPACE, E, T, stream_batches, vtrace_replay_config
@@ -237,69 +239,129 @@ def test_bfloat16_autocast_trains_close_to_float32():
         assert (a - b).abs().max() <= 2.01 * lr
 
 
-def _never_timed() -> float:
+def _never_measured() -> tuple[str, str]:
     raise AssertionError("auto timed bf16 where the flags already settle it")
 
 
-def test_auto_precision_times_bf16_only_for_v_trace_and_dqn_learners_on_a_cpu_with_native_bf16():
+def test_auto_precision_measures_only_for_v_trace_and_dqn_learners_on_a_cpu_with_native_bf16():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     native = {"fpu", "avx2", "avx512f", "avx512_bf16"}
-    faster, slower = (lambda: 0.6), (lambda: 1.3)
+    faster, slower = (lambda: ("bfloat16", "faster")), (lambda: ("float32", "slower"))
     assert learner_precision("auto", "appo", cpu, faster, native) == "bfloat16"
     assert learner_precision("auto", "appo", cpu, slower, native) == "float32"  # native, yet slower here
     assert learner_precision("auto", "impala", cpu, faster, {"sse2", "amx_bf16"}) == "bfloat16"
-    assert learner_precision("auto", "appo", cpu, _never_timed, {"avx2", "avx512f"}) == "float32"  # emulated
-    assert learner_precision("auto", "appo", gpu, _never_timed, native) == "float32"
+    assert learner_precision("auto", "appo", cpu, _never_measured, {"avx2", "avx512f"}) == "float32"  # emulated
+    assert learner_precision("auto", "appo", gpu, _never_measured, native) == "float32"
     assert learner_precision("auto", "dqn", cpu, faster, native) == "bfloat16"
-    assert learner_precision("auto", "dqn", cpu, _never_timed, {"avx2"}) == "float32"
-    assert learner_precision("auto", "r2d2", cpu, _never_timed, native) == "float32"
-    assert learner_precision("auto", "sac", cpu, _never_timed, native) == "float32"
+    assert learner_precision("auto", "dqn", cpu, _never_measured, {"avx2"}) == "float32"
+    assert learner_precision("auto", "r2d2", cpu, _never_measured, native) == "float32"
+    assert learner_precision("auto", "sac", cpu, _never_measured, native) == "float32"
     for setting in ("float32", "bfloat16"):
-        assert learner_precision(setting, "appo", cpu, _never_timed, set()) == setting
-
-
-def test_auto_precision_wants_a_tenth_of_float32s_time_saved_and_says_what_it_measured():
-    cpu, native = torch.device("cpu"), {"avx512_bf16"}
-    assert auto_precision("appo", cpu, lambda: BF16_MAX_TIME_RATIO, native)[0] == "bfloat16"
-    choice, why = auto_precision("appo", cpu, lambda: 0.95, native)
-    assert choice == "float32" and why == "bf16 took 0.95x float32's time for the learner's network on this CPU"
-    choice, why = auto_precision("dqn", cpu, lambda: float("nan"), native)
-    assert choice == "float32" and "set learner.precision=bfloat16 by hand" in why
-    assert auto_precision("appo", cpu, _never_timed, {"avx2"}) == ("float32", "this CPU has no native bf16")
+        assert learner_precision(setting, "appo", cpu, _never_measured, set()) == setting
+    assert auto_precision("appo", cpu, _never_measured, {"avx2"}) == ("float32", "this CPU has no native bf16")
 
 
 def test_auto_precision_is_float32_on_a_torch_without_onednn(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert learner_precision("auto", "appo", torch.device("cpu"), _never_timed, {"avx512_bf16"}) == "float32"
+    assert learner_precision("auto", "appo", torch.device("cpu"), _never_measured, {"avx512_bf16"}) == "float32"
 
 
-def test_bf16_time_ratio_times_a_copy_and_leaves_the_model_threads_and_random_state_as_they_were():
+def _cnn_learner_parts():
     import gymnasium
 
     space = gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    cfg = build_config("cartpole-appo", {"model.kind": "mnih2013_cnn"})
-    model = VTraceLearner(cfg, space, gymnasium.spaces.Discrete(6)).model
+    cfg = build_config("cartpole-appo", {"model.kind": "mnih2013_cnn", "learner.torch_threads": 1})
+    return cfg, VTraceLearner(cfg, space, gymnasium.spaces.Discrete(6)).model, space
+
+
+def test_measured_precision_wants_a_tenth_of_float32s_time_saved_and_says_what_it_measured(monkeypatch):
+    cfg, model, space = _cnn_learner_parts()
+    timed = []
+    for ratio in (BF16_MAX_TIME_RATIO, 0.95, float("nan")):
+        monkeypatch.setattr(precision_module, "bf16_time_ratio",
+                            lambda *args, threads, r=ratio: timed.append((args, threads)) or r)
+        timed.clear()
+        choice, why = measured_precision(cfg, model, space)
+        assert timed == [((model, space, 64), 1)]
+        if ratio == BF16_MAX_TIME_RATIO:
+            assert choice == "bfloat16"
+        elif ratio == 0.95:
+            assert (choice, why) == ("float32", "bf16 took 0.95x float32's time for the learner's network on this CPU")
+        else:
+            assert choice == "float32" and "set learner.precision=bfloat16 by hand" in why
+    assert measured_precision(cfg, model, None)[0] == "float32"
+
+
+def test_measured_precision_keeps_an_mlp_on_the_numpy_path_without_timing(monkeypatch):
+    import gymnasium
+
+    monkeypatch.setattr(precision_module, "bf16_time_ratio", lambda *args, **kwargs: pytest.fail("timed"))
+    space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    cfg = build_config("cartpole-appo")
+    model = VTraceLearner(cfg, space, gymnasium.spaces.Discrete(2)).model
+    assert measured_precision(cfg, model, space) == ("float32",
+                                                     "this MLP trains through numpy (learner.numpy_mlp), in float32")
+    monkeypatch.setattr(precision_module, "bf16_time_ratio", lambda *args, **kwargs: 0.5)
+    torch_mlp = build_config("cartpole-appo", {"learner.numpy_mlp": False})
+    assert measured_precision(torch_mlp, model, space)[0] == "bfloat16"
+
+
+class _DropoutPolicy(nn.Module):
+    """A user's network, (params, value), whose training-mode dropout draws from torch's generator
+    and whose forward pass counts itself in a buffer (as a normalizer's statistics would change)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5))
+        self.logits, self.value = nn.Linear(16, 2), nn.Linear(16, 1)
+        self.register_buffer("passes", torch.zeros(()))
+
+    def forward(self, obs):
+        self.passes += 1
+        h = self.body(obs)
+        return self.logits(h), self.value(h).squeeze(-1)
+
+
+@pytest.mark.parametrize("network", ["user", "cnn"])
+def test_bf16_time_ratio_times_a_copy_and_leaves_the_model_and_threads_as_they_were(network):
+    import gymnasium
+
+    if network == "user":
+        model, space = _DropoutPolicy(), gymnasium.spaces.Box(-1, 1, (4,), np.float32)
+    else:
+        _, model, space = _cnn_learner_parts()
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     threads = torch.get_num_threads()
-    torch.manual_seed(3)
-    expected = torch.rand(2)
-    torch.manual_seed(3)
     ratio = bf16_time_ratio(model, space, rows=8, repeats=1, threads=1)
-    assert 0.05 < ratio < 20
-    assert torch.equal(torch.rand(2), expected)  # the probe drew nothing from torch's generator
+    assert math.isfinite(ratio) and ratio > 0
     assert torch.get_num_threads() == threads
     for name, p in model.named_parameters():
         assert p.grad is None and torch.equal(p, weights[name]), name
+    if network == "user":
+        assert model.passes == 0  # the copy ran
 
 
-def test_bf16_time_ratio_is_nan_for_a_model_that_cannot_be_copied():
+def test_bf16_time_ratio_leaves_torchs_random_state_as_it_was():
     import gymnasium
 
-    class Uncopyable(torch.nn.Linear):
+    space, model = gymnasium.spaces.Box(-1, 1, (4,), np.float32), _DropoutPolicy()
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    assert math.isfinite(bf16_time_ratio(model, space, rows=4, repeats=1))
+    assert torch.equal(torch.rand(2), expected)  # the dropout's draws were the probe's own
+
+
+def test_bf16_time_ratio_is_nan_for_a_network_it_cannot_copy_or_run():
+    import gymnasium
+
+    class Uncopyable(_DropoutPolicy):
         def __deepcopy__(self, memo):
             raise TypeError("holds a handle")
 
-    assert math.isnan(bf16_time_ratio(Uncopyable(4, 2), gymnasium.spaces.Box(-1, 1, (4,), np.float32), rows=4))
+    space = gymnasium.spaces.Box(-1, 1, (4,), np.float32)
+    assert math.isnan(bf16_time_ratio(Uncopyable(), space, rows=4))
+    assert math.isnan(bf16_time_ratio(_DropoutPolicy().requires_grad_(False), space, rows=4))  # frozen: no backward
 
 
 def test_probe_rows_are_one_gradient_steps_observations_at_most_64():
@@ -327,27 +389,26 @@ def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
     assert cpu_flags(str(tmp_path / "missing")) == set()
 
 
-@pytest.mark.parametrize("ratio, precision", [(0.6, "bfloat16"), (1.3, "float32")])
-def test_a_learner_set_to_auto_runs_in_the_precision_timed_on_its_own_network(monkeypatch, ratio, precision):
+@pytest.mark.parametrize("ratio, chosen", [(0.6, "bfloat16"), (1.3, "float32")])
+def test_a_learner_set_to_auto_runs_in_the_precision_timed_on_its_own_network(monkeypatch, ratio, chosen):
     import gymnasium
-
-    from fastrl.learner import base
-    from fastrl.learner import precision as precision_module
 
     timed = []
     monkeypatch.setattr(precision_module, "native_bf16", lambda flags=None: True)
-    monkeypatch.setattr(base, "bf16_time_ratio", lambda model, space, rows: timed.append((model, space, rows)) or ratio)
+    monkeypatch.setattr(precision_module, "bf16_time_ratio",
+                        lambda model, space, rows, threads: timed.append((model, space, rows, threads)) or ratio)
     cfg = build_config("cartpole-appo", {"learner.precision": "auto", "learner.batch_size": 512,
-                                         "learner.num_minibatches": 16})
+                                         "learner.num_minibatches": 16, "learner.numpy_mlp": False,
+                                         "learner.torch_threads": 2})
     space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     learner = VTraceLearner(cfg, space, gymnasium.spaces.Discrete(2))
-    assert learner.precision == precision
-    assert timed == [(learner.model, space, 32)]  # one gradient step's rows: 512 / 16
+    assert learner.precision == chosen
+    assert timed == [(learner.model, space, 32, 2)]  # one gradient step's rows (512 / 16), the learner's threads
     batch = random_batch(T=16)
     with learner.autocast():
         features = learner.model.encode(batch.obs.reshape(-1, 4))
         params, _ = learner.model(batch.obs.reshape(-1, 4))
-    assert features.dtype == (torch.bfloat16 if precision == "bfloat16" else torch.float32)
+    assert features.dtype == (torch.bfloat16 if chosen == "bfloat16" else torch.float32)
     assert params.dtype == torch.float32  # the heads run float32 either way (models.float32_heads)
 
 
