@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..models.networks import learner_layout
 from ..reporting.timers import Timers
 from .batch import Trajectories
 from .precision import learner_precision, measured_precision
@@ -85,11 +86,7 @@ class BaseLearner:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
-        self.model = model.to(self.device)
-        if any(isinstance(m, nn.Conv2d) for m in self.model.modules()):
-            # NHWC weights put oneDNN (CPU) and cuDNN on their channels-last kernels: a Pong batch's
-            # train() (Nature CNN, 528 frames, one thread) takes 633 against 733 ms NCHW.
-            self.model = self.model.to(memory_format=torch.channels_last)
+        self.model = learner_layout(model.to(self.device))
         self.optimizer = make_adam(self.model, self.lcfg.lr, self.lcfg.adam_eps)
         if observation_space is None:
             observation_space = getattr(getattr(self.model, "obs_layout", None), "space", None)

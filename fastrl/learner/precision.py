@@ -26,7 +26,7 @@ from torch import nn
 
 from ..config import BF16_LEARNERS, VTRACE, Config
 from ..envs.spaces import ObsLayout
-from ..models.networks import ActorCritic
+from ..models.networks import ActorCritic, learner_layout
 from ..sampling.numpy_mlp import NumpyMLPActorCritic
 
 # x86 flags (Linux /proc/cpuinfo names) of native bfloat16 arithmetic.
@@ -120,8 +120,7 @@ def bf16_time_ratio(model: nn.Module, observation_space, rows: int, repeats: int
         probe = copy.deepcopy(model)
     except Exception:  # noqa: BLE001 - a user's module may hold what deepcopy refuses
         return float("nan")
-    if any(isinstance(m, nn.Conv2d) for m in probe.modules()):
-        probe = probe.to(memory_format=torch.channels_last)  # as fastrl.learner.base lays it out
+    probe = learner_layout(probe)
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
